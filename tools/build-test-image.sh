@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Build a real, BIOS-bootable Debian 12 VM image for YOLO's tests and benchmarks.
+#
+# The disk has an MBR partition table, syslinux' MBR code, one ext4 partition holding a
+# debootstrapped Debian 12 (kernel + initramfs, systemd, sshd) and extlinux as its boot loader,
+# so QEMU boots it from the disk (BIOS -> MBR -> extlinux -> kernel -> root filesystem): the
+# boot reads YOLO exists for all hit the disk image. A oneshot unit ordered after ssh.service
+# prints YOLO_READY_MARKER on the serial console once sshd has started.
+#
+# Output: a compressed qcow2 (what an operator would upload to Glance). It is cached and rebuilt
+# only when this script changes.
+#
+# Usage: tools/build-test-image.sh [OUTPUT.qcow2]
+#   YOLO_CACHE_DIR   where images are cached (default /var/cache/yolo)
+#   DEBIAN_MIRROR    debootstrap mirror (default: the first deb.debian.org-style URI apt uses)
+#   IMAGE_SIZE       virtual disk size (default 2G)
+set -euo pipefail
+
+YOLO_READY_MARKER="YOLO-GUEST-READY sshd-started"
+cache_dir=${YOLO_CACHE_DIR:-/var/cache/yolo}
+output=${1:-$cache_dir/images/debian12-yolo.qcow2}
+image_size=${IMAGE_SIZE:-2G}
+here=$(cd "$(dirname "$0")" && pwd)
+script_hash=$(sha256sum "$here/build-test-image.sh" | cut -c1-16)
+stamp="$output.build-id"
+
+if [[ -f $output && -f $stamp && $(cat "$stamp") == "$script_hash" ]]; then
+    echo "$output"
+    exit 0
+fi
+
+if [[ $EUID -ne 0 ]]; then
+    echo "build-test-image.sh: must run as root (loop devices, debootstrap)" >&2
+    exit 1
+fi
+for tool in debootstrap extlinux qemu-img parted losetup mkfs.ext4; do
+    command -v "$tool" >/dev/null || { echo "build-test-image.sh: missing $tool" >&2; exit 1; }
+done
+mbr_bin=/usr/lib/syslinux/mbr/mbr.bin
+[[ -f $mbr_bin ]] || { echo "build-test-image.sh: missing $mbr_bin (syslinux-common)" >&2; exit 1; }
+
+mirror=${DEBIAN_MIRROR:-}
+if [[ -z $mirror ]]; then
+    mirror=$(grep -rhoE 'https?://[^ ]+/debian/?$' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | head -n1 || true)
+    mirror=${mirror:-http://deb.debian.org/debian}
+fi
+
+mkdir -p "$(dirname "$output")"
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/yolo-image.XXXXXX")
+raw="$work/disk.raw"
+root="$work/root"
+loopdev=""
+
+cleanup() {
+    set +e
+    for m in dev/pts dev proc sys; do mountpoint -q "$root/$m" && umount -l "$root/$m"; done
+    mountpoint -q "$root" && umount "$root"
+    [[ -n $loopdev ]] && losetup -d "$loopdev"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "==> partitioning a $image_size raw disk" >&2
+truncate -s "$image_size" "$raw"
+parted -s "$raw" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on
+dd if="$mbr_bin" of="$raw" bs=440 count=1 conv=notrunc status=none
+# Loop devices here get no partition nodes: attach the partition by its offset.
+part_start=$((1024 * 1024))
+part_size=$(( $(stat -c %s "$raw") - part_start ))
+loopdev=$(losetup --find --show --offset "$part_start" --sizelimit "$part_size" "$raw")
+mkfs.ext4 -q -L yoloroot "$loopdev"
+root_uuid=$(blkid -s UUID -o value "$loopdev")
+mkdir -p "$root"
+mount "$loopdev" "$root"
+
+echo "==> debootstrap bookworm from $mirror" >&2
+debootstrap --variant=minbase \
+    --include=linux-image-amd64,systemd-sysv,udev,openssh-server,ifupdown,isc-dhcp-client,iproute2,kmod \
+    bookworm "$root" "$mirror" >&2
+
+for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
+
+cat >"$root/etc/fstab" <<EOF
+UUID=$root_uuid / ext4 defaults,errors=remount-ro 0 1
+EOF
+echo yolo-guest >"$root/etc/hostname"
+cat >"$root/etc/network/interfaces" <<'EOF'
+auto lo
+iface lo inet loopback
+allow-hotplug ens3
+iface ens3 inet dhcp
+EOF
+# A small initramfs: only what a virtio or IDE boot disk needs (faster to read and unpack).
+sed -i 's/^MODULES=.*/MODULES=list/' "$root/etc/initramfs-tools/initramfs.conf"
+printf '%s\n' virtio_pci virtio_blk virtio_scsi sd_mod ata_piix ata_generic ext4 >"$root/etc/initramfs-tools/modules"
+echo 'root:yolo' | chroot "$root" chpasswd
+chroot "$root" update-initramfs -u -k all >&2
+
+cat >"$root/etc/systemd/system/yolo-ready.service" <<EOF
+[Unit]
+Description=Report on the serial console that sshd has started
+After=ssh.service
+Wants=ssh.service
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'echo "$YOLO_READY_MARKER" > /dev/ttyS0'
+
+[Install]
+WantedBy=multi-user.target
+EOF
+chroot "$root" systemctl enable yolo-ready.service ssh.service >&2
+# Nothing but the boot path: no timers or periodic jobs that would add unrelated reads.
+chroot "$root" systemctl mask apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer >&2 || true
+chroot "$root" apt-get clean
+
+echo "==> installing extlinux" >&2
+mkdir -p "$root/boot/extlinux"
+kernel=$(cd "$root/boot" && ls vmlinuz-* | sort -V | tail -n1)
+initrd=$(cd "$root/boot" && ls initrd.img-* | sort -V | tail -n1)
+cat >"$root/boot/extlinux/extlinux.conf" <<EOF
+DEFAULT debian
+TIMEOUT 1
+PROMPT 0
+LABEL debian
+    LINUX /boot/$kernel
+    INITRD /boot/$initrd
+    APPEND root=UUID=$root_uuid ro console=ttyS0,115200 net.ifnames=0 systemd.show_status=1
+EOF
+sed -i 's/ens3/eth0/' "$root/etc/network/interfaces"
+extlinux --install "$root/boot/extlinux" >&2
+
+for m in dev/pts dev proc sys; do umount -l "$root/$m"; done
+umount "$root"
+losetup -d "$loopdev"
+loopdev=""
+
+echo "==> converting to qcow2" >&2
+qemu-img convert -c -O qcow2 "$raw" "$output.tmp"
+mv "$output.tmp" "$output"
+echo "$script_hash" >"$stamp"
+echo "$output"

@@ -1,0 +1,403 @@
+//! The semantics of the yolofs mount, independent of FUSE.
+//!
+//! yolofs is a read-only mirror of a source directory (Nova's `instances/_base`): same names, same
+//! attributes, same bytes. Inode numbers are our own, allocated per source (device, inode) pair, so
+//! a `.part` file renamed into place keeps its inode and a replaced file gets a new one.
+//!
+//! A read of a file that has a verified boot image is assembled extent by extent: ranges the boot
+//! image covers are copied from memory, the gaps between them are read from the source file with
+//! `pread`, so one request may mix both. Every open holds its own descriptor of the source file:
+//! a source file unlinked while open keeps returning its own bytes, and a short read in the middle
+//! of a mixed request is an EIO, never bytes that were not in the file.
+//!
+//! Every operation returns `Result<_, FsError>`; the FUSE adapter turns errors into errnos.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, Metadata};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+
+use crate::format::BootImage;
+use crate::recorder::{Recorder, Recording};
+use crate::stats::{FileStats, StatsRegistry};
+use crate::store::BootImageStore;
+
+pub const ROOT_INO: u64 = 1;
+
+#[derive(Debug, Error)]
+pub enum FsError {
+    #[error("no such inode {0}")]
+    UnknownInode(u64),
+    #[error("no such file handle {0}")]
+    UnknownHandle(u64),
+    #[error("not found")]
+    NotFound,
+    #[error("read-only file system")]
+    ReadOnly,
+    #[error("not a directory")]
+    NotADirectory,
+    #[error("source file ended early at offset {0}")]
+    ShortRead(u64),
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl FsError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::UnknownInode(_) | FsError::NotFound => libc::ENOENT,
+            FsError::UnknownHandle(_) => libc::EBADF,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::NotADirectory => libc::ENOTDIR,
+            FsError::ShortRead(_) => libc::EIO,
+            FsError::Io(e) if e.kind() == io::ErrorKind::NotFound => libc::ENOENT,
+            FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+
+    /// Expected misses, logged at debug rather than as errors.
+    pub fn is_expected(&self) -> bool {
+        self.errno() == libc::ENOENT
+    }
+}
+
+pub type Result<T> = std::result::Result<T, FsError>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Directory,
+    Symlink,
+    Other,
+}
+
+/// Attributes of a mirrored entry: the source's, under our inode number.
+#[derive(Clone, Debug)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub size: u64,
+    pub blocks: u64,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub blksize: u32,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+}
+
+fn time(secs: i64, nsecs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+fn kind_of(meta: &Metadata) -> Kind {
+    let ft = meta.file_type();
+    if ft.is_file() {
+        Kind::File
+    } else if ft.is_dir() {
+        Kind::Directory
+    } else if ft.is_symlink() {
+        Kind::Symlink
+    } else {
+        Kind::Other
+    }
+}
+
+fn attr_of(ino: u64, meta: &Metadata) -> Attr {
+    // Nothing written through the mount: drop every write bit.
+    let perm = (meta.mode() & 0o7777 & !0o222) as u16;
+    Attr {
+        ino,
+        kind: kind_of(meta),
+        size: meta.len(),
+        blocks: meta.blocks(),
+        perm,
+        nlink: meta.nlink() as u32,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        blksize: meta.blksize() as u32,
+        atime: time(meta.atime(), meta.atime_nsec()),
+        mtime: time(meta.mtime(), meta.mtime_nsec()),
+        ctime: time(meta.ctime(), meta.ctime_nsec()),
+    }
+}
+
+/// Source paths by our inode number, and our inode numbers by source (device, inode).
+#[derive(Default)]
+struct InodeTable {
+    paths: HashMap<u64, PathBuf>,
+    by_source: HashMap<(u64, u64), u64>,
+    next: u64,
+}
+
+impl InodeTable {
+    fn ino_for(&mut self, meta: &Metadata, relative: PathBuf) -> u64 {
+        let key = (meta.dev(), meta.ino());
+        let ino = match self.by_source.get(&key) {
+            Some(&ino) => ino,
+            None => {
+                self.next += 1;
+                self.by_source.insert(key, self.next);
+                self.next
+            }
+        };
+        self.paths.insert(ino, relative);
+        ino
+    }
+}
+
+/// One open file: its source descriptor and where its reads are served from.
+pub struct OpenFile {
+    name: String,
+    source: File,
+    boot_image: Option<Arc<BootImage>>,
+    recording: Option<Arc<Recording>>,
+    stats: Arc<FileStats>,
+}
+
+/// How a file was opened, for the FUSE adapter's open flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    pub fh: u64,
+    pub from_boot_image: bool,
+    pub recording: bool,
+}
+
+pub struct MirrorFs {
+    source_root: PathBuf,
+    root_key: (u64, u64),
+    inodes: RwLock<InodeTable>,
+    handles: RwLock<HashMap<u64, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    store: Arc<BootImageStore>,
+    stats: Arc<StatsRegistry>,
+    recorder: Option<Arc<Recorder>>,
+}
+
+/// Names that are never learned: Nova's downloads in progress.
+fn is_transient(name: &str) -> bool {
+    name.ends_with(".part") || name.ends_with(".tmp")
+}
+
+impl MirrorFs {
+    pub fn new(
+        source_root: &Path,
+        store: Arc<BootImageStore>,
+        stats: Arc<StatsRegistry>,
+        recorder: Option<Arc<Recorder>>,
+    ) -> io::Result<MirrorFs> {
+        let meta = fs::metadata(source_root)?;
+        if !meta.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a directory", source_root.display())));
+        }
+        let mut inodes = InodeTable { next: ROOT_INO, ..Default::default() };
+        inodes.paths.insert(ROOT_INO, PathBuf::new());
+        Ok(MirrorFs {
+            source_root: source_root.to_path_buf(),
+            root_key: (meta.dev(), meta.ino()),
+            inodes: RwLock::new(inodes),
+            handles: RwLock::default(),
+            next_fh: AtomicU64::new(1),
+            store,
+            stats,
+            recorder,
+        })
+    }
+
+    fn relative_path(&self, ino: u64) -> Result<PathBuf> {
+        self.inodes.read().unwrap().paths.get(&ino).cloned().ok_or(FsError::UnknownInode(ino))
+    }
+
+    fn register(&self, meta: &Metadata, relative: PathBuf) -> u64 {
+        if (meta.dev(), meta.ino()) == self.root_key {
+            return ROOT_INO;
+        }
+        self.inodes.write().unwrap().ino_for(meta, relative)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+        let relative = self.relative_path(parent)?.join(name);
+        let meta = fs::symlink_metadata(self.source_root.join(&relative))?;
+        let ino = self.register(&meta, relative);
+        Ok(attr_of(ino, &meta))
+    }
+
+    pub fn getattr(&self, ino: u64, fh: Option<u64>) -> Result<Attr> {
+        if let Some(handle) = fh.and_then(|fh| self.handles.read().unwrap().get(&fh).cloned()) {
+            return Ok(attr_of(ino, &handle.source.metadata()?));
+        }
+        let relative = self.relative_path(ino)?;
+        let meta = fs::symlink_metadata(self.source_root.join(&relative))?;
+        // The path may now name another file (renamed over, replaced): this inode is gone.
+        if ino != ROOT_INO && self.inodes.read().unwrap().by_source.get(&(meta.dev(), meta.ino())) != Some(&ino) {
+            return Err(FsError::NotFound);
+        }
+        Ok(attr_of(ino, &meta))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<OsString> {
+        let relative = self.relative_path(ino)?;
+        Ok(fs::read_link(self.source_root.join(relative))?.into_os_string())
+    }
+
+    /// Every entry of a directory with its inode number and kind (`.` and `..` not included).
+    pub fn readdir(&self, ino: u64) -> Result<Vec<(u64, Kind, OsString)>> {
+        let relative = self.relative_path(ino)?;
+        let dir = self.source_root.join(&relative);
+        if !fs::symlink_metadata(&dir)?.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        let mut entries = Vec::new();
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            // An entry removed between readdir and stat is simply not listed.
+            let Ok(meta) = entry.metadata() else { continue };
+            let child_ino = self.register(&meta, relative.join(entry.file_name()));
+            entries.push((child_ino, kind_of(&meta), entry.file_name()));
+        }
+        Ok(entries)
+    }
+
+    /// Opens a file for reading. `flags` are the open(2) flags; any write access is EROFS.
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return Err(FsError::ReadOnly);
+        }
+        let relative = self.relative_path(ino)?;
+        let source = File::open(self.source_root.join(&relative))?;
+        let name = relative.to_string_lossy().into_owned();
+        let boot_image = if source.metadata()?.is_file() { self.store.get(&name, &source) } else { None };
+        let recording = match (&boot_image, &self.recorder) {
+            (None, Some(recorder)) if !is_transient(&name) && source.metadata()?.len() > 0 => recorder.begin(&name, &source),
+            _ => None,
+        };
+        let stats = self.stats.for_file(&name);
+        stats.opened();
+        let opened = Opened {
+            fh: self.next_fh.fetch_add(1, Ordering::Relaxed),
+            from_boot_image: boot_image.is_some(),
+            recording: recording.is_some(),
+        };
+        let handle = OpenFile { name, source, boot_image, recording, stats };
+        self.handles.write().unwrap().insert(opened.fh, Arc::new(handle));
+        Ok(opened)
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.handles.write().unwrap().remove(&fh);
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<OpenFile>> {
+        self.handles.read().unwrap().get(&fh).cloned().ok_or(FsError::UnknownHandle(fh))
+    }
+
+    /// Reads up to `size` bytes at `offset`: fewer only at the end of the file.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let handle = self.handle(fh)?;
+        if let Some(recording) = &handle.recording {
+            recording.record(offset, size as u64);
+        }
+        let result = match &handle.boot_image {
+            Some(image) => read_mixed(image, &handle.source, offset, size as u64),
+            None => pread_full(&handle.source, offset, size as u64).map(|data| {
+                let n = data.len() as u64;
+                (data, 0, n)
+            }),
+        };
+        match result {
+            Ok((data, from_memory, passed_through)) => {
+                handle.stats.read(from_memory, passed_through);
+                Ok(data)
+            }
+            Err(e) => {
+                handle.stats.error();
+                log::warn!("{}: read of {size} bytes at {offset} failed: {e}", handle.name);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn statfs(&self) -> Result<libc::statvfs> {
+        let path = std::ffi::CString::new(self.source_root.as_os_str().as_encoded_bytes())
+            .map_err(|e| FsError::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+        let mut out = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `path` is a valid NUL-terminated string and `out` points to writable memory
+        // large enough for a statvfs; statvfs initialises it fully when it returns 0.
+        let rc = unsafe { libc::statvfs(path.as_ptr(), out.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: statvfs returned 0, so `out` is initialised.
+        Ok(unsafe { out.assume_init() })
+    }
+
+    pub fn open_handles(&self) -> usize {
+        self.handles.read().unwrap().len()
+    }
+}
+
+/// Reads `len` bytes at `offset`, stopping early only at the end of the file.
+fn pread_full(file: &File, offset: u64, len: u64) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; len as usize];
+    let mut done = 0usize;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    buf.truncate(done);
+    Ok(buf)
+}
+
+/// Serves a read from the boot image where it covers the range and from `source` elsewhere.
+/// Returns the data and how many bytes came from memory and from the source file.
+pub fn read_mixed(image: &BootImage, source: &File, offset: u64, len: u64) -> Result<(Vec<u8>, u64, u64)> {
+    let end = offset.saturating_add(len).min(image.identity.source_size);
+    if offset >= end {
+        return Ok((Vec::new(), 0, 0));
+    }
+    let mut out = Vec::with_capacity((end - offset) as usize);
+    let (mut from_memory, mut passed_through) = (0u64, 0u64);
+    let mut cursor = offset;
+    let mut index = image.first_extent_ending_after(offset);
+    while cursor < end {
+        match image.extents.get(index) {
+            Some(extent) if extent.source_offset <= cursor => {
+                let stop = extent.source_end().min(end);
+                let data = image.extent_data(extent);
+                out.extend_from_slice(&data[(cursor - extent.source_offset) as usize..(stop - extent.source_offset) as usize]);
+                from_memory += stop - cursor;
+                cursor = stop;
+                index += 1;
+            }
+            next => {
+                let stop = next.map_or(end, |e| e.source_offset.min(end));
+                let data = pread_full(source, cursor, stop - cursor)?;
+                if (data.len() as u64) < stop - cursor {
+                    // The file is shorter than the boot image says: never invent bytes.
+                    return Err(FsError::ShortRead(cursor + data.len() as u64));
+                }
+                out.extend_from_slice(&data);
+                passed_through += stop - cursor;
+                cursor = stop;
+            }
+        }
+    }
+    Ok((out, from_memory, passed_through))
+}

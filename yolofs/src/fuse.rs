@@ -1,0 +1,192 @@
+//! The thin `fuser::Filesystem` adapter over [`MirrorFs`].
+//!
+//! Each operation calls the filesystem core and has one error path: log (expected misses at
+//! debug, the rest at warn) and reply with the error's errno. Files with a boot image are opened
+//! with `keep_cache` (base files are immutable, so the kernel may keep their pages across opens);
+//! files being recorded are opened with `direct_io`, so every read the guest makes reaches the
+//! recorder instead of being absorbed by kernel readahead and page cache.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+};
+use log::{debug, warn};
+
+use crate::fs::{Attr, FsError, Kind, MirrorFs};
+
+pub struct FuseAdapter {
+    pub fs: Arc<MirrorFs>,
+    /// How long the kernel may cache attributes and entries.
+    pub attr_ttl: Duration,
+    /// Let the kernel keep page cache of files served from boot images across opens.
+    pub keep_cache: bool,
+}
+
+fn file_attr(attr: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(attr.ino),
+        size: attr.size,
+        blocks: attr.blocks,
+        atime: attr.atime,
+        mtime: attr.mtime,
+        ctime: attr.ctime,
+        crtime: attr.ctime,
+        kind: match attr.kind {
+            Kind::File | Kind::Other => FileType::RegularFile,
+            Kind::Directory => FileType::Directory,
+            Kind::Symlink => FileType::Symlink,
+        },
+        perm: attr.perm,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        rdev: 0,
+        blksize: attr.blksize,
+        flags: 0,
+    }
+}
+
+fn errno(op: &str, err: &FsError) -> Errno {
+    if err.is_expected() {
+        debug!("{op}: {err}");
+    } else {
+        warn!("{op}: {err}");
+    }
+    Errno::from_i32(err.errno())
+}
+
+impl fuser::Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Large reads mean fewer round trips for sequential passthrough.
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name) {
+            Ok(attr) => reply.entry(&self.attr_ttl, &file_attr(&attr), Generation(0)),
+            Err(e) => reply.error(errno("lookup", &e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
+            Ok(attr) => reply.attr(&self.attr_ttl, &file_attr(&attr)),
+            Err(e) => reply.error(errno("getattr", &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(target) => reply.data(target.as_encoded_bytes()),
+            Err(e) => reply.error(errno("readlink", &e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0, flags.0) {
+            Ok(opened) => {
+                let mut fopen = FopenFlags::empty();
+                if opened.recording {
+                    fopen |= FopenFlags::FOPEN_DIRECT_IO;
+                } else if self.keep_cache && opened.from_boot_image {
+                    fopen |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                reply.opened(FileHandle(opened.fh), fopen)
+            }
+            Err(e) => reply.error(errno("open", &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(fh.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno("read", &e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let entries = match self.fs.readdir(ino.0) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(errno("readdir", &e)),
+        };
+        let dots = [(ino.0, FileType::Directory, OsStr::new(".")), (ino.0, FileType::Directory, OsStr::new(".."))];
+        let all = dots.into_iter().chain(entries.iter().map(|(child, kind, name)| {
+            let kind = match kind {
+                Kind::Directory => FileType::Directory,
+                Kind::Symlink => FileType::Symlink,
+                Kind::File | Kind::Other => FileType::RegularFile,
+            };
+            (*child, kind, name.as_os_str())
+        }));
+        // Offsets are positions in this listing; the kernel passes back the last one it took.
+        for (position, (child, kind, name)) in all.enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(child), position as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namemax as u32, s.f_frsize as u32),
+            Err(e) => reply.error(errno("statfs", &e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::NO_XATTR);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        // No extended attributes: an empty list.
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        if mask.bits() & libc::W_OK != 0 {
+            return reply.error(Errno::EROFS);
+        }
+        match self.fs.getattr(ino.0, None) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno("access", &e)),
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Host I/O and CPU utilisation, smoothed, for the boot-time model (`x` and `y` in
+//! `t = e^x * alpha / (1 - x) + beta / (1 - y)`).
+//!
+//! I/O utilisation is the fraction of wall time the disk holding the source directory had I/O in
+//! flight (`io_ticks`, field 13 of `/proc/diskstats`, as `iostat`'s %util); CPU utilisation is
+//! the non-idle fraction of all CPU time in `/proc/stat`. Both are sampled every interval and
+//! smoothed with an exponentially weighted moving average, so one busy second does not swing the
+//! scheduler.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HostLoad {
+    /// Smoothed I/O utilisation of `device`, 0..1.
+    pub io_utilisation: f64,
+    /// Smoothed CPU utilisation of the host, 0..1.
+    pub cpu_utilisation: f64,
+    /// The block device measured (the one holding the source directory).
+    pub device: String,
+    /// Smoothing time constant in seconds.
+    pub smoothing_seconds: f64,
+    /// Samples taken so far.
+    pub samples: u64,
+}
+
+/// The block device (as named in /proc/diskstats) holding `path`: its whole disk, since a
+/// partition's queue is its disk's.
+pub fn device_of(path: &Path) -> Option<String> {
+    let dev = fs::metadata(path).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let sys = fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    // A partition's sysfs directory sits inside its disk's and has a `partition` file.
+    let disk = if sys.join("partition").exists() { sys.parent()?.to_path_buf() } else { sys };
+    disk.file_name().map(|n| n.to_string_lossy().into_owned())
+}
+
+/// The busiest real disk, for sources on filesystems without a block device (tmpfs, overlay).
+fn busiest_disk(diskstats: &str) -> Option<String> {
+    diskstats
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let name = f.get(2)?;
+            let ticks: u64 = f.get(12)?.parse().ok()?;
+            let virtual_dev = name.starts_with("loop") || name.starts_with("ram") || name.starts_with("zram");
+            (!virtual_dev && Path::new(&format!("/sys/block/{name}")).exists()).then(|| (ticks, name.to_string()))
+        })
+        .max()
+        .map(|(_, name)| name)
+}
+
+fn io_ticks_ms(diskstats: &str, device: &str) -> Option<u64> {
+    diskstats.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(2) == Some(&device)).then(|| f.get(12)?.parse().ok()).flatten()
+    })
+}
+
+/// (busy, total) jiffies from the first line of /proc/stat.
+fn cpu_jiffies(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().next()?;
+    let values: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    if values.len() < 4 {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest is already counted in user).
+    let total: u64 = values.iter().take(8).sum();
+    let idle = values[3] + values.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+pub struct HostLoadSampler {
+    current: Mutex<HostLoad>,
+}
+
+impl HostLoadSampler {
+    /// Starts sampling every `interval` in a background thread.
+    pub fn start(source: &Path, interval: Duration, smoothing: Duration) -> Arc<HostLoadSampler> {
+        let stats = fs::read_to_string("/proc/diskstats").unwrap_or_default();
+        let device = device_of(source).filter(|d| io_ticks_ms(&stats, d).is_some()).or_else(|| busiest_disk(&stats));
+        let sampler = Arc::new(HostLoadSampler {
+            current: Mutex::new(HostLoad {
+                device: device.clone().unwrap_or_default(),
+                smoothing_seconds: smoothing.as_secs_f64(),
+                ..Default::default()
+            }),
+        });
+        let weak = Arc::downgrade(&sampler);
+        thread::Builder::new()
+            .name("yolofs-hostload".into())
+            .spawn(move || {
+                let read = || {
+                    let now = Instant::now();
+                    let io = device.as_deref().and_then(|d| io_ticks_ms(&fs::read_to_string("/proc/diskstats").ok()?, d));
+                    let cpu = fs::read_to_string("/proc/stat").ok().and_then(|s| cpu_jiffies(&s));
+                    (now, io, cpu)
+                };
+                let mut previous = read();
+                loop {
+                    thread::sleep(interval);
+                    let Some(sampler) = weak.upgrade() else { return };
+                    let next = read();
+                    sampler.update(&previous, &next, smoothing);
+                    previous = next;
+                }
+            })
+            .expect("spawn host load thread");
+        sampler
+    }
+
+    fn update(
+        &self,
+        (t0, io0, cpu0): &(Instant, Option<u64>, Option<(u64, u64)>),
+        (t1, io1, cpu1): &(Instant, Option<u64>, Option<(u64, u64)>),
+        smoothing: Duration,
+    ) {
+        let elapsed = (*t1 - *t0).as_secs_f64();
+        if elapsed <= 0.0 {
+            return;
+        }
+        let io = match (io0, io1) {
+            (Some(a), Some(b)) => Some(((b.saturating_sub(*a)) as f64 / 1000.0 / elapsed).clamp(0.0, 1.0)),
+            _ => None,
+        };
+        let cpu = match (cpu0, cpu1) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some(((b1 - b0) as f64 / (t1 - t0) as f64).clamp(0.0, 1.0)),
+            _ => None,
+        };
+        // EWMA weight for this sample given the time constant.
+        let weight = 1.0 - (-elapsed / smoothing.as_secs_f64().max(1e-3)).exp();
+        let mut current = self.current.lock().unwrap();
+        let first = current.samples == 0;
+        if let Some(io) = io {
+            current.io_utilisation = if first { io } else { current.io_utilisation + weight * (io - current.io_utilisation) };
+        }
+        if let Some(cpu) = cpu {
+            current.cpu_utilisation = if first { cpu } else { current.cpu_utilisation + weight * (cpu - current.cpu_utilisation) };
+        }
+        current.samples += 1;
+    }
+
+    pub fn current(&self) -> HostLoad {
+        self.current.lock().unwrap().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DISKSTATS: &str = "   7       0 loop0 10 0 80 5 0 0 0 0 0 999999 5 0 0 0 0 0 0\n \
+        254       0 vda 8000 20 900000 4000 300 10 5000 200 0 4500 4200 0 0 0 0 0 0\n";
+
+    #[test]
+    fn io_ticks_are_field_13() {
+        assert_eq!(io_ticks_ms(DISKSTATS, "vda"), Some(4500));
+        assert_eq!(io_ticks_ms(DISKSTATS, "sdz"), None);
+    }
+
+    #[test]
+    fn cpu_busy_excludes_idle_and_iowait() {
+        let stat = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n";
+        assert_eq!(cpu_jiffies(stat), Some((150, 1000)));
+    }
+
+    #[test]
+    fn smoothing_moves_toward_new_samples_and_clamps() {
+        let sampler = HostLoadSampler { current: Mutex::default() };
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(1);
+        // 2 s of io_ticks in 1 s (merged queues) clamps to 1.0.
+        sampler.update(&(t0, Some(0), Some((0, 100))), &(t1, Some(2000), Some((50, 200))), Duration::from_secs(10));
+        let load = sampler.current();
+        assert_eq!(load.io_utilisation, 1.0);
+        assert_eq!(load.cpu_utilisation, 0.5);
+        sampler.update(&(t0, Some(0), Some((0, 100))), &(t1, Some(0), Some((0, 200))), Duration::from_secs(10));
+        let load = sampler.current();
+        assert!(load.io_utilisation < 1.0 && load.io_utilisation > 0.85, "{load:?}");
+    }
+}

@@ -1,0 +1,440 @@
+//! The `yolofs` command: mount the filesystem, build, inspect and verify boot images, talk to a
+//! running mount, pin the hypervisor's files.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use log::{info, warn};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use yolofs::build::{self, BuildSummary};
+use yolofs::control::{self, Daemon};
+use yolofs::format::{BootImage, SourceIdentity};
+use yolofs::fs::MirrorFs;
+use yolofs::fuse::FuseAdapter;
+use yolofs::hostload::HostLoadSampler;
+use yolofs::recorder::{RecordConfig, Recorder};
+use yolofs::stats::StatsRegistry;
+use yolofs::store::{self, BootImageStore, StoreConfig};
+use yolofs::pin;
+
+const DEFAULT_SOCKET: &str = "/run/yolofs/control.sock";
+
+#[derive(Parser)]
+#[command(name = "yolofs", version, about = "YOLO boot images and the FUSE filesystem that serves them")]
+struct Cli {
+    /// Log level (error, warn, info, debug, trace); RUST_LOG overrides it.
+    #[arg(long, global = true, default_value = "info")]
+    log_level: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount a read-only mirror of SOURCE that serves boot reads from boot images (runs in the
+    /// foreground until SIGTERM or SIGINT, then unmounts).
+    Mount(MountArgs),
+    /// Build a boot image from a read trace and the source file.
+    Build(BuildArgs),
+    /// Show a boot image's header and extents.
+    Inspect {
+        boot_image: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// List every extent.
+        #[arg(long)]
+        extents: bool,
+    },
+    /// Compare every extent of a boot image with a source file; exit 1 if any byte differs.
+    Verify {
+        boot_image: PathBuf,
+        source: PathBuf,
+        /// On success, write the verification stamp the daemon trusts instead of verifying again.
+        #[arg(long)]
+        mark: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send a request to a running mount's control socket and print the JSON answer.
+    Ctl {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[command(subcommand)]
+        request: CtlRequest,
+    },
+    /// Lock QEMU's binary, libraries and firmware (or the named binaries') in page cache until killed.
+    Pin {
+        binaries: Vec<String>,
+        /// Only list the files that would be pinned.
+        #[arg(long)]
+        list: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum CtlRequest {
+    Status,
+    Stats { file: Option<String> },
+    Preload { file: String },
+    Evict { file: String },
+    HostLoad,
+    RecordStop { file: String },
+}
+
+#[derive(clap::Args)]
+struct MountArgs {
+    /// Directory to mirror (Nova's instances/_base).
+    #[arg(long)]
+    source: PathBuf,
+    /// Where to mount the mirror.
+    #[arg(long)]
+    mountpoint: PathBuf,
+    /// Boot image store: <base file name>.yolo files.
+    #[arg(long, default_value = "/var/lib/yolo/boot-images")]
+    boot_images: PathBuf,
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    control_socket: PathBuf,
+    /// Most MiB of boot image data kept in memory (least recently used evicted first).
+    #[arg(long, default_value_t = 2048)]
+    memory_budget_mib: u64,
+    /// Lock loaded boot images in RAM (mlock).
+    #[arg(long)]
+    mlock: bool,
+    /// Learn a boot image for every base file opened without one, from its first boot.
+    #[arg(long)]
+    learn: bool,
+    /// Recording: the boot window ends after this many seconds without a read.
+    #[arg(long, default_value_t = 5.0)]
+    record_idle_secs: f64,
+    /// Recording: the boot window ends this many seconds after the first read at the latest.
+    #[arg(long, default_value_t = 300.0)]
+    record_max_secs: f64,
+    /// Block size of learned boot images, in bytes.
+    #[arg(long, default_value_t = 4096)]
+    block_size: u32,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// Seconds the kernel may cache attributes and directory entries.
+    #[arg(long, default_value_t = 1.0)]
+    attr_timeout_secs: f64,
+    /// Do not let the kernel keep page cache of boot-image files across opens.
+    #[arg(long)]
+    no_keep_cache: bool,
+    /// Pin QEMU's files in page cache for as long as the mount runs.
+    #[arg(long)]
+    pin_qemu: bool,
+    /// Host load sampling interval in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    load_interval_secs: f64,
+    /// Host load smoothing time constant in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    load_smoothing_secs: f64,
+}
+
+#[derive(clap::Args)]
+struct BuildArgs {
+    /// Read trace: `OFFSET LENGTH` per line.
+    #[arg(long)]
+    trace: PathBuf,
+    /// The source file the trace was taken on (the raw base file).
+    #[arg(long)]
+    source: PathBuf,
+    #[arg(long)]
+    output: PathBuf,
+    #[arg(long, default_value_t = 4096)]
+    block_size: u32,
+    /// Glance image id of the source image.
+    #[arg(long, default_value = "")]
+    image_id: String,
+    /// `algorithm:hex` digest of the source image, or `auto` to hash the source file (sha256).
+    #[arg(long, default_value = "")]
+    source_digest: String,
+    /// How the source file was produced from the image.
+    #[arg(long, default_value = "raw")]
+    rendition: String,
+    /// Also write the verification stamp (the boot image is built from the source itself).
+    #[arg(long)]
+    mark: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(&cli.log_level))
+        .format_timestamp_millis()
+        .init();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("yolofs: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Mount(args) => mount(args),
+        Command::Build(args) => build_command(args),
+        Command::Inspect { boot_image, json, extents } => inspect(&boot_image, json, extents),
+        Command::Verify { boot_image, source, mark, json } => verify(&boot_image, &source, mark, json),
+        Command::Ctl { socket, request } => ctl(&socket, request),
+        Command::Pin { binaries, list } => pin_command(&binaries, list),
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(format!("sha256:{:x}", hasher.finalize()))
+}
+
+fn build_command(args: BuildArgs) -> Result<()> {
+    let started = Instant::now();
+    let reads = build::read_trace(&args.trace).with_context(|| format!("reading trace {}", args.trace.display()))?;
+    let source = File::open(&args.source).with_context(|| format!("opening source {}", args.source.display()))?;
+    let source_digest = if args.source_digest == "auto" { sha256_file(&args.source)? } else { args.source_digest };
+    let identity = SourceIdentity {
+        image_id: args.image_id,
+        source_digest,
+        rendition: args.rendition,
+        source_size: source.metadata()?.len(),
+    };
+    let summary: BuildSummary = build::build_boot_image(&reads, &source, &identity, args.block_size, &args.output)
+        .with_context(|| format!("building {}", args.output.display()))?;
+    if args.mark {
+        let image = BootImage::open(&args.output)?;
+        store::write_stamp(&args.output, &image, &source)?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if args.json {
+        println!("{}", json!({ "summary": summary, "seconds": seconds }));
+    } else {
+        println!(
+            "built {}: {} reads ({} bytes) -> {} extents, {} bytes covered, boot image {} bytes ({:.1}% of the {}-byte source) in {:.2}s",
+            args.output.display(),
+            summary.reads,
+            summary.read_bytes,
+            summary.extents,
+            summary.covered_bytes,
+            summary.boot_image_bytes,
+            100.0 * summary.covered_bytes as f64 / summary.source_size.max(1) as f64,
+            summary.source_size,
+            seconds
+        );
+    }
+    Ok(())
+}
+
+fn open_boot_image(path: &Path) -> Result<BootImage> {
+    BootImage::open(path).with_context(|| format!("invalid boot image {}", path.display()))
+}
+
+fn inspect(path: &Path, as_json: bool, list_extents: bool) -> Result<()> {
+    let image = open_boot_image(path)?;
+    let summary = json!({
+        "path": path,
+        "format_version": yolofs::format::VERSION,
+        "identity": image.identity,
+        "block_size": image.block_size,
+        "created_unix": image.created_unix,
+        "extent_count": image.extents.len(),
+        "covered_bytes": image.covered_bytes(),
+        "coverage": image.covered_bytes() as f64 / image.identity.source_size.max(1) as f64,
+        "header_crc32c": format!("{:08x}", image.header_crc32c),
+        "index_crc32c": format!("{:08x}", image.index_crc32c),
+    });
+    if as_json {
+        let mut out = summary;
+        if list_extents {
+            out["extents"] = serde_json::to_value(&image.extents)?;
+        }
+        println!("{out}");
+        return Ok(());
+    }
+    println!("boot image    {}", path.display());
+    println!("format        version {}", yolofs::format::VERSION);
+    println!("image id      {}", if image.identity.image_id.is_empty() { "-" } else { &image.identity.image_id });
+    println!("source digest {}", if image.identity.source_digest.is_empty() { "-" } else { &image.identity.source_digest });
+    println!("rendition     {}", image.identity.rendition);
+    println!("source size   {} bytes", image.identity.source_size);
+    println!("block size    {} bytes", image.block_size);
+    println!("extents       {}", image.extents.len());
+    println!(
+        "covered       {} bytes ({:.2}% of the source)",
+        image.covered_bytes(),
+        100.0 * image.covered_bytes() as f64 / image.identity.source_size.max(1) as f64
+    );
+    if list_extents {
+        println!("{:>14} {:>10} {:>12} {:>10}", "offset", "length", "data offset", "crc32c");
+        for e in &image.extents {
+            println!("{:>14} {:>10} {:>12} {:>10x}", e.source_offset, e.length, e.data_offset, e.crc32c);
+        }
+    }
+    Ok(())
+}
+
+fn verify(path: &Path, source_path: &Path, mark: bool, as_json: bool) -> Result<()> {
+    let image = open_boot_image(path)?;
+    let source = File::open(source_path).with_context(|| format!("opening source {}", source_path.display()))?;
+    let started = Instant::now();
+    image
+        .verify_against(&source)
+        .with_context(|| format!("{} does not match {}", path.display(), source_path.display()))?;
+    if mark {
+        store::write_stamp(path, &image, &source).context("writing the verification stamp")?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if as_json {
+        println!("{}", json!({ "ok": true, "extents": image.extents.len(), "bytes": image.covered_bytes(), "seconds": seconds, "marked": mark }));
+    } else {
+        println!("ok: {} extents ({} bytes) match {} ({seconds:.2}s)", image.extents.len(), image.covered_bytes(), source_path.display());
+    }
+    Ok(())
+}
+
+fn ctl(socket: &Path, request: CtlRequest) -> Result<()> {
+    let request = match request {
+        CtlRequest::Status => json!({ "op": "status" }),
+        CtlRequest::Stats { file } => json!({ "op": "stats", "file": file }),
+        CtlRequest::Preload { file } => json!({ "op": "preload", "file": file }),
+        CtlRequest::Evict { file } => json!({ "op": "evict", "file": file }),
+        CtlRequest::HostLoad => json!({ "op": "host_load" }),
+        CtlRequest::RecordStop { file } => json!({ "op": "record_stop", "file": file }),
+    };
+    let answer = control::call(socket, &request).with_context(|| format!("talking to {}", socket.display()))?;
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    if answer["ok"] != json!(true) {
+        bail!("{}", answer["error"].as_str().unwrap_or("request failed"));
+    }
+    Ok(())
+}
+
+fn wait_for_termination() -> Result<i32> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    Ok(signals.forever().next().unwrap_or(SIGTERM))
+}
+
+fn pin_command(binaries: &[String], list: bool) -> Result<()> {
+    let files = pin::files_to_pin(binaries);
+    if list {
+        for file in &files {
+            println!("{}", file.display());
+        }
+        return Ok(());
+    }
+    let pinned = pin::pin(&files);
+    for (path, bytes) in pinned.files() {
+        println!("{bytes:>12} {}", path.display());
+    }
+    println!("pinned {} bytes; holding until SIGTERM", pinned.bytes());
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    wait_for_termination()?;
+    Ok(())
+}
+
+/// A mount point left by a yolofs that died answers ENOTCONN: detach it so we can mount again.
+fn clear_stale_mount(mountpoint: &Path) {
+    if let Err(e) = std::fs::metadata(mountpoint) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            warn!("{} is a stale FUSE mount; detaching it", mountpoint.display());
+            let _ = std::process::Command::new("fusermount3").arg("-uz").arg(mountpoint).status();
+        }
+    }
+}
+
+fn mount(args: MountArgs) -> Result<()> {
+    let source = std::fs::canonicalize(&args.source).with_context(|| format!("source {}", args.source.display()))?;
+    clear_stale_mount(&args.mountpoint);
+    std::fs::create_dir_all(&args.mountpoint).with_context(|| format!("mount point {}", args.mountpoint.display()))?;
+    std::fs::create_dir_all(&args.boot_images).with_context(|| format!("boot image store {}", args.boot_images.display()))?;
+    let store = Arc::new(BootImageStore::new(StoreConfig {
+        dir: args.boot_images.clone(),
+        memory_budget: args.memory_budget_mib << 20,
+        lock_in_memory: args.mlock,
+    }));
+    let stats = Arc::new(StatsRegistry::default());
+    let recorder = args.learn.then(|| {
+        Recorder::new(
+            RecordConfig {
+                idle: Duration::from_secs_f64(args.record_idle_secs),
+                max_duration: Duration::from_secs_f64(args.record_max_secs),
+                block_size: args.block_size,
+            },
+            store.clone(),
+        )
+    });
+    let fs = Arc::new(MirrorFs::new(&source, store.clone(), stats.clone(), recorder.clone())?);
+    let host_load = HostLoadSampler::start(
+        &source,
+        Duration::from_secs_f64(args.load_interval_secs),
+        Duration::from_secs_f64(args.load_smoothing_secs),
+    );
+    let pinned = args.pin_qemu.then(|| pin::pin(&pin::files_to_pin(&[])));
+
+    let adapter = FuseAdapter {
+        fs: fs.clone(),
+        attr_ttl: Duration::from_secs_f64(args.attr_timeout_secs),
+        keep_cache: !args.no_keep_cache,
+    };
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("yolofs".into()),
+        fuser::MountOption::Subtype("yolofs".into()),
+        fuser::MountOption::RO,
+        fuser::MountOption::NoAtime,
+        fuser::MountOption::DefaultPermissions,
+    ];
+    // QEMU runs as its own user under libvirt: every user may read, the kernel checks modes.
+    config.acl = fuser::SessionACL::All;
+    config.n_threads = Some(args.threads.max(1));
+    config.clone_fd = true;
+    let session = fuser::spawn_mount(adapter, &args.mountpoint, &config)
+        .with_context(|| format!("mounting {}", args.mountpoint.display()))?;
+
+    let daemon = Arc::new(Daemon {
+        source: source.clone(),
+        mountpoint: args.mountpoint.clone(),
+        fs,
+        store,
+        stats,
+        recorder: recorder.clone(),
+        host_load,
+        pinned_bytes: pinned.as_ref().map_or(0, |p| p.bytes()),
+        started: Instant::now(),
+    });
+    control::serve(&args.control_socket, daemon).with_context(|| format!("control socket {}", args.control_socket.display()))?;
+    info!(
+        "mounted {} on {} (boot images in {}, control socket {}, learning {})",
+        source.display(),
+        args.mountpoint.display(),
+        args.boot_images.display(),
+        args.control_socket.display(),
+        if args.learn { "on" } else { "off" }
+    );
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+
+    let signal = wait_for_termination()?;
+    info!("signal {signal}: unmounting {}", args.mountpoint.display());
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    if let Some(recorder) = &recorder {
+        recorder.wait_idle();
+    }
+    session.umount_and_join().context("unmounting")?;
+    let _ = std::fs::remove_file(&args.control_socket);
+    drop(pinned);
+    info!("unmounted");
+    Ok(())
+}

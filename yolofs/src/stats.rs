@@ -1,0 +1,89 @@
+//! Per-file read statistics: how many bytes and requests were served from boot images and how
+//! many were passed through to the base file. Lock-free counters, one set per file name.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+#[derive(Default)]
+pub struct FileStats {
+    opens: AtomicU64,
+    requests_memory: AtomicU64,
+    requests_passthrough: AtomicU64,
+    requests_mixed: AtomicU64,
+    bytes_memory: AtomicU64,
+    bytes_passthrough: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// A snapshot of one file's counters.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct FileStatsSnapshot {
+    pub opens: u64,
+    /// Requests served entirely from the boot image.
+    pub requests_memory: u64,
+    /// Requests served entirely from the base file.
+    pub requests_passthrough: u64,
+    /// Requests that needed both.
+    pub requests_mixed: u64,
+    pub bytes_memory: u64,
+    pub bytes_passthrough: u64,
+    pub errors: u64,
+}
+
+impl FileStats {
+    pub fn opened(&self) {
+        self.opens.fetch_add(1, Relaxed);
+    }
+
+    /// Counts one read request by where its bytes came from.
+    pub fn read(&self, bytes_memory: u64, bytes_passthrough: u64) {
+        let requests = match (bytes_memory > 0, bytes_passthrough > 0) {
+            (true, true) => &self.requests_mixed,
+            (true, false) => &self.requests_memory,
+            _ => &self.requests_passthrough,
+        };
+        requests.fetch_add(1, Relaxed);
+        self.bytes_memory.fetch_add(bytes_memory, Relaxed);
+        self.bytes_passthrough.fetch_add(bytes_passthrough, Relaxed);
+    }
+
+    pub fn error(&self) {
+        self.errors.fetch_add(1, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> FileStatsSnapshot {
+        FileStatsSnapshot {
+            opens: self.opens.load(Relaxed),
+            requests_memory: self.requests_memory.load(Relaxed),
+            requests_passthrough: self.requests_passthrough.load(Relaxed),
+            requests_mixed: self.requests_mixed.load(Relaxed),
+            bytes_memory: self.bytes_memory.load(Relaxed),
+            bytes_passthrough: self.bytes_passthrough.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+        }
+    }
+}
+
+/// Counters of every file read since the mount started, by file name.
+#[derive(Default)]
+pub struct StatsRegistry {
+    files: Mutex<BTreeMap<String, Arc<FileStats>>>,
+}
+
+impl StatsRegistry {
+    pub fn for_file(&self, name: &str) -> Arc<FileStats> {
+        self.files.lock().unwrap().entry(name.to_string()).or_default().clone()
+    }
+
+    pub fn snapshot(&self, only: Option<&str>) -> BTreeMap<String, FileStatsSnapshot> {
+        let files = self.files.lock().unwrap();
+        files
+            .iter()
+            .filter(|(name, _)| only.is_none_or(|o| o == name.as_str()))
+            .map(|(name, stats)| (name.clone(), stats.snapshot()))
+            .collect()
+    }
+}
