@@ -180,6 +180,21 @@ impl fuser::Filesystem for FuseAdapter {
         }
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Base files are plain files: no ioctls (isatty() probes land here).
+        reply.error(Errno::ENOTTY);
+    }
+
     fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
         if mask.bits() & libc::W_OK != 0 {
             return reply.error(Errno::EROFS);

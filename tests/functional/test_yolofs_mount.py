@@ -1,0 +1,271 @@
+"""A real yolofs FUSE mount: every read compared with the source file, byte for byte."""
+
+import concurrent.futures
+import errno
+import mmap
+import os
+import random
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from yolo_common import yolofs
+
+SIZE = 24 << 20
+NAME = '3f786850e387550fdab836ed7e6dc881de23001b'
+
+
+@pytest.fixture
+def base_dir(tmp_path):
+    base = tmp_path / '_base'
+    base.mkdir()
+    rng = random.Random(5)
+    (base / NAME).write_bytes(rng.randbytes(SIZE))
+    return base
+
+
+@pytest.fixture
+def content(base_dir):
+    return (base_dir / NAME).read_bytes()
+
+
+@pytest.fixture
+def boot_image_dir(tmp_path, base_dir):
+    """A boot image of scattered ranges, as a boot reads them."""
+    store = tmp_path / 'boot-images'
+    store.mkdir()
+    rng = random.Random(9)
+    trace = tmp_path / 'trace'
+    trace.write_text(''.join('%d %d\n' % (rng.randrange(SIZE), rng.randrange(1, 200000))
+                             for _ in range(150)))
+    yolofs.run('build', '--trace', trace, '--source', base_dir / NAME,
+               '--output', store / (NAME + '.yolo'))
+    return store
+
+
+def random_ranges(seed, count, size=SIZE, align=1):
+    rng = random.Random(seed)
+    for _ in range(count):
+        offset = rng.randrange(0, size + 8192) // align * align
+        length = max(align, rng.randrange(1, 400000) // align * align)
+        yield offset, length
+
+
+def read_buffered(path, ranges):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return [os.pread(fd, length, offset) for offset, length in ranges]
+    finally:
+        os.close(fd)
+
+
+def read_direct(path, ranges):
+    """O_DIRECT reads, as QEMU makes them with cache=none: aligned buffers, offsets, lengths."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        out = []
+        for offset, length in ranges:
+            buf = mmap.mmap(-1, length)
+            n = os.preadv(fd, [buf], offset)
+            out.append(bytes(buf[:n]))
+            buf.close()
+        return out
+    finally:
+        os.close(fd)
+
+
+def expected(content, ranges):
+    return [content[offset:offset + length] for offset, length in ranges]
+
+
+@pytest.mark.parametrize('reader,align', [(read_buffered, 1), (read_direct, 4096)],
+                         ids=['buffered', 'o_direct'])
+def test_reads_equal_the_source_with_a_boot_image(mount_factory, base_dir, boot_image_dir,
+                                                  content, reader, align):
+    mount = mount_factory(base_dir, boot_images=boot_image_dir)
+    ranges = list(random_ranges(1, 400, align=align))
+    assert reader(mount.mountpoint / NAME, ranges) == expected(content, ranges)
+    stats = mount.client.stats(NAME)[NAME]
+    # Random ranges straddle covered and uncovered parts: all three kinds of request happen.
+    assert stats['requests_mixed'] > 0, stats
+    assert stats['requests_passthrough'] > 0, stats
+    assert stats['bytes_memory'] > 0, stats
+
+
+def test_reads_equal_the_source_without_a_boot_image(mount_factory, base_dir, content,
+                                                     tmp_path):
+    mount = mount_factory(base_dir)
+    ranges = list(random_ranges(2, 200))
+    assert read_buffered(mount.mountpoint / NAME, ranges) == expected(content, ranges)
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] == 0
+    assert (mount.mountpoint / NAME).read_bytes() == content
+
+
+def test_concurrent_readers(mount_factory, base_dir, boot_image_dir, content):
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, threads=8)
+    path = mount.mountpoint / NAME
+
+    def worker(seed):
+        ranges = list(random_ranges(seed, 150, align=4096))
+        reader = read_direct if seed % 2 else read_buffered
+        return reader(path, ranges) == expected(content, ranges)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(worker, range(100, 132)))
+
+
+def test_writes_fail_with_erofs(mount_factory, base_dir):
+    mount = mount_factory(base_dir)
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_CREAT):
+        with pytest.raises(OSError) as err:
+            os.open(mount.mountpoint / NAME, flags)
+        assert err.value.errno == errno.EROFS
+    for action in (lambda: (mount.mountpoint / 'new').write_bytes(b'x'),
+                   lambda: os.unlink(mount.mountpoint / NAME),
+                   lambda: os.rename(mount.mountpoint / NAME, mount.mountpoint / 'x'),
+                   lambda: os.mkdir(mount.mountpoint / 'd')):
+        with pytest.raises(OSError) as err:
+            action()
+        assert err.value.errno == errno.EROFS
+    assert os.stat(base_dir / NAME).st_size == SIZE
+
+
+def test_source_changes_show_up(mount_factory, base_dir):
+    mount = mount_factory(base_dir, attr_timeout_secs=0)
+    # Nova downloads to <name>.part, then renames it into place.
+    (base_dir / 'new.part').write_bytes(b'partial')
+    assert sorted(os.listdir(mount.mountpoint)) == sorted([NAME, 'new.part'])
+    (base_dir / 'new.part').write_bytes(b'complete image')
+    os.rename(base_dir / 'new.part', base_dir / 'new')
+    assert sorted(os.listdir(mount.mountpoint)) == sorted([NAME, 'new'])
+    assert (mount.mountpoint / 'new').read_bytes() == b'complete image'
+    assert not (mount.mountpoint / 'new.part').exists()
+    os.unlink(base_dir / 'new')
+    assert not (mount.mountpoint / 'new').exists()
+    assert os.listdir(mount.mountpoint) == [NAME]
+
+
+def test_source_file_vanishing_while_open(mount_factory, base_dir, boot_image_dir, content):
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, attr_timeout_secs=0)
+    fd = os.open(mount.mountpoint / NAME, os.O_RDONLY)
+    try:
+        os.unlink(base_dir / NAME)
+        (base_dir / NAME).write_bytes(b'\0' * SIZE)
+        # The open file keeps its own bytes: never the new file's, never zeros.
+        ranges = list(random_ranges(3, 100))
+        assert [os.pread(fd, length, offset) for offset, length in ranges] == \
+            expected(content, ranges)
+    finally:
+        os.close(fd)
+    os.unlink(base_dir / NAME)
+    with pytest.raises(FileNotFoundError):
+        open(mount.mountpoint / NAME, 'rb')
+
+
+def test_corrupt_boot_image_is_never_served(mount_factory, base_dir, boot_image_dir, content):
+    path = boot_image_dir / (NAME + '.yolo')
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    mount = mount_factory(base_dir, boot_images=boot_image_dir)
+    with pytest.raises(yolofs.YolofsError, match='checksum mismatch'):
+        mount.client.preload(NAME)
+    assert (mount.mountpoint / NAME).read_bytes() == content
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] == 0
+    assert mount.client.status()['rejected'][0]['name'] == NAME
+
+
+def test_mismatching_boot_image_is_never_served(mount_factory, base_dir, boot_image_dir,
+                                                tmp_path):
+    other = bytearray((base_dir / NAME).read_bytes())
+    for i in range(0, SIZE, 4096):
+        other[i] ^= 0x5a
+    (base_dir / NAME).write_bytes(bytes(other))
+    mount = mount_factory(base_dir, boot_images=boot_image_dir)
+    assert (mount.mountpoint / NAME).read_bytes() == bytes(other)
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] == 0
+    assert 'differs from the source file' in mount.client.status()['rejected'][0]['reason']
+
+
+def test_preload_evict_budget_and_mlock(mount_factory, base_dir, boot_image_dir, content):
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, mlock=True)
+    loaded = mount.client.preload(NAME)
+    assert loaded['bytes'] > 0 and loaded['locked'] is True
+    status = mount.client.status()
+    assert status['memory_used_bytes'] == loaded['bytes']
+    with open('/proc/%d/status' % mount.process.pid) as f:
+        locked_kib = int(next(line for line in f if line.startswith('VmLck:')).split()[1])
+    assert locked_kib * 1024 >= loaded['bytes']
+    assert mount.client.evict(NAME)['evicted'] is True
+    assert mount.client.status()['memory_used_bytes'] == 0
+    with pytest.raises(yolofs.YolofsError, match='invalid base file name'):
+        mount.client.preload('../etc/passwd')
+    # Served again after eviction: loaded on open.
+    assert (mount.mountpoint / NAME).read_bytes() == content
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] > 0
+
+
+def test_memory_budget_evicts_least_recently_used(mount_factory, base_dir, tmp_path):
+    store = tmp_path / 'store'
+    store.mkdir()
+    for i in range(3):
+        name = 'img%d' % i
+        shutil.copy(base_dir / NAME, base_dir / name)
+        trace = tmp_path / ('t%d' % i)
+        trace.write_text('0 %d\n' % (600 << 10))
+        yolofs.run('build', '--trace', trace, '--source', base_dir / name,
+                   '--output', store / (name + '.yolo'))
+    mount = mount_factory(base_dir, boot_images=store, memory_budget_mib=1)
+    for i in range(3):
+        mount.client.preload('img%d' % i)
+    loaded = [entry['name'] for entry in mount.client.status()['loaded']]
+    assert loaded == ['img2'], loaded
+
+
+def test_host_load_is_reported(mount_factory, base_dir):
+    mount = mount_factory(base_dir, load_interval_secs=0.2, load_smoothing_secs=1)
+    import time
+    time.sleep(1)
+    load = mount.client.host_load()
+    assert 0.0 <= load['io_utilisation'] <= 1.0
+    assert 0.0 <= load['cpu_utilisation'] <= 1.0
+    assert load['samples'] >= 2 and load['device']
+
+
+def test_sigterm_unmounts_cleanly(mount_factory, base_dir):
+    mount = mount_factory(base_dir)
+    fd = os.open(mount.mountpoint / NAME, os.O_RDONLY)
+    os.close(fd)
+    mountpoint = mount.mountpoint
+    assert mount.stop() == 0
+    assert not yolofs.is_mounted(mountpoint)
+    assert not mount.control_socket.exists()
+
+
+def test_ctl_command_line(mount_factory, base_dir, boot_image_dir):
+    mount = mount_factory(base_dir, boot_images=boot_image_dir)
+    out = yolofs.run('ctl', '--socket', mount.control_socket, 'preload', NAME).stdout
+    assert '"ok": true' in out
+    proc = yolofs.run('ctl', '--socket', mount.control_socket, 'record-stop', NAME, check=False)
+    assert proc.returncode != 0 and 'not learning' in proc.stderr
+
+
+def test_pin_locks_qemu_files(tmp_path):
+    listed = yolofs.run('pin', '--list').stdout.split()
+    qemu = os.path.realpath(shutil.which('qemu-system-x86_64'))
+    assert qemu in listed
+    assert any('libc.so' in path for path in listed)
+    assert any('bios' in path for path in listed)
+    proc = subprocess.Popen([yolofs.binary(), 'pin'], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith('pinned'):
+                break
+        with open('/proc/%d/status' % proc.pid) as f:
+            locked_kib = int(next(line for line in f if line.startswith('VmLck:')).split()[1])
+        assert locked_kib * 1024 >= os.path.getsize(qemu)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0

@@ -1,0 +1,131 @@
+"""Booting real guests with QEMU and timing them.
+
+Boot time is measured as the thesis does: from QEMU's start until the guest reports that sshd has
+started. The test image prints a marker on its serial console for that (see
+``tools/build-test-image.sh``); any other readiness pattern can be given. TCG is the default
+accelerator: KVM guests hang on the machines this project is developed on.
+"""
+
+import os
+import subprocess
+import threading
+import time
+
+READY_MARKER = b'YOLO-GUEST-READY'
+QEMU = os.environ.get('YOLO_QEMU', 'qemu-system-x86_64')
+
+
+class BootTimeout(Exception):
+    """The guest did not become ready in time."""
+
+
+class Guest:
+    """One QEMU process booting ``disk``; its serial console is watched for ``ready_marker``."""
+
+    def __init__(self, disk, *, disk_format='qcow2', cache='none',
+                 memory_mib=512, cpus=1, accel='tcg',
+                 ready_marker=READY_MARKER, console_log=None, extra_args=()):
+        self.disk = str(disk)
+        self.ready_marker = ready_marker
+        self.console_log = console_log
+        self.command = [
+            QEMU, '-accel', accel, '-m', str(memory_mib), '-smp', str(cpus),
+            '-display', 'none', '-monitor', 'none', '-serial', 'stdio',
+            '-no-reboot',
+            '-drive', 'file=%s,format=%s,if=virtio,cache=%s' % (
+                self.disk, disk_format, cache),
+            '-nic', 'user,model=virtio-net-pci',
+            *extra_args,
+        ]
+        self.process = None
+        self.started = None
+        self.ready_at = None
+        self._console = bytearray()
+        self._ready = threading.Event()
+        self._reader = None
+
+    def start(self):
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT)
+        self._reader = threading.Thread(target=self._read_console, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read_console(self):
+        log = open(self.console_log, 'wb') if self.console_log else None
+        try:
+            while True:
+                chunk = self.process.stdout.read1(65536)
+                if not chunk:
+                    break
+                if log:
+                    log.write(chunk)
+                    log.flush()
+                # Keep a window large enough to find a marker split across chunks.
+                self._console += chunk
+                if not self._ready.is_set() and self.ready_marker in self._console:
+                    self.ready_at = time.monotonic()
+                    self._ready.set()
+                if len(self._console) > 1 << 20:
+                    del self._console[:-4096]
+        finally:
+            if log:
+                log.close()
+
+    def wait_ready(self, timeout=600):
+        """Waits for the marker; returns the boot time in seconds."""
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.2):
+            if self.process.poll() is not None:
+                self._reader.join(5)
+                if self._ready.is_set():
+                    break
+                raise BootTimeout('QEMU exited with %d before the guest was ready; '
+                                  'console tail: %r' % (self.process.returncode,
+                                                        self.console_tail()))
+            if time.monotonic() > deadline:
+                raise BootTimeout('guest not ready after %ss; console tail: %r' % (
+                    timeout, self.console_tail()))
+        return self.ready_at - self.started
+
+    def cpu_seconds(self):
+        """CPU time QEMU has used so far (user + system), from /proc."""
+        with open('/proc/%d/stat' % self.process.pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        ticks = os.sysconf('SC_CLK_TCK')
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def console_tail(self, size=800):
+        return bytes(self._console[-size:]).decode(errors='replace')
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._reader:
+            self._reader.join(5)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def boot(disk, timeout=600, **options):
+    """Boots ``disk`` until ready, stops the guest, returns the boot time in seconds."""
+    with Guest(disk, **options) as guest:
+        return guest.wait_ready(timeout)
+
+
+def drop_caches():
+    """Empties the page cache (cold-cache runs, as the thesis did)."""
+    os.sync()
+    with open('/proc/sys/vm/drop_caches', 'w') as f:
+        f.write('3\n')

@@ -1,0 +1,170 @@
+"""Talking to yolofs: its command line, its control socket, and mounts run as child processes."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_SOCKET = '/run/yolofs/control.sock'
+
+
+class YolofsError(Exception):
+    """yolofs refused a request or could not be run."""
+
+
+def binary():
+    """Path of the yolofs binary: $YOLOFS_BIN, the repository's release build, or PATH."""
+    candidates = [os.environ.get('YOLOFS_BIN'),
+                  REPO_ROOT / 'yolofs' / 'target' / 'release' / 'yolofs',
+                  shutil.which('yolofs')]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise YolofsError('yolofs binary not found: build it with '
+                      '`cargo build --release` in yolofs/ or set YOLOFS_BIN')
+
+
+def run(*args, check=True):
+    """Runs ``yolofs ARGS`` and returns the completed process (text output)."""
+    proc = subprocess.run([binary(), *map(str, args)], capture_output=True,
+                          text=True)
+    if check and proc.returncode != 0:
+        raise YolofsError('yolofs %s failed (%d): %s' % (
+            ' '.join(map(str, args)), proc.returncode, proc.stderr.strip()))
+    return proc
+
+
+class ControlClient:
+    """A client of a running yolofs' JSON-lines control socket."""
+
+    def __init__(self, path=DEFAULT_SOCKET, timeout=30.0):
+        self.path = str(path)
+        self.timeout = timeout
+
+    def request(self, op, **fields):
+        message = dict(fields, op=op)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(self.timeout)
+            sock.connect(self.path)
+            sock.sendall(json.dumps(message).encode() + b'\n')
+            data = b''
+            while not data.endswith(b'\n'):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        answer = json.loads(data)
+        if not answer.get('ok'):
+            raise YolofsError('%s: %s' % (op, answer.get('error')))
+        return answer
+
+    def status(self):
+        return self.request('status')
+
+    def stats(self, file=None):
+        return self.request('stats', file=file)['files']
+
+    def preload(self, file):
+        return self.request('preload', file=file)
+
+    def evict(self, file):
+        return self.request('evict', file=file)
+
+    def host_load(self):
+        return self.request('host_load')
+
+    def record_stop(self, file):
+        return self.request('record_stop', file=file)
+
+
+def is_mounted(path):
+    """Whether a yolofs (FUSE) filesystem is mounted at ``path``."""
+    path = os.path.realpath(path)
+    with open('/proc/self/mountinfo') as mounts:
+        for line in mounts:
+            fields, _, fs = line.partition(' - ')
+            fstype, source = fs.split()[:2]
+            if fields.split()[4] == path and fstype.startswith('fuse') \
+                    and 'yolofs' in (source, fstype.partition('.')[2]):
+                return True
+    return False
+
+
+class Mount:
+    """A ``yolofs mount`` run as a child process; a context manager.
+
+    Extra command-line options are given as keyword arguments (``learn=True`` becomes
+    ``--learn``, ``record_idle_secs=5`` becomes ``--record-idle-secs 5``).
+    """
+
+    def __init__(self, source, mountpoint, boot_images, control_socket,
+                 log_path=None, **options):
+        self.source = pathlib.Path(source)
+        self.mountpoint = pathlib.Path(mountpoint)
+        self.boot_images = pathlib.Path(boot_images)
+        self.control_socket = pathlib.Path(control_socket)
+        self.log_path = log_path
+        self.options = options
+        self.process = None
+        self.client = ControlClient(self.control_socket)
+
+    def command(self):
+        cmd = [binary(), 'mount', '--source', str(self.source),
+               '--mountpoint', str(self.mountpoint),
+               '--boot-images', str(self.boot_images),
+               '--control-socket', str(self.control_socket)]
+        for name, value in self.options.items():
+            flag = '--' + name.replace('_', '-')
+            if value is True:
+                cmd.append(flag)
+            elif value is not False and value is not None:
+                cmd += [flag, str(value)]
+        return cmd
+
+    def start(self, timeout=30.0):
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, 'ab') if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(self.command(), stdout=log,
+                                        stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise YolofsError('yolofs mount exited with %d (log: %s)' % (
+                    self.process.returncode, self.log_path))
+            if is_mounted(self.mountpoint) and self.control_socket.exists():
+                try:
+                    self.client.status()
+                    return self
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        self.stop()
+        raise YolofsError('yolofs did not mount %s within %ss' % (
+            self.mountpoint, timeout))
+
+    def stop(self, timeout=30.0):
+        """SIGTERM, then wait for a clean unmount; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                subprocess.run(['fusermount3', '-uz', str(self.mountpoint)],
+                               check=False)
+        code, self.process = self.process.returncode, None
+        return code
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,270 @@
+//! Filesystem-level tests of `MirrorFs`, without a FUSE mount: every read is compared with the
+//! source file's bytes, and bad boot images are checked never to be served.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use yolofs::build::{build_boot_image, TraceRead};
+use yolofs::format::{BootImage, SourceIdentity};
+use yolofs::fs::{MirrorFs, ROOT_INO};
+use yolofs::recorder::{RecordConfig, Recorder};
+use yolofs::stats::StatsRegistry;
+use yolofs::store::{self, BootImageStore, StoreConfig};
+
+const SIZE: usize = 3 << 20;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    content: Vec<u8>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("base")).unwrap();
+        fs::create_dir(dir.path().join("images")).unwrap();
+        let mut rng = SmallRng::seed_from_u64(7);
+        let content: Vec<u8> = (0..SIZE).map(|_| rng.gen()).collect();
+        fs::write(dir.path().join("base/disk"), &content).unwrap();
+        Fixture { dir, content }
+    }
+
+    fn base(&self) -> std::path::PathBuf {
+        self.dir.path().join("base")
+    }
+
+    fn boot_image_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("images/disk.yolo")
+    }
+
+    /// A boot image covering scattered ranges of the file, as a boot's reads would.
+    fn build_boot_image(&self) -> BootImage {
+        let reads: Vec<TraceRead> = (0..40u64).map(|i| TraceRead { offset: i * 70_001 + 512, length: 9_000 + i * 97 }).collect();
+        let identity = SourceIdentity { source_size: SIZE as u64, rendition: "raw".into(), ..Default::default() };
+        let source = File::open(self.base().join("disk")).unwrap();
+        build_boot_image(&reads, &source, &identity, 4096, &self.boot_image_path()).unwrap();
+        BootImage::open(&self.boot_image_path()).unwrap()
+    }
+
+    fn mirror(&self, recorder: Option<Arc<Recorder>>) -> (MirrorFs, Arc<BootImageStore>, Arc<StatsRegistry>) {
+        let store = Arc::new(BootImageStore::new(StoreConfig {
+            dir: self.dir.path().join("images"),
+            memory_budget: 64 << 20,
+            lock_in_memory: false,
+        }));
+        let stats = Arc::new(StatsRegistry::default());
+        let fs = MirrorFs::new(&self.base(), store.clone(), stats.clone(), recorder).unwrap();
+        (fs, store, stats)
+    }
+}
+
+fn open_disk(fs: &MirrorFs) -> (u64, yolofs::fs::Opened) {
+    let attr = fs.lookup(ROOT_INO, "disk".as_ref()).unwrap();
+    (attr.ino, fs.open(attr.ino, libc::O_RDONLY).unwrap())
+}
+
+fn check_random_reads(fs: &MirrorFs, fh: u64, content: &[u8], seed: u64) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for _ in 0..2000 {
+        let offset = rng.gen_range(0..content.len() as u64 + 10_000);
+        let size = rng.gen_range(1..300_000u32);
+        let data = fs.read(fh, offset, size).unwrap();
+        let start = (offset as usize).min(content.len());
+        let end = (offset as usize + size as usize).min(content.len());
+        assert_eq!(data, &content[start..end], "read of {size} bytes at {offset}");
+    }
+}
+
+#[test]
+fn mixed_reads_equal_the_source_bytes() {
+    let fixture = Fixture::new();
+    fixture.build_boot_image();
+    let (fs, _, stats) = fixture.mirror(None);
+    let (_, opened) = open_disk(&fs);
+    assert!(opened.from_boot_image);
+    check_random_reads(&fs, opened.fh, &fixture.content, 1);
+    let counters = &stats.snapshot(Some("disk"))["disk"];
+    assert!(counters.requests_mixed > 0 && counters.requests_memory > 0 && counters.requests_passthrough > 0, "{counters:?}");
+}
+
+#[test]
+fn reads_are_exact_at_every_extent_boundary() {
+    let fixture = Fixture::new();
+    let image = fixture.build_boot_image();
+    let (fs, _, _) = fixture.mirror(None);
+    let (_, opened) = open_disk(&fs);
+    for extent in &image.extents {
+        for &(offset, size) in &[
+            (extent.source_offset.saturating_sub(1), 2),
+            (extent.source_offset, 1),
+            (extent.source_end() - 1, 2),
+            (extent.source_offset.saturating_sub(5000), (extent.length + 10_000) as u32),
+        ] {
+            let data = fs.read(opened.fh, offset, size).unwrap();
+            assert_eq!(data, &fixture.content[offset as usize..(offset as usize + size as usize).min(SIZE)]);
+        }
+    }
+}
+
+#[test]
+fn a_corrupt_boot_image_is_never_served() {
+    let fixture = Fixture::new();
+    fixture.build_boot_image();
+    let mut bytes = fs::read(fixture.boot_image_path()).unwrap();
+    let last_data_byte = bytes.len() - 17;
+    bytes[last_data_byte] ^= 1;
+    fs::write(fixture.boot_image_path(), &bytes).unwrap();
+    let (fs, store, stats) = fixture.mirror(None);
+    let (_, opened) = open_disk(&fs);
+    assert!(!opened.from_boot_image);
+    check_random_reads(&fs, opened.fh, &fixture.content, 2);
+    assert_eq!(stats.snapshot(Some("disk"))["disk"].bytes_memory, 0);
+    let rejected = store.rejected();
+    assert!(rejected[0].1.contains("checksum"), "{rejected:?}");
+}
+
+#[test]
+fn a_boot_image_of_other_data_is_never_served() {
+    let fixture = Fixture::new();
+    fixture.build_boot_image();
+    // The base file changes after the boot image was built (same size, other bytes).
+    let mut other = fixture.content.clone();
+    other[600] ^= 0xff;
+    fs::write(fixture.base().join("disk"), &other).unwrap();
+    let (fs, store, stats) = fixture.mirror(None);
+    let (_, opened) = open_disk(&fs);
+    assert!(!opened.from_boot_image);
+    check_random_reads(&fs, opened.fh, &other, 3);
+    assert_eq!(stats.snapshot(Some("disk"))["disk"].bytes_memory, 0);
+    assert!(store.rejected()[0].1.contains("differs"), "{:?}", store.rejected());
+}
+
+#[test]
+fn a_boot_image_for_another_size_is_never_served() {
+    let fixture = Fixture::new();
+    fixture.build_boot_image();
+    fs::OpenOptions::new().append(true).open(fixture.base().join("disk")).unwrap().write_all(b"more").unwrap();
+    let (fs, store, _) = fixture.mirror(None);
+    let (_, opened) = open_disk(&fs);
+    assert!(!opened.from_boot_image);
+    assert!(store.rejected()[0].1.contains("bytes"), "{:?}", store.rejected());
+}
+
+#[test]
+fn verification_is_stamped_and_the_stamp_binds_the_file() {
+    let fixture = Fixture::new();
+    let image = fixture.build_boot_image();
+    let stamp = store::stamp_path(&fixture.boot_image_path());
+    assert!(!stamp.exists());
+    {
+        let (fs, _, _) = fixture.mirror(None);
+        assert!(open_disk(&fs).1.from_boot_image);
+    }
+    assert!(stamp.exists(), "the daemon records its verification");
+    // A stamp for another base file (a copy: new inode) does not carry over.
+    let copy = fixture.base().join("disk.copy");
+    fs::copy(fixture.base().join("disk"), &copy).unwrap();
+    fs::rename(&copy, fixture.base().join("disk")).unwrap();
+    let source = File::open(fixture.base().join("disk")).unwrap();
+    let key = store::SourceKey::of(&source).unwrap();
+    let recorded: store::Stamp = serde_json::from_slice(&fs::read(&stamp).unwrap()).unwrap();
+    assert_ne!(recorded.source, key);
+    let (fs, _, _) = fixture.mirror(None);
+    assert!(open_disk(&fs).1.from_boot_image, "re-verified against the new file, which has the same bytes");
+    let recorded: store::Stamp = serde_json::from_slice(&fs::read(&stamp).unwrap()).unwrap();
+    assert_eq!(recorded.source, key);
+    assert_eq!(recorded.boot_image, store::BootImageKey::of(&image));
+}
+
+#[test]
+fn writes_are_refused() {
+    let fixture = Fixture::new();
+    let (fs, _, _) = fixture.mirror(None);
+    let attr = fs.lookup(ROOT_INO, "disk".as_ref()).unwrap();
+    for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
+        assert_eq!(fs.open(attr.ino, flags).err().unwrap().errno(), libc::EROFS);
+    }
+    assert_eq!(attr.perm & 0o222, 0);
+}
+
+#[test]
+fn renames_and_deletions_in_the_source_show_up() {
+    let fixture = Fixture::new();
+    let (fs, _, _) = fixture.mirror(None);
+    fs::write(fixture.base().join("img.part"), b"downloading").unwrap();
+    let part = fs.lookup(ROOT_INO, "img.part".as_ref()).unwrap();
+    fs::rename(fixture.base().join("img.part"), fixture.base().join("img")).unwrap();
+    let done = fs.lookup(ROOT_INO, "img".as_ref()).unwrap();
+    assert_eq!(part.ino, done.ino, "a rename keeps the inode");
+    assert_eq!(fs.lookup(ROOT_INO, "img.part".as_ref()).err().unwrap().errno(), libc::ENOENT);
+    let names: Vec<String> = fs.readdir(ROOT_INO).unwrap().into_iter().map(|(_, _, n)| n.into_string().unwrap()).collect();
+    assert!(names.contains(&"img".to_string()) && !names.contains(&"img.part".to_string()), "{names:?}");
+    fs::remove_file(fixture.base().join("img")).unwrap();
+    assert_eq!(fs.getattr(done.ino, None).err().unwrap().errno(), libc::ENOENT);
+    assert_eq!(fs.lookup(ROOT_INO, "img".as_ref()).err().unwrap().errno(), libc::ENOENT);
+}
+
+#[test]
+fn a_file_deleted_while_open_keeps_its_own_bytes() {
+    let fixture = Fixture::new();
+    fixture.build_boot_image();
+    let (fs, _, _) = fixture.mirror(None);
+    let (_, opened) = open_disk(&fs);
+    fs::remove_file(fixture.base().join("disk")).unwrap();
+    fs::write(fixture.base().join("disk"), vec![0u8; SIZE]).unwrap();
+    check_random_reads(&fs, opened.fh, &fixture.content, 4);
+}
+
+#[test]
+fn a_source_truncated_under_a_boot_image_gives_eio_not_zeros() {
+    let fixture = Fixture::new();
+    let image = fixture.build_boot_image();
+    let (fs, _, _) = fixture.mirror(None);
+    let (_, opened) = open_disk(&fs);
+    // Nova never does this to a base file; if something does, a mixed read must fail, not invent bytes.
+    File::options().write(true).open(fixture.base().join("disk")).unwrap().set_len(1 << 20).unwrap();
+    let gap_after_last = image.extents.last().unwrap().source_end();
+    let err = fs.read(opened.fh, gap_after_last - 100, 5000).err().unwrap();
+    assert_eq!(err.errno(), libc::EIO);
+}
+
+#[test]
+fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
+    let fixture = Fixture::new();
+    let store = Arc::new(BootImageStore::new(StoreConfig {
+        dir: fixture.dir.path().join("images"),
+        memory_budget: 64 << 20,
+        lock_in_memory: false,
+    }));
+    let config = RecordConfig { idle: Duration::from_millis(300), max_duration: Duration::from_secs(60), block_size: 4096 };
+    let recorder = Recorder::new(config, store.clone());
+    let fs = MirrorFs::new(&fixture.base(), store, Arc::new(StatsRegistry::default()), Some(recorder.clone())).unwrap();
+    let (_, opened) = open_disk(&fs);
+    assert!(opened.recording && !opened.from_boot_image);
+    let reads = [(1_000_000u64, 4096u32), (0, 512), (2_000_000, 70_000)];
+    for (offset, size) in reads {
+        fs.read(opened.fh, offset, size).unwrap();
+    }
+    fs.release(opened.fh);
+    // The window closes after the idle gap; the build runs in the background.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !Path::new(&fixture.boot_image_path()).exists() || recorder.active().len() > 0 {
+        assert!(std::time::Instant::now() < deadline, "no boot image learned");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    recorder.wait_idle();
+    let image = BootImage::open(&fixture.boot_image_path()).unwrap();
+    let offsets: Vec<(u64, u64)> = image.extents.iter().map(|e| (e.source_offset, e.length)).collect();
+    assert_eq!(offsets, vec![(0, 4096), (1_000_000 / 4096 * 4096, 8192), (2_000_000 / 4096 * 4096, 73_728)]);
+    // The next open is served from what was learned.
+    let (_, opened) = open_disk(&fs);
+    assert!(opened.from_boot_image && !opened.recording);
+    check_random_reads(&fs, opened.fh, &fixture.content, 5);
+    assert!(fixture.dir.path().join("images/disk.trace").exists());
+}
