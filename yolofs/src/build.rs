@@ -49,7 +49,10 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceRead>, BuildError> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let bad = |reason: &str| BuildError::BadTrace { line: number + 1, reason: format!("{reason}: {line:?}") };
+        let bad = |reason: &str| BuildError::BadTrace {
+            line: number + 1,
+            reason: format!("{reason}: {line:?}"),
+        };
         let mut fields = line.split_whitespace();
         let (Some(offset), Some(length), None) = (fields.next(), fields.next(), fields.next()) else {
             return Err(bad("expected `OFFSET LENGTH`"));
@@ -195,10 +198,20 @@ mod tests {
     fn building_then_reading_gives_the_source_bytes() {
         use std::io::Write as _;
         let dir = tempfile::tempdir().unwrap();
-        let mut source = File::options().read(true).write(true).create(true).truncate(true).open(dir.path().join("src")).unwrap();
+        let mut source = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("src"))
+            .unwrap();
         let content: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
         source.write_all(&content).unwrap();
-        let identity = SourceIdentity { source_size: content.len() as u64, rendition: "raw".into(), ..Default::default() };
+        let identity = SourceIdentity {
+            source_size: content.len() as u64,
+            rendition: "raw".into(),
+            ..Default::default()
+        };
         let out = dir.path().join("b.yolo");
         let reads = [read(299_990, 100), read(5000, 3), read(100_000, 20_000)];
         let summary = build_boot_image(&reads, &source, &identity, 4096, &out).unwrap();

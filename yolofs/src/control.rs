@@ -84,7 +84,9 @@ impl Daemon {
                 let name = base_file_name(&file)?;
                 let source = File::open(self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
                 let image = self.store.load(name, &source).map_err(|e| e.to_string())?;
-                Ok(json!({ "file": name, "extents": image.extents.len(), "bytes": image.data_len(), "locked": image.is_locked() }))
+                Ok(
+                    json!({ "file": name, "extents": image.extents.len(), "bytes": image.data_len(), "locked": image.is_locked() }),
+                )
             }
             Request::Evict { file } => {
                 let name = base_file_name(&file)?;
@@ -93,7 +95,10 @@ impl Daemon {
             Request::HostLoad => serde_json::to_value(self.host_load.current()).map_err(|e| e.to_string()),
             Request::RecordStop { file } => {
                 let name = base_file_name(&file)?;
-                let recorder = self.recorder.as_ref().ok_or("this mount is not learning boot images (--learn)")?;
+                let recorder = self
+                    .recorder
+                    .as_ref()
+                    .ok_or("this mount is not learning boot images (--learn)")?;
                 if !recorder.stop(name) {
                     return Err(format!("{name} is not being recorded"));
                 }
@@ -104,7 +109,9 @@ impl Daemon {
     }
 
     fn answer(&self, line: &str) -> Value {
-        let result = serde_json::from_str::<Request>(line).map_err(|e| format!("bad request: {e}")).and_then(|r| self.handle(r));
+        let result = serde_json::from_str::<Request>(line)
+            .map_err(|e| format!("bad request: {e}"))
+            .and_then(|r| self.handle(r));
         match result {
             Ok(Value::Object(mut fields)) => {
                 fields.insert("ok".into(), Value::Bool(true));
@@ -173,8 +180,14 @@ mod tests {
         let parse = |s: &str| serde_json::from_str::<Request>(s);
         assert_eq!(parse(r#"{"op":"status"}"#).unwrap(), Request::Status);
         assert_eq!(parse(r#"{"op":"stats"}"#).unwrap(), Request::Stats { file: None });
-        assert_eq!(parse(r#"{"op":"preload","file":"abc"}"#).unwrap(), Request::Preload { file: "abc".into() });
-        assert_eq!(parse(r#"{"op":"record_stop","file":"abc"}"#).unwrap(), Request::RecordStop { file: "abc".into() });
+        assert_eq!(
+            parse(r#"{"op":"preload","file":"abc"}"#).unwrap(),
+            Request::Preload { file: "abc".into() }
+        );
+        assert_eq!(
+            parse(r#"{"op":"record_stop","file":"abc"}"#).unwrap(),
+            Request::RecordStop { file: "abc".into() }
+        );
         assert!(parse(r#"{"op":"format_disk"}"#).is_err());
         assert!(parse(r#"{"op":"evict"}"#).is_err());
     }

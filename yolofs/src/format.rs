@@ -49,7 +49,11 @@ pub enum FormatError {
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
     #[error("truncated boot image: {what} needs {needed} bytes, file has {available}")]
-    Truncated { what: &'static str, needed: u64, available: u64 },
+    Truncated {
+        what: &'static str,
+        needed: u64,
+        available: u64,
+    },
     #[error("not a boot image: bad magic {0:02x?}")]
     BadMagic([u8; 8]),
     #[error("unsupported boot image version {0} (this build reads version {VERSION})")]
@@ -207,16 +211,24 @@ impl std::ops::Deref for ExtentData {
 fn str_field<const N: usize>(field: &'static str, bytes: &[u8; N]) -> Result<String, FormatError> {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(N);
     if bytes[end..].iter().any(|&b| b != 0) {
-        return Err(FormatError::InvalidField { field, value: "garbage after NUL padding".into() });
+        return Err(FormatError::InvalidField {
+            field,
+            value: "garbage after NUL padding".into(),
+        });
     }
-    String::from_utf8(bytes[..end].to_vec())
-        .map_err(|_| FormatError::InvalidField { field, value: "not UTF-8".into() })
+    String::from_utf8(bytes[..end].to_vec()).map_err(|_| FormatError::InvalidField {
+        field,
+        value: "not UTF-8".into(),
+    })
 }
 
 fn put_str<const N: usize>(field: &'static str, value: &str) -> Result<[u8; N], FormatError> {
     let mut out = [0u8; N];
     if value.len() >= N || value.as_bytes().contains(&0) {
-        return Err(FormatError::InvalidField { field, value: format!("{value:?} does not fit in {N} bytes") });
+        return Err(FormatError::InvalidField {
+            field,
+            value: format!("{value:?} does not fit in {N} bytes"),
+        });
     }
     out[..value.len()].copy_from_slice(value.as_bytes());
     Ok(out)
@@ -240,7 +252,11 @@ impl BootImage {
     /// Parses and validates a whole boot image held in memory.
     pub fn parse(bytes: &[u8]) -> Result<BootImage, FormatError> {
         let available = bytes.len() as u64;
-        let truncated = |what, needed: u64| FormatError::Truncated { what, needed, available };
+        let truncated = |what, needed: u64| FormatError::Truncated {
+            what,
+            needed,
+            available,
+        };
         let (header, _) = Header::read_from_prefix(bytes).map_err(|_| truncated("header", HEADER_SIZE as u64))?;
         if header.magic != MAGIC {
             return Err(FormatError::BadMagic(header.magic));
@@ -251,7 +267,11 @@ impl BootImage {
         let stored = header.header_crc32c.get();
         let computed = header_crc(&header);
         if stored != computed {
-            return Err(FormatError::ChecksumMismatch { what: "header".into(), stored, computed });
+            return Err(FormatError::ChecksumMismatch {
+                what: "header".into(),
+                stored,
+                computed,
+            });
         }
         if header.header_size.get() as usize != HEADER_SIZE {
             return Err(invalid("header_size", header.header_size.get()));
@@ -284,7 +304,10 @@ impl BootImage {
             return Err(truncated("extent index, data and footer", file_length));
         }
         if available > file_length {
-            return Err(invalid("data_length", format!("{data_length} leaves {} trailing bytes", available - file_length)));
+            return Err(invalid(
+                "data_length",
+                format!("{data_length} leaves {} trailing bytes", available - file_length),
+            ));
         }
         let (footer, _) = Footer::read_from_prefix(&bytes[(file_length as usize - FOOTER_SIZE)..])
             .map_err(|_| truncated("footer", file_length))?;
@@ -298,13 +321,17 @@ impl BootImage {
         let index_bytes = &bytes[index_offset as usize..data_offset as usize];
         let computed = crc32c::crc32c(index_bytes);
         if computed != header.index_crc32c.get() {
-            return Err(FormatError::ChecksumMismatch { what: "extent index".into(), stored: header.index_crc32c.get(), computed });
+            return Err(FormatError::ChecksumMismatch {
+                what: "extent index".into(),
+                stored: header.index_crc32c.get(),
+                computed,
+            });
         }
         let data = &bytes[data_offset as usize..(data_offset + data_length) as usize];
         let source_size = header.source_size.get();
         let mut extents = Vec::with_capacity(extent_count as usize);
-        let entries = <[ExtentEntry]>::ref_from_bytes(index_bytes)
-            .map_err(|_| invalid("extent_count", extent_count))?;
+        let entries =
+            <[ExtentEntry]>::ref_from_bytes(index_bytes).map_err(|_| invalid("extent_count", extent_count))?;
         let mut previous_end = 0u64;
         for (index, entry) in entries.iter().enumerate() {
             let extent = Extent {
@@ -318,24 +345,48 @@ impl BootImage {
                 return Err(bad("zero length".into()));
             }
             if extent.source_offset < previous_end {
-                return Err(bad(format!("source offset {} overlaps or is out of order", extent.source_offset)));
+                return Err(bad(format!(
+                    "source offset {} overlaps or is out of order",
+                    extent.source_offset
+                )));
             }
-            if extent.source_offset.checked_add(extent.length).is_none_or(|end| end > source_size) {
-                return Err(bad(format!("range {}+{} lies past the source size {source_size}", extent.source_offset, extent.length)));
+            if extent
+                .source_offset
+                .checked_add(extent.length)
+                .is_none_or(|end| end > source_size)
+            {
+                return Err(bad(format!(
+                    "range {}+{} lies past the source size {source_size}",
+                    extent.source_offset, extent.length
+                )));
             }
-            if extent.data_offset.checked_add(extent.length).is_none_or(|end| end > data_length) {
-                return Err(bad(format!("data {}+{} lies past the data section ({data_length} bytes)", extent.data_offset, extent.length)));
+            if extent
+                .data_offset
+                .checked_add(extent.length)
+                .is_none_or(|end| end > data_length)
+            {
+                return Err(bad(format!(
+                    "data {}+{} lies past the data section ({data_length} bytes)",
+                    extent.data_offset, extent.length
+                )));
             }
             let slice = &data[extent.data_offset as usize..(extent.data_offset + extent.length) as usize];
             let computed = crc32c::crc32c(slice);
             if computed != extent.crc32c {
-                return Err(FormatError::ChecksumMismatch { what: format!("extent {index} data"), stored: extent.crc32c, computed });
+                return Err(FormatError::ChecksumMismatch {
+                    what: format!("extent {index} data"),
+                    stored: extent.crc32c,
+                    computed,
+                });
             }
             previous_end = extent.source_end();
             extents.push(extent);
         }
         if extents.iter().map(|e| e.length).sum::<u64>() != data_length {
-            return Err(invalid("data_length", format!("{data_length} differs from the sum of extent lengths")));
+            return Err(invalid(
+                "data_length",
+                format!("{data_length} differs from the sum of extent lengths"),
+            ));
         }
         Ok(BootImage {
             identity: SourceIdentity {
@@ -395,14 +446,21 @@ impl BootImage {
     pub fn verify_against(&self, source: &File) -> Result<(), VerifyError> {
         let size = source.metadata()?.len();
         if size != self.identity.source_size {
-            return Err(VerifyError::SizeMismatch { boot_image: self.identity.source_size, actual: size });
+            return Err(VerifyError::SizeMismatch {
+                boot_image: self.identity.source_size,
+                actual: size,
+            });
         }
         let mut buf = Vec::new();
         for (index, extent) in self.extents.iter().enumerate() {
             buf.resize(extent.length as usize, 0);
             source.read_exact_at(&mut buf, extent.source_offset)?;
             if buf != self.extent_data(extent) {
-                return Err(VerifyError::ExtentMismatch { index, offset: extent.source_offset, length: extent.length });
+                return Err(VerifyError::ExtentMismatch {
+                    index,
+                    offset: extent.source_offset,
+                    length: extent.length,
+                });
             }
         }
         Ok(())
@@ -421,7 +479,10 @@ pub enum VerifyError {
 }
 
 fn invalid(field: &'static str, value: impl ToString) -> FormatError {
-    FormatError::InvalidField { field, value: value.to_string() }
+    FormatError::InvalidField {
+        field,
+        value: value.to_string(),
+    }
 }
 
 /// Writes a boot image: `extents` are (source offset, data) pairs in first-access order.
@@ -443,7 +504,10 @@ pub fn write_boot_image<W: Write>(
             return Err(invalid("extent length", length));
         }
         if source_offset + length > identity.source_size {
-            return Err(invalid("extent", format!("{source_offset}+{length} past source size {}", identity.source_size)));
+            return Err(invalid(
+                "extent",
+                format!("{source_offset}+{length} past source size {}", identity.source_size),
+            ));
         }
         entries.push(ExtentEntry {
             source_offset: U64::new(*source_offset),
@@ -457,7 +521,10 @@ pub fn write_boot_image<W: Write>(
     entries.sort_by_key(|e| e.source_offset.get());
     for pair in entries.windows(2) {
         if pair[0].source_offset.get() + pair[0].length.get() as u64 > pair[1].source_offset.get() {
-            return Err(invalid("extent", format!("overlapping extents at offset {}", pair[1].source_offset.get())));
+            return Err(invalid(
+                "extent",
+                format!("overlapping extents at offset {}", pair[1].source_offset.get()),
+            ));
         }
     }
     let index_bytes = entries.as_bytes();
@@ -489,7 +556,10 @@ pub fn write_boot_image<W: Write>(
     for (_, data) in extents_in_access_order {
         out.write_all(data)?;
     }
-    let footer = Footer { magic: FOOTER_MAGIC, file_length: U64::new(file_length) };
+    let footer = Footer {
+        magic: FOOTER_MAGIC,
+        file_length: U64::new(file_length),
+    };
     out.write_all(footer.as_bytes())?;
     Ok(file_length)
 }
@@ -508,7 +578,11 @@ mod tests {
     }
 
     fn sample() -> Vec<u8> {
-        let extents = vec![(8192u64, vec![3u8; 4096]), (0u64, vec![1u8; 4096]), (65536u64, vec![7u8; 100])];
+        let extents = vec![
+            (8192u64, vec![3u8; 4096]),
+            (0u64, vec![1u8; 4096]),
+            (65536u64, vec![7u8; 100]),
+        ];
         let mut out = Vec::new();
         write_boot_image(&mut out, &identity(1 << 20), 4096, 1700000000, &extents).unwrap();
         out
@@ -535,7 +609,10 @@ mod tests {
     fn every_truncation_is_rejected() {
         let bytes = sample();
         for len in 0..bytes.len() {
-            assert!(BootImage::parse(&bytes[..len]).is_err(), "truncated to {len} bytes was accepted");
+            assert!(
+                BootImage::parse(&bytes[..len]).is_err(),
+                "truncated to {len} bytes was accepted"
+            );
         }
     }
 
@@ -545,7 +622,10 @@ mod tests {
         for at in 0..bytes.len() {
             let mut corrupt = bytes.clone();
             corrupt[at] ^= 0x40;
-            assert!(BootImage::parse(&corrupt).is_err(), "corruption at byte {at} was accepted");
+            assert!(
+                BootImage::parse(&corrupt).is_err(),
+                "corruption at byte {at} was accepted"
+            );
         }
     }
 
@@ -563,7 +643,9 @@ mod tests {
     #[test]
     fn overlapping_extents_are_refused_by_the_writer() {
         let extents = vec![(0u64, vec![1u8; 4096]), (4000u64, vec![1u8; 4096])];
-        let err = write_boot_image(&mut Vec::new(), &identity(1 << 20), 4096, 0, &extents).err().unwrap();
+        let err = write_boot_image(&mut Vec::new(), &identity(1 << 20), 4096, 0, &extents)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("overlapping"), "{err}");
     }
 
@@ -581,7 +663,10 @@ mod tests {
         let err = image.verify_against(&source).err().unwrap();
         assert!(matches!(err, VerifyError::ExtentMismatch { index: 1, .. }), "{err}");
         source.set_len(1 << 19).unwrap();
-        assert!(matches!(image.verify_against(&source), Err(VerifyError::SizeMismatch { .. })));
+        assert!(matches!(
+            image.verify_against(&source),
+            Err(VerifyError::SizeMismatch { .. })
+        ));
     }
 
     #[test]

@@ -201,9 +201,15 @@ impl MirrorFs {
     ) -> io::Result<MirrorFs> {
         let meta = fs::metadata(source_root)?;
         if !meta.is_dir() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a directory", source_root.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a directory", source_root.display()),
+            ));
         }
-        let mut inodes = InodeTable { next: ROOT_INO, ..Default::default() };
+        let mut inodes = InodeTable {
+            next: ROOT_INO,
+            ..Default::default()
+        };
         inodes.paths.insert(ROOT_INO, PathBuf::new());
         Ok(MirrorFs {
             source_root: source_root.to_path_buf(),
@@ -218,7 +224,13 @@ impl MirrorFs {
     }
 
     fn relative_path(&self, ino: u64) -> Result<PathBuf> {
-        self.inodes.read().unwrap().paths.get(&ino).cloned().ok_or(FsError::UnknownInode(ino))
+        self.inodes
+            .read()
+            .unwrap()
+            .paths
+            .get(&ino)
+            .cloned()
+            .ok_or(FsError::UnknownInode(ino))
     }
 
     fn register(&self, meta: &Metadata, relative: PathBuf) -> u64 {
@@ -279,9 +291,15 @@ impl MirrorFs {
         let relative = self.relative_path(ino)?;
         let source = File::open(self.source_root.join(&relative))?;
         let name = relative.to_string_lossy().into_owned();
-        let boot_image = if source.metadata()?.is_file() { self.store.get(&name, &source) } else { None };
+        let boot_image = if source.metadata()?.is_file() {
+            self.store.get(&name, &source)
+        } else {
+            None
+        };
         let recording = match (&boot_image, &self.recorder) {
-            (None, Some(recorder)) if !is_transient(&name) && source.metadata()?.len() > 0 => recorder.begin(&name, &source),
+            (None, Some(recorder)) if !is_transient(&name) && source.metadata()?.len() > 0 => {
+                recorder.begin(&name, &source)
+            }
             _ => None,
         };
         let stats = self.stats.for_file(&name);
@@ -291,7 +309,13 @@ impl MirrorFs {
             from_boot_image: boot_image.is_some(),
             recording: recording.is_some(),
         };
-        let handle = OpenFile { name, source, boot_image, recording, stats };
+        let handle = OpenFile {
+            name,
+            source,
+            boot_image,
+            recording,
+            stats,
+        };
         self.handles.write().unwrap().insert(opened.fh, Arc::new(handle));
         Ok(opened)
     }
@@ -301,7 +325,12 @@ impl MirrorFs {
     }
 
     fn handle(&self, fh: u64) -> Result<Arc<OpenFile>> {
-        self.handles.read().unwrap().get(&fh).cloned().ok_or(FsError::UnknownHandle(fh))
+        self.handles
+            .read()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::UnknownHandle(fh))
     }
 
     /// Reads up to `size` bytes at `offset`: fewer only at the end of the file.
@@ -381,7 +410,9 @@ pub fn read_mixed(image: &BootImage, source: &File, offset: u64, len: u64) -> Re
             Some(extent) if extent.source_offset <= cursor => {
                 let stop = extent.source_end().min(end);
                 let data = image.extent_data(extent);
-                out.extend_from_slice(&data[(cursor - extent.source_offset) as usize..(stop - extent.source_offset) as usize]);
+                out.extend_from_slice(
+                    &data[(cursor - extent.source_offset) as usize..(stop - extent.source_offset) as usize],
+                );
                 from_memory += stop - cursor;
                 cursor = stop;
                 index += 1;

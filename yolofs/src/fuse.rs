@@ -142,7 +142,10 @@ impl fuser::Filesystem for FuseAdapter {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno("readdir", &e)),
         };
-        let dots = [(ino.0, FileType::Directory, OsStr::new(".")), (ino.0, FileType::Directory, OsStr::new(".."))];
+        let dots = [
+            (ino.0, FileType::Directory, OsStr::new(".")),
+            (ino.0, FileType::Directory, OsStr::new("..")),
+        ];
         let all = dots.into_iter().chain(entries.iter().map(|(child, kind, name)| {
             let kind = match kind {
                 Kind::Directory => FileType::Directory,
@@ -162,7 +165,16 @@ impl fuser::Filesystem for FuseAdapter {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.fs.statfs() {
-            Ok(s) => reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namemax as u32, s.f_frsize as u32),
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
             Err(e) => reply.error(errno("statfs", &e)),
         }
     }

@@ -37,7 +37,11 @@ pub fn device_of(path: &Path) -> Option<String> {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let sys = fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
     // A partition's sysfs directory sits inside its disk's and has a `partition` file.
-    let disk = if sys.join("partition").exists() { sys.parent()?.to_path_buf() } else { sys };
+    let disk = if sys.join("partition").exists() {
+        sys.parent()?.to_path_buf()
+    } else {
+        sys
+    };
     disk.file_name().map(|n| n.to_string_lossy().into_owned())
 }
 
@@ -84,7 +88,9 @@ impl HostLoadSampler {
     /// Starts sampling every `interval` in a background thread.
     pub fn start(source: &Path, interval: Duration, smoothing: Duration) -> Arc<HostLoadSampler> {
         let stats = fs::read_to_string("/proc/diskstats").unwrap_or_default();
-        let device = device_of(source).filter(|d| io_ticks_ms(&stats, d).is_some()).or_else(|| busiest_disk(&stats));
+        let device = device_of(source)
+            .filter(|d| io_ticks_ms(&stats, d).is_some())
+            .or_else(|| busiest_disk(&stats));
         let sampler = Arc::new(HostLoadSampler {
             current: Mutex::new(HostLoad {
                 device: device.clone().unwrap_or_default(),
@@ -98,7 +104,9 @@ impl HostLoadSampler {
             .spawn(move || {
                 let read = || {
                     let now = Instant::now();
-                    let io = device.as_deref().and_then(|d| io_ticks_ms(&fs::read_to_string("/proc/diskstats").ok()?, d));
+                    let io = device
+                        .as_deref()
+                        .and_then(|d| io_ticks_ms(&fs::read_to_string("/proc/diskstats").ok()?, d));
                     let cpu = fs::read_to_string("/proc/stat").ok().and_then(|s| cpu_jiffies(&s));
                     (now, io, cpu)
                 };
@@ -138,10 +146,18 @@ impl HostLoadSampler {
         let mut current = self.current.lock().unwrap();
         let first = current.samples == 0;
         if let Some(io) = io {
-            current.io_utilisation = if first { io } else { current.io_utilisation + weight * (io - current.io_utilisation) };
+            current.io_utilisation = if first {
+                io
+            } else {
+                current.io_utilisation + weight * (io - current.io_utilisation)
+            };
         }
         if let Some(cpu) = cpu {
-            current.cpu_utilisation = if first { cpu } else { current.cpu_utilisation + weight * (cpu - current.cpu_utilisation) };
+            current.cpu_utilisation = if first {
+                cpu
+            } else {
+                current.cpu_utilisation + weight * (cpu - current.cpu_utilisation)
+            };
         }
         current.samples += 1;
     }
@@ -172,15 +188,25 @@ mod tests {
 
     #[test]
     fn smoothing_moves_toward_new_samples_and_clamps() {
-        let sampler = HostLoadSampler { current: Mutex::default() };
+        let sampler = HostLoadSampler {
+            current: Mutex::default(),
+        };
         let t0 = Instant::now();
         let t1 = t0 + Duration::from_secs(1);
         // 2 s of io_ticks in 1 s (merged queues) clamps to 1.0.
-        sampler.update(&(t0, Some(0), Some((0, 100))), &(t1, Some(2000), Some((50, 200))), Duration::from_secs(10));
+        sampler.update(
+            &(t0, Some(0), Some((0, 100))),
+            &(t1, Some(2000), Some((50, 200))),
+            Duration::from_secs(10),
+        );
         let load = sampler.current();
         assert_eq!(load.io_utilisation, 1.0);
         assert_eq!(load.cpu_utilisation, 0.5);
-        sampler.update(&(t0, Some(0), Some((0, 100))), &(t1, Some(0), Some((0, 200))), Duration::from_secs(10));
+        sampler.update(
+            &(t0, Some(0), Some((0, 100))),
+            &(t1, Some(0), Some((0, 200))),
+            Duration::from_secs(10),
+        );
         let load = sampler.current();
         assert!(load.io_utilisation < 1.0 && load.io_utilisation > 0.85, "{load:?}");
     }

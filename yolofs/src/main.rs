@@ -19,15 +19,19 @@ use yolofs::format::{BootImage, SourceIdentity};
 use yolofs::fs::MirrorFs;
 use yolofs::fuse::FuseAdapter;
 use yolofs::hostload::HostLoadSampler;
+use yolofs::pin;
 use yolofs::recorder::{RecordConfig, Recorder};
 use yolofs::stats::StatsRegistry;
 use yolofs::store::{self, BootImageStore, StoreConfig};
-use yolofs::pin;
 
 const DEFAULT_SOCKET: &str = "/run/yolofs/control.sock";
 
 #[derive(Parser)]
-#[command(name = "yolofs", version, about = "YOLO boot images and the FUSE filesystem that serves them")]
+#[command(
+    name = "yolofs",
+    version,
+    about = "YOLO boot images and the FUSE filesystem that serves them"
+)]
 struct Cli {
     /// Log level (error, warn, info, debug, trace); RUST_LOG overrides it.
     #[arg(long, global = true, default_value = "info")]
@@ -186,8 +190,17 @@ fn run(command: Command) -> Result<()> {
     match command {
         Command::Mount(args) => mount(args),
         Command::Build(args) => build_command(args),
-        Command::Inspect { boot_image, json, extents } => inspect(&boot_image, json, extents),
-        Command::Verify { boot_image, source, mark, json } => verify(&boot_image, &source, mark, json),
+        Command::Inspect {
+            boot_image,
+            json,
+            extents,
+        } => inspect(&boot_image, json, extents),
+        Command::Verify {
+            boot_image,
+            source,
+            mark,
+            json,
+        } => verify(&boot_image, &source, mark, json),
         Command::Ctl { socket, request } => ctl(&socket, request),
         Command::Pin { binaries, list } => pin_command(&binaries, list),
     }
@@ -204,7 +217,11 @@ fn build_command(args: BuildArgs) -> Result<()> {
     let started = Instant::now();
     let reads = build::read_trace(&args.trace).with_context(|| format!("reading trace {}", args.trace.display()))?;
     let source = File::open(&args.source).with_context(|| format!("opening source {}", args.source.display()))?;
-    let source_digest = if args.source_digest == "auto" { sha256_file(&args.source)? } else { args.source_digest };
+    let source_digest = if args.source_digest == "auto" {
+        sha256_file(&args.source)?
+    } else {
+        args.source_digest
+    };
     let identity = SourceIdentity {
         image_id: args.image_id,
         source_digest,
@@ -265,8 +282,22 @@ fn inspect(path: &Path, as_json: bool, list_extents: bool) -> Result<()> {
     }
     println!("boot image    {}", path.display());
     println!("format        version {}", yolofs::format::VERSION);
-    println!("image id      {}", if image.identity.image_id.is_empty() { "-" } else { &image.identity.image_id });
-    println!("source digest {}", if image.identity.source_digest.is_empty() { "-" } else { &image.identity.source_digest });
+    println!(
+        "image id      {}",
+        if image.identity.image_id.is_empty() {
+            "-"
+        } else {
+            &image.identity.image_id
+        }
+    );
+    println!(
+        "source digest {}",
+        if image.identity.source_digest.is_empty() {
+            "-"
+        } else {
+            &image.identity.source_digest
+        }
+    );
     println!("rendition     {}", image.identity.rendition);
     println!("source size   {} bytes", image.identity.source_size);
     println!("block size    {} bytes", image.block_size);
@@ -277,9 +308,15 @@ fn inspect(path: &Path, as_json: bool, list_extents: bool) -> Result<()> {
         100.0 * image.covered_bytes() as f64 / image.identity.source_size.max(1) as f64
     );
     if list_extents {
-        println!("{:>14} {:>10} {:>12} {:>10}", "offset", "length", "data offset", "crc32c");
+        println!(
+            "{:>14} {:>10} {:>12} {:>10}",
+            "offset", "length", "data offset", "crc32c"
+        );
         for e in &image.extents {
-            println!("{:>14} {:>10} {:>12} {:>10x}", e.source_offset, e.length, e.data_offset, e.crc32c);
+            println!(
+                "{:>14} {:>10} {:>12} {:>10x}",
+                e.source_offset, e.length, e.data_offset, e.crc32c
+            );
         }
     }
     Ok(())
@@ -297,9 +334,17 @@ fn verify(path: &Path, source_path: &Path, mark: bool, as_json: bool) -> Result<
     }
     let seconds = started.elapsed().as_secs_f64();
     if as_json {
-        println!("{}", json!({ "ok": true, "extents": image.extents.len(), "bytes": image.covered_bytes(), "seconds": seconds, "marked": mark }));
+        println!(
+            "{}",
+            json!({ "ok": true, "extents": image.extents.len(), "bytes": image.covered_bytes(), "seconds": seconds, "marked": mark })
+        );
     } else {
-        println!("ok: {} extents ({} bytes) match {} ({seconds:.2}s)", image.extents.len(), image.covered_bytes(), source_path.display());
+        println!(
+            "ok: {} extents ({} bytes) match {} ({seconds:.2}s)",
+            image.extents.len(),
+            image.covered_bytes(),
+            source_path.display()
+        );
     }
     Ok(())
 }
@@ -350,7 +395,10 @@ fn clear_stale_mount(mountpoint: &Path) {
     if let Err(e) = std::fs::metadata(mountpoint) {
         if e.raw_os_error() == Some(libc::ENOTCONN) {
             warn!("{} is a stale FUSE mount; detaching it", mountpoint.display());
-            let _ = std::process::Command::new("fusermount3").arg("-uz").arg(mountpoint).status();
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-uz")
+                .arg(mountpoint)
+                .status();
         }
     }
 }
@@ -359,7 +407,8 @@ fn mount(args: MountArgs) -> Result<()> {
     let source = std::fs::canonicalize(&args.source).with_context(|| format!("source {}", args.source.display()))?;
     clear_stale_mount(&args.mountpoint);
     std::fs::create_dir_all(&args.mountpoint).with_context(|| format!("mount point {}", args.mountpoint.display()))?;
-    std::fs::create_dir_all(&args.boot_images).with_context(|| format!("boot image store {}", args.boot_images.display()))?;
+    std::fs::create_dir_all(&args.boot_images)
+        .with_context(|| format!("boot image store {}", args.boot_images.display()))?;
     let store = Arc::new(BootImageStore::new(StoreConfig {
         dir: args.boot_images.clone(),
         memory_budget: args.memory_budget_mib << 20,
@@ -415,7 +464,8 @@ fn mount(args: MountArgs) -> Result<()> {
         pinned_bytes: pinned.as_ref().map_or(0, |p| p.bytes()),
         started: Instant::now(),
     });
-    control::serve(&args.control_socket, daemon).with_context(|| format!("control socket {}", args.control_socket.display()))?;
+    control::serve(&args.control_socket, daemon)
+        .with_context(|| format!("control socket {}", args.control_socket.display()))?;
     info!(
         "mounted {} on {} (boot images in {}, control socket {}, learning {})",
         source.display(),

@@ -24,7 +24,11 @@ pub fn which(name: &str) -> Option<PathBuf> {
     if name.contains('/') {
         return Some(PathBuf::from(name)).filter(|p| p.is_file());
     }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|dir| Path::new(dir).join(name)).find(|p| p.is_file())
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
 }
 
 /// Shared libraries a binary loads, from `ldd`'s output (`name => /path (0x...)` and `/path (0x...)`).
@@ -48,8 +52,11 @@ fn parse_ldd(text: &str) -> Vec<PathBuf> {
 
 /// The files to pin for `binaries` (QEMU's when empty): binaries, libraries, firmware.
 pub fn files_to_pin(binaries: &[String]) -> Vec<PathBuf> {
-    let names: Vec<&str> =
-        if binaries.is_empty() { DEFAULT_BINARIES.to_vec() } else { binaries.iter().map(String::as_str).collect() };
+    let names: Vec<&str> = if binaries.is_empty() {
+        DEFAULT_BINARIES.to_vec()
+    } else {
+        binaries.iter().map(String::as_str).collect()
+    };
     let mut files = BTreeSet::new();
     for name in names {
         let Some(binary) = which(name) else {
@@ -66,7 +73,12 @@ pub fn files_to_pin(binaries: &[String]) -> Vec<PathBuf> {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
         files.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()));
     }
-    files.into_iter().filter_map(|p| std::fs::canonicalize(p).ok()).collect::<BTreeSet<_>>().into_iter().collect()
+    files
+        .into_iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 /// Files mapped and locked in memory; unlocked when dropped.
@@ -95,7 +107,11 @@ pub fn pin(files: &[PathBuf]) -> Pinned {
         }
     }
     let pinned = Pinned { maps };
-    info!("pinned {} files, {} bytes, in page cache", pinned.maps.len(), pinned.bytes());
+    info!(
+        "pinned {} files, {} bytes, in page cache",
+        pinned.maps.len(),
+        pinned.bytes()
+    );
     pinned
 }
 
@@ -121,7 +137,10 @@ mod tests {
                     \t/lib64/ld-linux-x86-64.so.2 (0x7f)\n\tlibgone.so => not found\n";
         assert_eq!(
             parse_ldd(text),
-            vec![PathBuf::from("/lib/x86_64-linux-gnu/libz.so.1"), PathBuf::from("/lib64/ld-linux-x86-64.so.2")]
+            vec![
+                PathBuf::from("/lib/x86_64-linux-gnu/libz.so.1"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2")
+            ]
         );
     }
 }

@@ -86,7 +86,12 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn new(config: RecordConfig, store: Arc<BootImageStore>) -> Arc<Recorder> {
-        let recorder = Arc::new(Recorder { config, store, active: Mutex::default(), builds: Mutex::default() });
+        let recorder = Arc::new(Recorder {
+            config,
+            store,
+            active: Mutex::default(),
+            builds: Mutex::default(),
+        });
         let weak = Arc::downgrade(&recorder);
         thread::Builder::new()
             .name("yolofs-recorder".into())
@@ -119,7 +124,11 @@ impl Recorder {
             name: name.to_string(),
             source,
             started: Instant::now(),
-            state: Mutex::new(RecordingState { reads: Vec::new(), first_read: None, last_read: None }),
+            state: Mutex::new(RecordingState {
+                reads: Vec::new(),
+                first_read: None,
+                last_read: None,
+            }),
             finished: AtomicBool::new(false),
         });
         active.insert(name.to_string(), recording.clone());
@@ -161,8 +170,11 @@ impl Recorder {
     fn end_finished_windows(self: &Arc<Self>, now: Instant) {
         let ended: Vec<Arc<Recording>> = {
             let mut active = self.active.lock().unwrap();
-            let names: Vec<String> =
-                active.iter().filter(|(_, r)| r.window_over(&self.config, now)).map(|(n, _)| n.clone()).collect();
+            let names: Vec<String> = active
+                .iter()
+                .filter(|(_, r)| r.window_over(&self.config, now))
+                .map(|(n, _)| n.clone())
+                .collect();
             names.iter().filter_map(|n| active.remove(n)).collect()
         };
         for recording in ended {

@@ -47,7 +47,11 @@ impl SourceKey {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.len(),
-            btime_ns: meta.created().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos()),
+            btime_ns: meta
+                .created()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_nanos()),
         })
     }
 }
@@ -61,7 +65,10 @@ pub struct BootImageKey {
 
 impl BootImageKey {
     pub fn of(image: &BootImage) -> BootImageKey {
-        BootImageKey { header_crc32c: image.header_crc32c, index_crc32c: image.index_crc32c }
+        BootImageKey {
+            header_crc32c: image.header_crc32c,
+            index_crc32c: image.index_crc32c,
+        }
     }
 }
 
@@ -81,7 +88,10 @@ pub fn stamp_path(boot_image_path: &Path) -> PathBuf {
 
 /// Writes the verification stamp for `image` (read from `boot_image_path`) and `source`.
 pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> std::io::Result<()> {
-    let stamp = Stamp { boot_image: BootImageKey::of(image), source: SourceKey::of(source)? };
+    let stamp = Stamp {
+        boot_image: BootImageKey::of(image),
+        source: SourceKey::of(source)?,
+    };
     let path = stamp_path(boot_image_path);
     let tmp = path.with_extension("verified.tmp");
     fs::write(&tmp, serde_json::to_vec(&stamp)?)?;
@@ -89,8 +99,12 @@ pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> 
 }
 
 fn stamp_matches(boot_image_path: &Path, image: &BootImage, source: &SourceKey) -> bool {
-    let Ok(bytes) = fs::read(stamp_path(boot_image_path)) else { return false };
-    let Ok(stamp) = serde_json::from_slice::<Stamp>(&bytes) else { return false };
+    let Ok(bytes) = fs::read(stamp_path(boot_image_path)) else {
+        return false;
+    };
+    let Ok(stamp) = serde_json::from_slice::<Stamp>(&bytes) else {
+        return false;
+    };
     stamp.boot_image == BootImageKey::of(image) && stamp.source == *source
 }
 
@@ -160,7 +174,11 @@ impl BootImageStore {
     pub fn new(config: StoreConfig) -> BootImageStore {
         BootImageStore {
             config,
-            state: Mutex::new(StoreState { loaded: LruCache::unbounded(), used_bytes: 0, rejected: HashMap::new() }),
+            state: Mutex::new(StoreState {
+                loaded: LruCache::unbounded(),
+                used_bytes: 0,
+                rejected: HashMap::new(),
+            }),
         }
     }
 
@@ -190,7 +208,10 @@ impl BootImageStore {
 
     /// Like [`get`](Self::get), but says why there is no boot image.
     pub fn load(&self, name: &str, source: &File) -> Result<Arc<BootImage>, StoreError> {
-        let io = |source| StoreError::Io { name: name.to_string(), source };
+        let io = |source| StoreError::Io {
+            name: name.to_string(),
+            source,
+        };
         let source_key = SourceKey::of(source).map_err(io)?;
         let path = self.path_for(name);
         {
@@ -205,7 +226,10 @@ impl BootImageStore {
                 if same_file && rejection.source == source_key {
                     return Err(StoreError::Invalid {
                         name: name.into(),
-                        source: FormatError::InvalidField { field: "(remembered)", value: rejection.reason.clone() },
+                        source: FormatError::InvalidField {
+                            field: "(remembered)",
+                            value: rejection.reason.clone(),
+                        },
                     });
                 }
             }
@@ -224,7 +248,11 @@ impl BootImageStore {
             }
             Err(err) => {
                 warn!("{name}: boot image refused, the base file is served by passthrough: {err}");
-                let rejection = Rejection { file_key, source: source_key, reason: err.to_string() };
+                let rejection = Rejection {
+                    file_key,
+                    source: source_key,
+                    reason: err.to_string(),
+                };
                 self.state.lock().unwrap().rejected.insert(name.to_string(), rejection);
                 Err(err)
             }
@@ -234,14 +262,28 @@ impl BootImageStore {
     fn load_verified(&self, name: &str, path: &Path, source: &File, key: &SourceKey) -> Result<BootImage, StoreError> {
         let mut image = BootImage::open(path).map_err(|source| match source {
             FormatError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => StoreError::Missing(name.into()),
-            source => StoreError::Invalid { name: name.into(), source },
+            source => StoreError::Invalid {
+                name: name.into(),
+                source,
+            },
         })?;
         if image.identity.source_size != key.size {
-            return Err(StoreError::WrongSize { name: name.into(), expected: image.identity.source_size, actual: key.size });
+            return Err(StoreError::WrongSize {
+                name: name.into(),
+                expected: image.identity.source_size,
+                actual: key.size,
+            });
         }
         if !stamp_matches(path, &image, key) {
-            info!("{name}: verifying boot image against the base file ({} bytes in {} extents)", image.covered_bytes(), image.extents.len());
-            image.verify_against(source).map_err(|source| StoreError::Mismatch { name: name.into(), source })?;
+            info!(
+                "{name}: verifying boot image against the base file ({} bytes in {} extents)",
+                image.covered_bytes(),
+                image.extents.len()
+            );
+            image.verify_against(source).map_err(|source| StoreError::Mismatch {
+                name: name.into(),
+                source,
+            })?;
             if let Err(e) = write_stamp(path, &image, source) {
                 warn!("{name}: could not write the verification stamp: {e}");
             }
@@ -251,7 +293,12 @@ impl BootImageStore {
                 warn!("{name}: could not lock the boot image in RAM ({e}); it stays in ordinary memory");
             }
         }
-        info!("{name}: boot image loaded: {} bytes in {} extents{}", image.data_len(), image.extents.len(), if image.is_locked() { ", locked in RAM" } else { "" });
+        info!(
+            "{name}: boot image loaded: {} bytes in {} extents{}",
+            image.data_len(),
+            image.extents.len(),
+            if image.is_locked() { ", locked in RAM" } else { "" }
+        );
         Ok(image)
     }
 
@@ -268,9 +315,14 @@ impl BootImageStore {
         }
         state.used_bytes += bytes;
         while state.used_bytes > self.config.memory_budget {
-            let Some((evicted, loaded)) = state.loaded.pop_lru() else { break };
+            let Some((evicted, loaded)) = state.loaded.pop_lru() else {
+                break;
+            };
             state.used_bytes -= loaded.image.data_len();
-            info!("{evicted}: boot image evicted from memory (budget {} bytes)", self.config.memory_budget);
+            info!(
+                "{evicted}: boot image evicted from memory (budget {} bytes)",
+                self.config.memory_budget
+            );
         }
     }
 
@@ -315,6 +367,10 @@ impl BootImageStore {
     /// Names with a remembered rejection and why.
     pub fn rejected(&self) -> Vec<(String, String)> {
         let state = self.state.lock().unwrap();
-        state.rejected.iter().map(|(n, r)| (n.clone(), r.reason.clone())).collect()
+        state
+            .rejected
+            .iter()
+            .map(|(n, r)| (n.clone(), r.reason.clone()))
+            .collect()
     }
 }

@@ -45,8 +45,17 @@ impl Fixture {
 
     /// A boot image covering scattered ranges of the file, as a boot's reads would.
     fn build_boot_image(&self) -> BootImage {
-        let reads: Vec<TraceRead> = (0..40u64).map(|i| TraceRead { offset: i * 70_001 + 512, length: 9_000 + i * 97 }).collect();
-        let identity = SourceIdentity { source_size: SIZE as u64, rendition: "raw".into(), ..Default::default() };
+        let reads: Vec<TraceRead> = (0..40u64)
+            .map(|i| TraceRead {
+                offset: i * 70_001 + 512,
+                length: 9_000 + i * 97,
+            })
+            .collect();
+        let identity = SourceIdentity {
+            source_size: SIZE as u64,
+            rendition: "raw".into(),
+            ..Default::default()
+        };
         let source = File::open(self.base().join("disk")).unwrap();
         build_boot_image(&reads, &source, &identity, 4096, &self.boot_image_path()).unwrap();
         BootImage::open(&self.boot_image_path()).unwrap()
@@ -90,7 +99,10 @@ fn mixed_reads_equal_the_source_bytes() {
     assert!(opened.from_boot_image);
     check_random_reads(&fs, opened.fh, &fixture.content, 1);
     let counters = &stats.snapshot(Some("disk"))["disk"];
-    assert!(counters.requests_mixed > 0 && counters.requests_memory > 0 && counters.requests_passthrough > 0, "{counters:?}");
+    assert!(
+        counters.requests_mixed > 0 && counters.requests_memory > 0 && counters.requests_passthrough > 0,
+        "{counters:?}"
+    );
 }
 
 #[test]
@@ -104,10 +116,16 @@ fn reads_are_exact_at_every_extent_boundary() {
             (extent.source_offset.saturating_sub(1), 2),
             (extent.source_offset, 1),
             (extent.source_end() - 1, 2),
-            (extent.source_offset.saturating_sub(5000), (extent.length + 10_000) as u32),
+            (
+                extent.source_offset.saturating_sub(5000),
+                (extent.length + 10_000) as u32,
+            ),
         ] {
             let data = fs.read(opened.fh, offset, size).unwrap();
-            assert_eq!(data, &fixture.content[offset as usize..(offset as usize + size as usize).min(SIZE)]);
+            assert_eq!(
+                data,
+                &fixture.content[offset as usize..(offset as usize + size as usize).min(SIZE)]
+            );
         }
     }
 }
@@ -149,7 +167,12 @@ fn a_boot_image_of_other_data_is_never_served() {
 fn a_boot_image_for_another_size_is_never_served() {
     let fixture = Fixture::new();
     fixture.build_boot_image();
-    fs::OpenOptions::new().append(true).open(fixture.base().join("disk")).unwrap().write_all(b"more").unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(fixture.base().join("disk"))
+        .unwrap()
+        .write_all(b"more")
+        .unwrap();
     let (fs, store, _) = fixture.mirror(None);
     let (_, opened) = open_disk(&fs);
     assert!(!opened.from_boot_image);
@@ -176,7 +199,10 @@ fn verification_is_stamped_and_the_stamp_binds_the_file() {
     let recorded: store::Stamp = serde_json::from_slice(&fs::read(&stamp).unwrap()).unwrap();
     assert_ne!(recorded.source, key);
     let (fs, _, _) = fixture.mirror(None);
-    assert!(open_disk(&fs).1.from_boot_image, "re-verified against the new file, which has the same bytes");
+    assert!(
+        open_disk(&fs).1.from_boot_image,
+        "re-verified against the new file, which has the same bytes"
+    );
     let recorded: store::Stamp = serde_json::from_slice(&fs::read(&stamp).unwrap()).unwrap();
     assert_eq!(recorded.source, key);
     assert_eq!(recorded.boot_image, store::BootImageKey::of(&image));
@@ -202,9 +228,20 @@ fn renames_and_deletions_in_the_source_show_up() {
     fs::rename(fixture.base().join("img.part"), fixture.base().join("img")).unwrap();
     let done = fs.lookup(ROOT_INO, "img".as_ref()).unwrap();
     assert_eq!(part.ino, done.ino, "a rename keeps the inode");
-    assert_eq!(fs.lookup(ROOT_INO, "img.part".as_ref()).err().unwrap().errno(), libc::ENOENT);
-    let names: Vec<String> = fs.readdir(ROOT_INO).unwrap().into_iter().map(|(_, _, n)| n.into_string().unwrap()).collect();
-    assert!(names.contains(&"img".to_string()) && !names.contains(&"img.part".to_string()), "{names:?}");
+    assert_eq!(
+        fs.lookup(ROOT_INO, "img.part".as_ref()).err().unwrap().errno(),
+        libc::ENOENT
+    );
+    let names: Vec<String> = fs
+        .readdir(ROOT_INO)
+        .unwrap()
+        .into_iter()
+        .map(|(_, _, n)| n.into_string().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"img".to_string()) && !names.contains(&"img.part".to_string()),
+        "{names:?}"
+    );
     fs::remove_file(fixture.base().join("img")).unwrap();
     assert_eq!(fs.getattr(done.ino, None).err().unwrap().errno(), libc::ENOENT);
     assert_eq!(fs.lookup(ROOT_INO, "img".as_ref()).err().unwrap().errno(), libc::ENOENT);
@@ -228,7 +265,12 @@ fn a_source_truncated_under_a_boot_image_gives_eio_not_zeros() {
     let (fs, _, _) = fixture.mirror(None);
     let (_, opened) = open_disk(&fs);
     // Nova never does this to a base file; if something does, a mixed read must fail, not invent bytes.
-    File::options().write(true).open(fixture.base().join("disk")).unwrap().set_len(1 << 20).unwrap();
+    File::options()
+        .write(true)
+        .open(fixture.base().join("disk"))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
     let gap_after_last = image.extents.last().unwrap().source_end();
     let err = fs.read(opened.fh, gap_after_last - 100, 5000).err().unwrap();
     assert_eq!(err.errno(), libc::EIO);
@@ -242,9 +284,19 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
         memory_budget: 64 << 20,
         lock_in_memory: false,
     }));
-    let config = RecordConfig { idle: Duration::from_millis(300), max_duration: Duration::from_secs(60), block_size: 4096 };
+    let config = RecordConfig {
+        idle: Duration::from_millis(300),
+        max_duration: Duration::from_secs(60),
+        block_size: 4096,
+    };
     let recorder = Recorder::new(config, store.clone());
-    let fs = MirrorFs::new(&fixture.base(), store, Arc::new(StatsRegistry::default()), Some(recorder.clone())).unwrap();
+    let fs = MirrorFs::new(
+        &fixture.base(),
+        store,
+        Arc::new(StatsRegistry::default()),
+        Some(recorder.clone()),
+    )
+    .unwrap();
     let (_, opened) = open_disk(&fs);
     assert!(opened.recording && !opened.from_boot_image);
     let reads = [(1_000_000u64, 4096u32), (0, 512), (2_000_000, 70_000)];
@@ -254,14 +306,21 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     fs.release(opened.fh);
     // The window closes after the idle gap; the build runs in the background.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !Path::new(&fixture.boot_image_path()).exists() || recorder.active().len() > 0 {
+    while !Path::new(&fixture.boot_image_path()).exists() || !recorder.active().is_empty() {
         assert!(std::time::Instant::now() < deadline, "no boot image learned");
         std::thread::sleep(Duration::from_millis(100));
     }
     recorder.wait_idle();
     let image = BootImage::open(&fixture.boot_image_path()).unwrap();
     let offsets: Vec<(u64, u64)> = image.extents.iter().map(|e| (e.source_offset, e.length)).collect();
-    assert_eq!(offsets, vec![(0, 4096), (1_000_000 / 4096 * 4096, 8192), (2_000_000 / 4096 * 4096, 73_728)]);
+    assert_eq!(
+        offsets,
+        vec![
+            (0, 4096),
+            (1_000_000 / 4096 * 4096, 8192),
+            (2_000_000 / 4096 * 4096, 73_728)
+        ]
+    );
     // The next open is served from what was learned.
     let (_, opened) = open_disk(&fs);
     assert!(opened.from_boot_image && !opened.recording);

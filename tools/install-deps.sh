@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install everything YOLO's build, tests and demo need on a Debian 12 machine (run as root).
+# Idempotent: packages already present are kept, the venv is reused.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+
+debian_packages=(
+    qemu-system-x86 qemu-utils          # real boots (TCG) and Nova's disk handling
+    fuse3                               # fusermount3, used by yolofs to mount
+    debootstrap extlinux syslinux-common parted e2fsprogs  # the bootable test image
+    fio vmtouch                         # benchmarks
+    pkg-config python3-venv
+)
+missing=()
+for pkg in "${debian_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    echo "==> installing Debian packages: ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# yolofs needs Rust >= 1.85 (fuser 0.18). Debian 12's own cargo is too old; rustup's is expected.
+if ! command -v cargo >/dev/null && [[ -x $HOME/.cargo/bin/cargo ]]; then
+    export PATH=$HOME/.cargo/bin:$PATH
+fi
+command -v cargo >/dev/null || { echo "install-deps: cargo not found (Rust >= 1.85 is required)" >&2; exit 1; }
+rust_minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
+if ((rust_minor < 85)); then
+    echo "install-deps: $(rustc --version) is too old; yolofs needs Rust >= 1.85" >&2
+    exit 1
+fi
+
+[[ -e /dev/fuse ]] || modprobe fuse
+
+if [[ ! -x $repo/.venv/bin/python ]]; then
+    echo "==> creating the Python venv in .venv"
+    python3 -m venv "$repo/.venv"
+fi
+"$repo/.venv/bin/pip" install -q -r "$repo/test-requirements.txt"
