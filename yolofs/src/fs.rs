@@ -174,6 +174,8 @@ pub struct Opened {
     pub fh: u64,
     pub from_boot_image: bool,
     pub recording: bool,
+    /// Not a download in progress: its bytes never change, so its pages may be cached.
+    pub immutable: bool,
 }
 
 pub struct MirrorFs {
@@ -308,6 +310,7 @@ impl MirrorFs {
             fh: self.next_fh.fetch_add(1, Ordering::Relaxed),
             from_boot_image: boot_image.is_some(),
             recording: recording.is_some(),
+            immutable: !is_transient(&name),
         };
         let handle = OpenFile {
             name,

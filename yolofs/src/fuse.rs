@@ -1,8 +1,9 @@
 //! The thin `fuser::Filesystem` adapter over [`MirrorFs`].
 //!
 //! Each operation calls the filesystem core and has one error path: log (expected misses at
-//! debug, the rest at warn) and reply with the error's errno. Files with a boot image are opened
-//! with `keep_cache` (base files are immutable, so the kernel may keep their pages across opens);
+//! debug, the rest at warn) and reply with the error's errno. Base files are opened with
+//! `keep_cache` (they are immutable once renamed into place, so the kernel may keep their pages
+//! across opens; `.part` downloads are not);
 //! files being recorded are opened with `direct_io`, so every read the guest makes reaches the
 //! recorder instead of being absorbed by kernel readahead and page cache.
 
@@ -11,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
-    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr,
+    Request,
 };
 use log::{debug, warn};
 
@@ -22,7 +24,7 @@ pub struct FuseAdapter {
     pub fs: Arc<MirrorFs>,
     /// How long the kernel may cache attributes and entries.
     pub attr_ttl: Duration,
-    /// Let the kernel keep page cache of files served from boot images across opens.
+    /// Let the kernel keep the page cache of immutable files across opens.
     pub keep_cache: bool,
 }
 
@@ -61,8 +63,16 @@ fn errno(op: &str, err: &FsError) -> Errno {
 
 impl fuser::Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Large reads mean fewer round trips for sequential passthrough.
+        // Without ASYNC_DIO the kernel serialises O_DIRECT AIO (QEMU with cache=none) to one
+        // request at a time; PARALLEL_DIROPS lets lookups of different names run at once.
+        for capability in [InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_PARALLEL_DIROPS] {
+            if config.add_capabilities(capability).is_err() {
+                warn!("the kernel does not offer {capability:?}");
+            }
+        }
+        // Readahead as large as the kernel allows, and many readahead requests in flight.
         let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
         Ok(())
     }
 
@@ -93,7 +103,7 @@ impl fuser::Filesystem for FuseAdapter {
                 let mut fopen = FopenFlags::empty();
                 if opened.recording {
                     fopen |= FopenFlags::FOPEN_DIRECT_IO;
-                } else if self.keep_cache && opened.from_boot_image {
+                } else if self.keep_cache && opened.immutable {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 reply.opened(FileHandle(opened.fh), fopen)

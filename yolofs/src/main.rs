@@ -130,7 +130,7 @@ struct MountArgs {
     /// Seconds the kernel may cache attributes and directory entries.
     #[arg(long, default_value_t = 1.0)]
     attr_timeout_secs: f64,
-    /// Do not let the kernel keep page cache of boot-image files across opens.
+    /// Do not let the kernel keep the page cache of base files across opens.
     #[arg(long)]
     no_keep_cache: bool,
     /// Pin QEMU's files in page cache for as long as the mount runs.
