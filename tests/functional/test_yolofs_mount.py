@@ -94,13 +94,52 @@ def test_reads_equal_the_source_with_a_boot_image(mount_factory, base_dir, boot_
     assert stats['bytes_memory'] > 0, stats
 
 
+@pytest.mark.parametrize('kernel_passthrough', [True, False], ids=['kernel', 'daemon'])
 def test_reads_equal_the_source_without_a_boot_image(mount_factory, base_dir, content,
-                                                     tmp_path):
-    mount = mount_factory(base_dir)
+                                                     kernel_passthrough):
+    mount = mount_factory(base_dir, no_kernel_passthrough=not kernel_passthrough)
+    assert mount.client.status()['kernel_passthrough'] is kernel_passthrough
     ranges = list(random_ranges(2, 200))
     assert read_buffered(mount.mountpoint / NAME, ranges) == expected(content, ranges)
-    assert mount.client.stats(NAME)[NAME]['bytes_memory'] == 0
+    direct_ranges = list(random_ranges(3, 100, align=4096))
+    assert read_direct(mount.mountpoint / NAME, direct_ranges) == expected(content, direct_ranges)
     assert (mount.mountpoint / NAME).read_bytes() == content
+    stats = mount.client.stats(NAME)[NAME]
+    assert stats['bytes_memory'] == 0
+    if kernel_passthrough:
+        # The kernel read the source itself: yolofs saw the opens, not the reads.
+        assert stats['opens_kernel_passthrough'] == stats['opens'] == 3, stats
+        assert stats['bytes_passthrough'] == 0, stats
+    else:
+        assert stats['opens_kernel_passthrough'] == 0, stats
+        assert stats['bytes_passthrough'] >= SIZE, stats
+
+
+def test_boot_image_arriving_while_passthrough_opens_remain(mount_factory, base_dir,
+                                                            content, tmp_path):
+    """A file open in kernel passthrough (no boot image yet) does not keep later opens from the
+    boot image: the kernel allows no other kind of open on a passthrough inode, so the next lookup
+    hands out another inode for the same file."""
+    store = tmp_path / 'store'
+    store.mkdir()
+    mount = mount_factory(base_dir, boot_images=store, attr_timeout_secs=0)
+    path = mount.mountpoint / NAME
+    early = os.open(path, os.O_RDONLY)
+    try:
+        early_ino = os.fstat(early).st_ino
+        trace = tmp_path / 'trace'
+        trace.write_text('0 1048576\n')
+        yolofs.run('build', '--trace', trace, '--source', base_dir / NAME,
+                   '--output', store / (NAME + '.yolo'))
+        ranges = list(random_ranges(4, 50))
+        assert read_buffered(path, ranges) == expected(content, ranges)
+        assert os.stat(path).st_ino != early_ino
+        assert os.pread(early, 4096, 0) == content[:4096]
+        stats = mount.client.stats(NAME)[NAME]
+        assert stats['opens_kernel_passthrough'] == 1 and stats['bytes_memory'] > 0, stats
+    finally:
+        os.close(early)
+    assert path.read_bytes() == content
 
 
 def test_concurrent_readers(mount_factory, base_dir, boot_image_dir, content):

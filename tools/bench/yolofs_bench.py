@@ -1,9 +1,10 @@
 """yolofs micro-benchmarks, measured side by side in one run.
 
-1. Passthrough overhead: fio on the source file directly vs through a yolofs mount (no boot image),
-   for sequential 1 MiB reads and random 4 KiB reads at queue depth 1 and 16, with a cold and a
-   warm page cache. Runs alternate between the two targets and repeat; the ratio of medians is
-   reported (yolofs / direct throughput).
+1. Passthrough overhead: fio on the source file directly vs through yolofs for a file without a
+   boot image, served by the kernel (FUSE passthrough) and by the daemon (``--no-kernel-
+   passthrough``: what reads outside a boot image cost), for sequential 1 MiB reads and random
+   4 KiB reads at queue depth 1 and 16, with a cold and a warm page cache. Runs alternate between
+   the targets and repeat; ratios of medians are reported (target / direct throughput).
 2. Reads served from a loaded boot image: the same fio jobs on a file entirely covered by a boot
    image, against the same file read directly (cold and warm).
 3. The test image: its sizes, the bytes one boot reads, the boot image, the time to learn it, and
@@ -184,15 +185,18 @@ def test_image_section(work, log):
     return result
 
 
-def fmt_rows(rows, a, b):
-    lines = ['| workload | cache | %s MiB/s | %s MiB/s | ratio %s/%s | %s lat (us) | %s lat (us) |'
-             % (a, b, b, a, a, b),
-             '|---|---|---:|---:|---:|---:|---:|']
+def fmt_rows(rows, base, others):
+    """A table: throughput (median, min-max) and mean latency per target, ratios to ``base``."""
+    names = [base, *others]
+    head = ['workload', 'cache'] + ['%s MiB/s' % n for n in names] + \
+        ['%s / %s' % (n, base) for n in others] + ['%s lat (us)' % n for n in names]
+    lines = ['| ' + ' | '.join(head) + ' |', '|---|---|' + '---:|' * (len(head) - 2)]
     for r in rows:
-        lines.append('| %s | %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | **%.3f** | %.1f | %.1f |' % (
-            r['workload'], r['cache'], r[a]['bw_mib_s'], *r[a + '_range'],
-            r[b]['bw_mib_s'], *r[b + '_range'], r[b]['bw_mib_s'] / r[a]['bw_mib_s'],
-            r[a]['lat_us'], r[b]['lat_us']))
+        cells = [r['workload'], r['cache']]
+        cells += ['%.1f (%.1f-%.1f)' % (r[n]['bw_mib_s'], *r[n + '_range']) for n in names]
+        cells += ['**%.2f**' % (r[n]['bw_mib_s'] / r[base]['bw_mib_s']) for n in others]
+        cells += ['%.1f' % r[n]['lat_us'] for n in names]
+        lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
 
@@ -223,10 +227,15 @@ def main():
     store.mkdir()
 
     with yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt', boot_images=store,
-                      control_socket=work / 'ctl.sock', log_path=work / 'yolofs.log') as mount:
+                      control_socket=work / 'ctl.sock', log_path=work / 'yolofs.log') as kernel, \
+            yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt-daemon', boot_images=store,
+                         control_socket=work / 'ctl-daemon.sock',
+                         log_path=work / 'yolofs-daemon.log', no_kernel_passthrough=True) as daemon:
+        assert kernel.client.status()['kernel_passthrough'], 'the kernel offers no passthrough'
         log('passthrough overhead (%d MiB file)' % args.file_mib)
         report['passthrough'] = compare(
-            {'direct': (source, None), 'yolofs': (mount.mountpoint / 'file', None)},
+            {'direct': (source, None), 'kernel': (kernel.mountpoint / 'file', None),
+             'daemon': (daemon.mountpoint / 'file', None)},
             args.repeats, args.runtime, log)
 
     covered = work / 'src' / 'covered'
@@ -253,9 +262,9 @@ def main():
         report['test_image'] = test_image_section(work, log)
 
     lines = ['## Passthrough overhead (no boot image)', '',
-             fmt_rows(report['passthrough'], 'direct', 'yolofs'), '',
+             fmt_rows(report['passthrough'], 'direct', ['kernel', 'daemon']), '',
              '## Reads served from a loaded boot image', '',
-             fmt_rows(report['boot_image'], 'direct', 'boot_image'), '']
+             fmt_rows(report['boot_image'], 'direct', ['boot_image']), '']
     if 'test_image' in report:
         t = report['test_image']
         lines += ['## The test image', '',

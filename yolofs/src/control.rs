@@ -78,6 +78,7 @@ impl Daemon {
                 "recording": self.recorder.as_ref().map(|r| r.active()).unwrap_or_default(),
                 "open_files": self.fs.open_handles(),
                 "pinned_bytes": self.pinned_bytes,
+                "kernel_passthrough": self.fs.kernel_passthrough(),
             })),
             Request::Stats { file } => Ok(json!({ "files": self.stats.snapshot(file.as_deref()) })),
             Request::Preload { file } => {

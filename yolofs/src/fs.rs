@@ -18,7 +18,7 @@ use std::fs::{self, File, Metadata};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -135,26 +135,41 @@ fn attr_of(ino: u64, meta: &Metadata) -> Attr {
     }
 }
 
-/// Source paths by our inode number, and our inode numbers by source (device, inode).
+/// Which of a source file's two inodes an entry is. Where the kernel offers FUSE passthrough, a
+/// file with no boot image (and none being learned) is given a `Kernel` inode, whose opens the
+/// kernel serves from the source file by itself; every other file a `Yolofs` inode. The kernel
+/// requires every open of an inode to be passthrough once one is, so the two never share an inode:
+/// when a boot image arrives, the next lookup hands out the `Yolofs` inode, while files already
+/// open on the `Kernel` inode keep reading through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Serving {
+    Yolofs,
+    Kernel,
+}
+
+struct InodeEntry {
+    path: PathBuf,
+    source: (u64, u64),
+    serving: Serving,
+}
+
+/// Our inodes: their source path, source (device, inode) and serving; and back.
 #[derive(Default)]
 struct InodeTable {
-    paths: HashMap<u64, PathBuf>,
-    by_source: HashMap<(u64, u64), u64>,
+    entries: HashMap<u64, InodeEntry>,
+    by_source: HashMap<(u64, u64, Serving), u64>,
     next: u64,
 }
 
 impl InodeTable {
-    fn ino_for(&mut self, meta: &Metadata, relative: PathBuf) -> u64 {
-        let key = (meta.dev(), meta.ino());
-        let ino = match self.by_source.get(&key) {
-            Some(&ino) => ino,
-            None => {
-                self.next += 1;
-                self.by_source.insert(key, self.next);
-                self.next
-            }
-        };
-        self.paths.insert(ino, relative);
+    fn ino_for(&mut self, meta: &Metadata, path: PathBuf, serving: Serving) -> u64 {
+        let source = (meta.dev(), meta.ino());
+        let next = &mut self.next;
+        let ino = *self.by_source.entry((source.0, source.1, serving)).or_insert_with(|| {
+            *next += 1;
+            *next
+        });
+        self.entries.insert(ino, InodeEntry { path, source, serving });
         ino
     }
 }
@@ -176,6 +191,8 @@ pub struct Opened {
     pub recording: bool,
     /// Not a download in progress: its bytes never change, so its pages may be cached.
     pub immutable: bool,
+    /// Served by the kernel from the source file (FUSE passthrough), not by yolofs.
+    pub kernel_passthrough: bool,
 }
 
 pub struct MirrorFs {
@@ -187,6 +204,8 @@ pub struct MirrorFs {
     store: Arc<BootImageStore>,
     stats: Arc<StatsRegistry>,
     recorder: Option<Arc<Recorder>>,
+    /// Whether the kernel agreed to FUSE passthrough (set once mounted).
+    kernel_passthrough: AtomicBool,
 }
 
 /// Names that are never learned: Nova's downloads in progress.
@@ -212,7 +231,12 @@ impl MirrorFs {
             next: ROOT_INO,
             ..Default::default()
         };
-        inodes.paths.insert(ROOT_INO, PathBuf::new());
+        let root = InodeEntry {
+            path: PathBuf::new(),
+            source: (meta.dev(), meta.ino()),
+            serving: Serving::Yolofs,
+        };
+        inodes.entries.insert(ROOT_INO, root);
         Ok(MirrorFs {
             source_root: source_root.to_path_buf(),
             root_key: (meta.dev(), meta.ino()),
@@ -222,24 +246,50 @@ impl MirrorFs {
             store,
             stats,
             recorder,
+            kernel_passthrough: AtomicBool::new(false),
         })
     }
 
+    /// Lets files without a boot image be served by the kernel (FUSE passthrough), or stops it.
+    pub fn set_kernel_passthrough(&self, enabled: bool) {
+        self.kernel_passthrough.store(enabled, Ordering::Relaxed);
+    }
+
+    pub fn kernel_passthrough(&self) -> bool {
+        self.kernel_passthrough.load(Ordering::Relaxed)
+    }
+
     fn relative_path(&self, ino: u64) -> Result<PathBuf> {
-        self.inodes
-            .read()
-            .unwrap()
-            .paths
-            .get(&ino)
-            .cloned()
-            .ok_or(FsError::UnknownInode(ino))
+        Ok(self.entry(ino)?.0)
+    }
+
+    fn entry(&self, ino: u64) -> Result<(PathBuf, (u64, u64), Serving)> {
+        let inodes = self.inodes.read().unwrap();
+        let entry = inodes.entries.get(&ino).ok_or(FsError::UnknownInode(ino))?;
+        Ok((entry.path.clone(), entry.source, entry.serving))
+    }
+
+    /// How a file is to be served now (see [`Serving`]).
+    fn serving_for(&self, relative: &Path, meta: &Metadata) -> Serving {
+        let name = relative.to_string_lossy();
+        let kernel = self.kernel_passthrough()
+            && meta.is_file()
+            && !is_transient(&name)
+            && self.recorder.is_none()
+            && !self.store.has_usable(&name);
+        if kernel {
+            Serving::Kernel
+        } else {
+            Serving::Yolofs
+        }
     }
 
     fn register(&self, meta: &Metadata, relative: PathBuf) -> u64 {
         if (meta.dev(), meta.ino()) == self.root_key {
             return ROOT_INO;
         }
-        self.inodes.write().unwrap().ino_for(meta, relative)
+        let serving = self.serving_for(&relative, meta);
+        self.inodes.write().unwrap().ino_for(meta, relative, serving)
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
@@ -253,10 +303,10 @@ impl MirrorFs {
         if let Some(handle) = fh.and_then(|fh| self.handles.read().unwrap().get(&fh).cloned()) {
             return Ok(attr_of(ino, &handle.source.metadata()?));
         }
-        let relative = self.relative_path(ino)?;
+        let (relative, source, _) = self.entry(ino)?;
         let meta = fs::symlink_metadata(self.source_root.join(&relative))?;
         // The path may now name another file (renamed over, replaced): this inode is gone.
-        if ino != ROOT_INO && self.inodes.read().unwrap().by_source.get(&(meta.dev(), meta.ino())) != Some(&ino) {
+        if (meta.dev(), meta.ino()) != source {
             return Err(FsError::NotFound);
         }
         Ok(attr_of(ino, &meta))
@@ -290,15 +340,19 @@ impl MirrorFs {
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             return Err(FsError::ReadOnly);
         }
-        let relative = self.relative_path(ino)?;
+        let (relative, _, serving) = self.entry(ino)?;
         let source = File::open(self.source_root.join(&relative))?;
         let name = relative.to_string_lossy().into_owned();
-        let boot_image = if source.metadata()?.is_file() {
+        // If passthrough was turned off since this inode was handed out, yolofs serves it (without
+        // a boot image: that goes with a fresh lookup).
+        let kernel_passthrough = serving == Serving::Kernel && self.kernel_passthrough();
+        let boot_image = if serving == Serving::Yolofs && source.metadata()?.is_file() {
             self.store.get(&name, &source)
         } else {
             None
         };
         let recording = match (&boot_image, &self.recorder) {
+            _ if serving == Serving::Kernel => None,
             (None, Some(recorder)) if !is_transient(&name) && source.metadata()?.len() > 0 => {
                 recorder.begin(&name, &source)
             }
@@ -311,6 +365,7 @@ impl MirrorFs {
             from_boot_image: boot_image.is_some(),
             recording: recording.is_some(),
             immutable: !is_transient(&name),
+            kernel_passthrough,
         };
         let handle = OpenFile {
             name,
@@ -321,6 +376,18 @@ impl MirrorFs {
         };
         self.handles.write().unwrap().insert(opened.fh, Arc::new(handle));
         Ok(opened)
+    }
+
+    /// Runs `f` with the source file of an open handle (the kernel passthrough backing file).
+    pub fn with_source<T>(&self, fh: u64, f: impl FnOnce(&File) -> T) -> Result<T> {
+        Ok(f(&self.handle(fh)?.source))
+    }
+
+    /// Counts an open whose reads the kernel serves from the source file without yolofs.
+    pub fn note_kernel_passthrough(&self, fh: u64) {
+        if let Ok(handle) = self.handle(fh) {
+            handle.stats.kernel_passthrough_opened();
+        }
     }
 
     pub fn release(&self, fh: u64) {

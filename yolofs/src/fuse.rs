@@ -1,31 +1,104 @@
 //! The thin `fuser::Filesystem` adapter over [`MirrorFs`].
 //!
 //! Each operation calls the filesystem core and has one error path: log (expected misses at
-//! debug, the rest at warn) and reply with the error's errno. Base files are opened with
-//! `keep_cache` (they are immutable once renamed into place, so the kernel may keep their pages
-//! across opens; `.part` downloads are not);
-//! files being recorded are opened with `direct_io`, so every read the guest makes reaches the
-//! recorder instead of being absorbed by kernel readahead and page cache.
+//! debug, the rest at warn) and reply with the error's errno.
+//!
+//! Opening picks how the kernel serves the file:
+//! - files being recorded: `direct_io`, so every read the guest makes reaches the recorder instead
+//!   of being absorbed by kernel readahead and page cache;
+//! - files on a kernel-served inode (`Serving::Kernel`: no boot image): FUSE passthrough, the
+//!   kernel reads the source file itself and yolofs is off the I/O path (Linux >= 6.9);
+//! - the rest (files with a boot image): through the page cache, with `keep_cache` (base files are
+//!   immutable once renamed into place, so their pages stay valid across opens).
+//!
+//! The passthrough opens of one inode must share one kernel backing id, held while any is open.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr,
-    Request,
+    BackingId, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyXattr, Request,
 };
 use log::{debug, warn};
 
 use crate::fs::{Attr, FsError, Kind, MirrorFs};
 
+/// Kernel backing ids of inodes with passthrough opens, and which open uses which inode.
+#[derive(Default)]
+struct Backings {
+    by_inode: HashMap<u64, (Arc<BackingId>, usize)>,
+    inode_of: HashMap<u64, u64>,
+}
+
 pub struct FuseAdapter {
-    pub fs: Arc<MirrorFs>,
+    fs: Arc<MirrorFs>,
     /// How long the kernel may cache attributes and entries.
-    pub attr_ttl: Duration,
+    attr_ttl: Duration,
     /// Let the kernel keep the page cache of immutable files across opens.
-    pub keep_cache: bool,
+    keep_cache: bool,
+    /// Ask the kernel for FUSE passthrough at mount time.
+    kernel_passthrough: bool,
+    backings: Mutex<Backings>,
+}
+
+impl FuseAdapter {
+    pub fn new(fs: Arc<MirrorFs>, attr_ttl: Duration, keep_cache: bool, kernel_passthrough: bool) -> FuseAdapter {
+        FuseAdapter {
+            fs,
+            attr_ttl,
+            keep_cache,
+            kernel_passthrough,
+            backings: Mutex::default(),
+        }
+    }
+
+    /// Replies to a passthrough open, sharing the inode's backing id. On failure, passthrough is
+    /// turned off for good and this open goes through the page cache (the inode has no
+    /// passthrough opens, or its backing id would exist already).
+    fn open_passthrough(&self, ino: u64, fh: u64, reply: ReplyOpen) {
+        let mut backings = self.backings.lock().unwrap();
+        let backing = match backings.by_inode.get_mut(&ino) {
+            Some((backing, opens)) => {
+                *opens += 1;
+                backing.clone()
+            }
+            None => match self.fs.with_source(fh, |file| reply.open_backing(file)) {
+                Ok(Ok(backing)) => {
+                    let backing = Arc::new(backing);
+                    backings.by_inode.insert(ino, (backing.clone(), 1));
+                    backing
+                }
+                Ok(Err(e)) | Err(FsError::Io(e)) => {
+                    warn!("kernel passthrough refused ({e}); yolofs serves every file from now on");
+                    self.fs.set_kernel_passthrough(false);
+                    return reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => return reply.error(errno("open", &e)),
+            },
+        };
+        backings.inode_of.insert(fh, ino);
+        drop(backings);
+        self.fs.note_kernel_passthrough(fh);
+        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+    }
+
+    fn release_passthrough(&self, fh: u64) {
+        let mut backings = self.backings.lock().unwrap();
+        let Some(ino) = backings.inode_of.remove(&fh) else {
+            return;
+        };
+        if let Some((_, opens)) = backings.by_inode.get_mut(&ino) {
+            *opens -= 1;
+            if *opens == 0 {
+                // Closing the id is safe: the kernel holds the backing file of open files itself.
+                backings.by_inode.remove(&ino);
+            }
+        }
+    }
 }
 
 fn file_attr(attr: &Attr) -> FileAttr {
@@ -70,6 +143,15 @@ impl fuser::Filesystem for FuseAdapter {
                 warn!("the kernel does not offer {capability:?}");
             }
         }
+        if self.kernel_passthrough {
+            // Stack depth 2: the source directory may itself be on a stacked filesystem (overlayfs).
+            let granted =
+                config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() && config.set_max_stack_depth(2).is_ok();
+            self.fs.set_kernel_passthrough(granted);
+            if !granted {
+                warn!("the kernel offers no FUSE passthrough: files without a boot image are read through yolofs");
+            }
+        }
         // Readahead as large as the kernel allows, and many readahead requests in flight.
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
@@ -99,14 +181,16 @@ impl fuser::Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0) {
+            Ok(opened) if opened.kernel_passthrough => self.open_passthrough(ino.0, opened.fh, reply),
             Ok(opened) => {
-                let mut fopen = FopenFlags::empty();
-                if opened.recording {
-                    fopen |= FopenFlags::FOPEN_DIRECT_IO;
+                let flags = if opened.recording {
+                    FopenFlags::FOPEN_DIRECT_IO
                 } else if self.keep_cache && opened.immutable {
-                    fopen |= FopenFlags::FOPEN_KEEP_CACHE;
-                }
-                reply.opened(FileHandle(opened.fh), fopen)
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.opened(FileHandle(opened.fh), flags)
             }
             Err(e) => reply.error(errno("open", &e)),
         }
@@ -139,6 +223,7 @@ impl fuser::Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.release_passthrough(fh.0);
         self.fs.release(fh.0);
         reply.ok();
     }

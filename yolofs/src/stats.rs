@@ -10,6 +10,7 @@ use serde::Serialize;
 #[derive(Default)]
 pub struct FileStats {
     opens: AtomicU64,
+    opens_kernel_passthrough: AtomicU64,
     requests_memory: AtomicU64,
     requests_passthrough: AtomicU64,
     requests_mixed: AtomicU64,
@@ -22,6 +23,8 @@ pub struct FileStats {
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct FileStatsSnapshot {
     pub opens: u64,
+    /// Opens whose reads the kernel served from the source file itself (not counted below).
+    pub opens_kernel_passthrough: u64,
     /// Requests served entirely from the boot image.
     pub requests_memory: u64,
     /// Requests served entirely from the base file.
@@ -36,6 +39,10 @@ pub struct FileStatsSnapshot {
 impl FileStats {
     pub fn opened(&self) {
         self.opens.fetch_add(1, Relaxed);
+    }
+
+    pub fn kernel_passthrough_opened(&self) {
+        self.opens_kernel_passthrough.fetch_add(1, Relaxed);
     }
 
     /// Counts one read request by where its bytes came from.
@@ -57,6 +64,7 @@ impl FileStats {
     pub fn snapshot(&self) -> FileStatsSnapshot {
         FileStatsSnapshot {
             opens: self.opens.load(Relaxed),
+            opens_kernel_passthrough: self.opens_kernel_passthrough.load(Relaxed),
             requests_memory: self.requests_memory.load(Relaxed),
             requests_passthrough: self.requests_passthrough.load(Relaxed),
             requests_mixed: self.requests_mixed.load(Relaxed),

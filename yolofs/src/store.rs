@@ -326,6 +326,15 @@ impl BootImageStore {
         }
     }
 
+    /// Whether `name` has a boot image file that has not been refused (cheap: no loading).
+    pub fn has_usable(&self, name: &str) -> bool {
+        let Ok(file_key) = boot_image_file_key(&self.path_for(name)) else {
+            return false;
+        };
+        let state = self.state.lock().unwrap();
+        state.rejected.get(name).is_none_or(|r| r.file_key != file_key)
+    }
+
     /// Drops the boot image of `name` from memory. Open files keep theirs until closed.
     pub fn evict(&self, name: &str) -> bool {
         let mut state = self.state.lock().unwrap();
