@@ -22,9 +22,7 @@ if ((${#missing[@]})); then
 fi
 
 # yolofs needs Rust >= 1.85 (fuser 0.18). Debian 12's own cargo is too old; rustup's is expected.
-if ! command -v cargo >/dev/null && [[ -x $HOME/.cargo/bin/cargo ]]; then
-    export PATH=$HOME/.cargo/bin:$PATH
-fi
+source "$repo/tools/env.sh"
 command -v cargo >/dev/null || { echo "install-deps: cargo not found (Rust >= 1.85 is required)" >&2; exit 1; }
 rust_minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
 if ((rust_minor < 85)); then

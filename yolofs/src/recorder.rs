@@ -231,3 +231,56 @@ impl Recorder {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recording(started: Instant, first: Option<Instant>, last: Option<Instant>) -> Recording {
+        Recording {
+            name: "base".into(),
+            source: tempfile::tempfile().unwrap(),
+            started,
+            state: Mutex::new(RecordingState {
+                reads: Vec::new(),
+                first_read: first,
+                last_read: last,
+            }),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    #[test]
+    fn the_window_ends_at_an_idle_gap_or_the_maximum_duration() {
+        let config = RecordConfig {
+            idle: Duration::from_secs(5),
+            max_duration: Duration::from_secs(60),
+            block_size: 4096,
+        };
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        // Opened, never read: waits up to the maximum duration.
+        assert!(!recording(t0, None, None).window_over(&config, t0 + s(30)));
+        assert!(recording(t0, None, None).window_over(&config, t0 + s(61)));
+        // Reading: an idle gap ends it.
+        let busy = recording(t0, Some(t0), Some(t0 + s(50)));
+        assert!(!busy.window_over(&config, t0 + s(52)));
+        assert!(busy.window_over(&config, t0 + s(56)));
+        // Reading without pause: the maximum duration ends it.
+        let endless = recording(t0, Some(t0), Some(t0 + s(59)));
+        assert!(!endless.window_over(&config, t0 + s(59)));
+        assert!(endless.window_over(&config, t0 + s(60)));
+    }
+
+    #[test]
+    fn reads_after_the_window_are_not_recorded() {
+        let r = recording(Instant::now(), None, None);
+        r.record(0, 512);
+        r.finished.store(true, Ordering::Relaxed);
+        r.record(4096, 512);
+        assert_eq!(
+            r.state.lock().unwrap().reads,
+            vec![TraceRead { offset: 0, length: 512 }]
+        );
+    }
+}
