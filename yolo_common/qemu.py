@@ -20,12 +20,17 @@ class BootTimeout(Exception):
 
 
 class Guest:
-    """One QEMU process booting ``disk``; its serial console is watched for ``ready_marker``."""
+    """One QEMU process booting ``disk``; its serial console is watched for ``ready_marker``.
+
+    ``preexec_fn`` runs in the child before QEMU starts (to join a cgroup, say).
+    """
 
     def __init__(self, disk, *, disk_format='qcow2', cache='none',
                  memory_mib=512, cpus=1, accel='tcg',
-                 ready_marker=READY_MARKER, console_log=None, extra_args=()):
+                 ready_marker=READY_MARKER, console_log=None, extra_args=(),
+                 preexec_fn=None):
         self.disk = str(disk)
+        self.preexec_fn = preexec_fn
         self.ready_marker = ready_marker
         self.console_log = console_log
         self.command = [
@@ -48,7 +53,8 @@ class Guest:
         self.started = time.monotonic()
         self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT)
+                                        stderr=subprocess.STDOUT,
+                                        preexec_fn=self.preexec_fn)
         self._reader = threading.Thread(target=self._read_console, daemon=True)
         self._reader.start()
         return self

@@ -99,11 +99,13 @@ class Mount:
     """A ``yolofs mount`` run as a child process; a context manager.
 
     Extra command-line options are given as keyword arguments (``learn=True`` becomes
-    ``--learn``, ``record_idle_secs=5`` becomes ``--record-idle-secs 5``).
+    ``--learn``, ``record_idle_secs=5`` becomes ``--record-idle-secs 5``). ``preexec_fn`` runs
+    in the child before yolofs starts (to join a cgroup, say).
     """
 
     def __init__(self, source, mountpoint, boot_images, control_socket,
-                 log_path=None, **options):
+                 log_path=None, preexec_fn=None, **options):
+        self.preexec_fn = preexec_fn
         self.source = pathlib.Path(source)
         self.mountpoint = pathlib.Path(mountpoint)
         self.boot_images = pathlib.Path(boot_images)
@@ -130,7 +132,8 @@ class Mount:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, 'ab') if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(self.command(), stdout=log,
-                                        stderr=subprocess.STDOUT)
+                                        stderr=subprocess.STDOUT,
+                                        preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -120,6 +120,8 @@ pub enum StoreError {
     WrongSize { name: String, expected: u64, actual: u64 },
     #[error("I/O error on {name}: {source}")]
     Io { name: String, source: std::io::Error },
+    #[error("boot image for {name} was refused earlier: {reason}")]
+    Refused { name: String, reason: String },
 }
 
 /// Settings of the store.
@@ -224,12 +226,9 @@ impl BootImageStore {
             if let Some(rejection) = state.rejected.get(name) {
                 let same_file = boot_image_file_key(&path).ok() == Some(rejection.file_key);
                 if same_file && rejection.source == source_key {
-                    return Err(StoreError::Invalid {
+                    return Err(StoreError::Refused {
                         name: name.into(),
-                        source: FormatError::InvalidField {
-                            field: "(remembered)",
-                            value: rejection.reason.clone(),
-                        },
+                        reason: rejection.reason.clone(),
                     });
                 }
             }

@@ -1,0 +1,115 @@
+"""Benchmark results: one CSV row per run, summaries per point, the summary table."""
+
+import csv
+import dataclasses
+import statistics
+
+from yolo_bench.plan import Point
+
+FIELDS = ('storage', 'scenario', 'size', 'images', 'policy', 'repetition',
+          'boot_ms', 'boot_ms_each', 'guest_cpu_s')
+
+
+@dataclasses.dataclass
+class Result:
+    point: Point
+    repetition: int
+    boot_ms: int                 # the longest boot of the run, as the thesis reports
+    boot_ms_each: tuple = ()     # every boot of the run
+    guest_cpu_s: float = 0.0     # QEMU CPU time up to ready, the longest boot's
+
+    def row(self):
+        p = self.point
+        return {'storage': p.storage, 'scenario': p.scenario, 'size': p.size,
+                'images': p.images, 'policy': p.policy, 'repetition': self.repetition,
+                'boot_ms': self.boot_ms,
+                'boot_ms_each': ' '.join(str(ms) for ms in self.boot_ms_each),
+                'guest_cpu_s': '%.2f' % self.guest_cpu_s}
+
+
+def write_csv(path, results):
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for result in results:
+            writer.writerow(result.row())
+
+
+def append_csv(path, result):
+    """Appends one result, writing the header first if the file is new or empty."""
+    new = not path.exists() or path.stat().st_size == 0
+    with open(path, 'a', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow(result.row())
+
+
+def read_csv(path):
+    results = []
+    with open(path, newline='') as f:
+        for row in csv.DictReader(f):
+            if set(row) != set(FIELDS):
+                raise ValueError('%s: expected columns %s, found %s' % (
+                    path, ', '.join(FIELDS), ', '.join(row)))
+            point = Point(row['storage'], row['scenario'], int(row['size']), row['images'],
+                          row['policy'])
+            each = tuple(int(ms) for ms in row['boot_ms_each'].split())
+            results.append(Result(point, int(row['repetition']), int(row['boot_ms']), each,
+                                  float(row['guest_cpu_s'])))
+    return results
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    point: Point
+    runs: int
+    median_ms: float
+    min_ms: int
+    max_ms: int
+
+
+def summarise(results):
+    """Median, min and max of the longest boot per point, in first-seen point order."""
+    by_point = {}
+    for result in results:
+        by_point.setdefault(result.point, []).append(result.boot_ms)
+    return [Summary(point, len(times), statistics.median(times), min(times), max(times))
+            for point, times in by_point.items()]
+
+
+def ratio(summaries, point, policy, other):
+    """median(other policy) / median(policy) at the same point: how many times faster."""
+    medians = {s.point: s.median_ms for s in summaries}
+    a = medians.get(dataclasses.replace(point, policy=policy))
+    b = medians.get(dataclasses.replace(point, policy=other))
+    return b / a if a and b else None
+
+
+def table(summaries):
+    """A Markdown table: one row per (storage, scenario, size, images), one column per policy."""
+    policies = list(dict.fromkeys(s.point.policy for s in summaries))
+    rows = {}
+    for s in summaries:
+        key = (s.point.storage, s.point.scenario, s.point.size, s.point.images)
+        rows.setdefault(key, {})[s.point.policy] = s
+    head = ['storage', 'scenario', 'size', 'images'] + \
+        ['%s s (min-max)' % p for p in policies]
+    if 'normal' in policies:
+        head += ['normal / %s' % p for p in policies if p != 'normal']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * 4 + '---:|' * (len(head) - 4)]
+    for key, by_policy in rows.items():
+        cells = [str(k) for k in key]
+        for p in policies:
+            s = by_policy.get(p)
+            cells.append('%.1f (%.1f-%.1f)' % (s.median_ms / 1000, s.min_ms / 1000,
+                                               s.max_ms / 1000) if s else '-')
+        if 'normal' in policies:
+            normal = by_policy.get('normal')
+            for p in policies:
+                if p == 'normal':
+                    continue
+                s = by_policy.get(p)
+                cells.append('%.2f' % (normal.median_ms / s.median_ms) if normal and s else '-')
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)

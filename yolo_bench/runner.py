@@ -1,0 +1,200 @@
+"""Running the planned boots for real.
+
+Per storage, once: the test image is converted to raw as Nova does into ``_base`` on that storage
+(one copy per distinct image needed), a boot image is learned from one boot (on the machine's
+own disk, not timed) and built for every copy from the same trace, and a yolofs mount of ``_base``
+is started inside the storage's cgroup (its reads of the base files share the disk with everyone).
+Boot images live on the machine's own disk, the "fast local storage" of the design.
+
+Per run: the page cache is dropped (cold, as the thesis measured), the policy's preparation is
+done (warm: the base files read into page cache; yolo: boot images reloaded from the store and
+locked; yolo+pin: QEMU's files pinned), stressors or memory pressure are started, then all the
+run's guests are started at once, each with a fresh qcow2 overlay on the storage, and the time to
+the guest's "sshd started" marker is taken for each. QEMU uses cache=writethrough, the thesis'
+cache mode, so the page cache is on the read path as it was there.
+"""
+
+import contextlib
+import pathlib
+import shutil
+import subprocess
+import time
+import uuid
+
+from yolo_bench import storage as storage_mod
+from yolo_bench.results import Result
+from yolo_common import images
+from yolo_common import qemu
+from yolo_common import yolofs
+
+BOOT_TIMEOUT = 1800
+CACHE_MODE = 'writethrough'
+GUEST_MEMORY_MIB = 512
+
+
+def log(message):
+    print('==> %s %s' % (time.strftime('%H:%M:%S'), message), flush=True)
+
+
+class StorageSession:
+    """Everything one storage needs for its runs: base files, boot images, the yolofs mount."""
+
+    def __init__(self, disk, work, test_image, image_count, learned):
+        self.disk = disk
+        self.work = pathlib.Path(work)
+        self.test_image = test_image
+        self.image_count = image_count
+        self.learned = learned           # (trace path) of a boot learned on the local disk
+        self.base_dir = disk.root / '_base'
+        self.disk_dir = disk.root / 'instances'
+        self.store = self.work / ('store-' + disk.name)
+        self.bases = []
+        self.mount = None
+
+    def __enter__(self):
+        self.disk.setup()
+        for path in (self.base_dir, self.disk_dir, self.store):
+            path.mkdir(parents=True, exist_ok=True)
+        first = self.base_dir / images.base_file_name(str(uuid.uuid4()))
+        log('%s: converting the test image to raw in %s' % (self.disk.name, self.base_dir))
+        images.convert_to_raw(self.test_image, first)
+        self.bases = [first]
+        for _ in range(1, self.image_count):
+            copy = self.base_dir / images.base_file_name(str(uuid.uuid4()))
+            subprocess.run(['cp', '--sparse=always', str(first), str(copy)], check=True)
+            self.bases.append(copy)
+        for base in self.bases:
+            # Same bytes, same boot: one trace serves every copy; --mark records the verification.
+            yolofs.run('build', '--trace', self.learned, '--source', base,
+                       '--output', self.store / (base.name + '.yolo'), '--mark')
+        self.mount = yolofs.Mount(
+            source=self.base_dir, mountpoint=self.work / ('mnt-' + self.disk.name),
+            boot_images=self.store, control_socket=self.work / ('ctl-%s.sock' % self.disk.name),
+            log_path=self.work / ('yolofs-%s.log' % self.disk.name),
+            preexec_fn=self.disk.join_cgroup, mlock=True, no_kernel_passthrough=True,
+            memory_budget_mib=4096).start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.mount:
+            self.mount.stop()
+        self.disk.teardown()
+
+    def backing_for(self, base, policy):
+        return self.mount.mountpoint / base.name if policy.startswith('yolo') else base
+
+    def prepare(self, point):
+        """Puts caches and boot images in the state the policy starts from."""
+        qemu.drop_caches()
+        bases = self.bases[:point.distinct_images]
+        if point.policy == 'warm':
+            for base in bases:
+                subprocess.run(['cat', str(base)], stdout=subprocess.DEVNULL, check=True)
+        if point.policy.startswith('yolo'):
+            for base in bases:
+                self.mount.client.evict(base.name)
+                self.mount.client.preload(base.name)
+
+
+@contextlib.contextmanager
+def pinned_qemu(enabled):
+    """`yolofs pin` holding QEMU's files in page cache for the duration (yolo+pin)."""
+    if not enabled:
+        yield
+        return
+    proc = subprocess.Popen([yolofs.binary(), 'pin'], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith('pinned'):
+                break
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextlib.contextmanager
+def io_stressors(disk, count, work):
+    """``count`` fio processes doing random reads and writes on their own files on the disk."""
+    procs = []
+    try:
+        for i in range(count):
+            target = disk.root / ('stress%d.dat' % i)
+            procs.append(subprocess.Popen(
+                ['fio', '--name=stress%d' % i, '--filename=%s' % target, '--size=1G',
+                 '--rw=randrw', '--rwmixread=50', '--bs=64k', '--ioengine=libaio',
+                 '--iodepth=4', '--direct=1', '--time_based', '--runtime=86400'],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=disk.join_cgroup))
+        if count:
+            time.sleep(3)  # let them lay out their files and reach steady state
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+
+
+def run_boots(session, point, console_dir):
+    """Boots ``point.boots`` guests at once; returns their boot times (ms) and CPU seconds."""
+    overlays, guests = [], []
+    try:
+        for i in range(point.boots):
+            base = session.bases[i % point.distinct_images]
+            overlay = session.disk_dir / ('vm%d.qcow2' % i)
+            images.create_overlay(session.backing_for(base, point.policy), overlay)
+            overlays.append(overlay)
+        for i, overlay in enumerate(overlays):
+            guests.append(qemu.Guest(
+                overlay, cache=CACHE_MODE, memory_mib=GUEST_MEMORY_MIB,
+                console_log=console_dir / ('vm%d.log' % i),
+                preexec_fn=session.disk.join_cgroup).start())
+        times, cpu = [], []
+        for guest in guests:
+            times.append(round(guest.wait_ready(BOOT_TIMEOUT) * 1000))
+            cpu.append(guest.cpu_seconds())
+        return times, cpu
+    finally:
+        for guest in guests:
+            guest.stop()
+        for overlay in overlays:
+            overlay.unlink(missing_ok=True)
+
+
+def measure(session, run, console_dir):
+    point = run.point
+    session.prepare(point)
+    with pinned_qemu(point.policy == 'yolo+pin'), \
+            io_stressors(session.disk, point.size if point.scenario == 'contention' else 0,
+                         session.work):
+        times, cpu = run_boots(session, point, console_dir)
+    longest = max(range(len(times)), key=times.__getitem__)
+    return Result(point, run.repetition, times[longest], tuple(times), cpu[longest])
+
+
+def learn_boot_image(test_image, work):
+    """Learns the test image's boot trace from one boot on the machine's own disk."""
+    base_dir = work / 'learn' / '_base'
+    base_dir.mkdir(parents=True)
+    base = base_dir / images.base_file_name(str(uuid.uuid4()))
+    images.convert_to_raw(test_image, base)
+    store = work / 'learn' / 'store'
+    with yolofs.Mount(source=base_dir, mountpoint=work / 'learn' / 'mnt', boot_images=store,
+                      control_socket=work / 'learn' / 'ctl.sock',
+                      log_path=work / 'learn' / 'yolofs.log', learn=True,
+                      record_idle_secs=600) as mount:
+        overlay = work / 'learn' / 'learn.qcow2'
+        images.create_overlay(mount.mountpoint / base.name, overlay)
+        qemu.boot(overlay, timeout=BOOT_TIMEOUT, cache=CACHE_MODE)
+        mount.client.record_stop(base.name)
+    trace = work / 'boot.trace'
+    shutil.copy(store / (base.name + '.trace'), trace)
+    shutil.rmtree(work / 'learn')
+    return trace
+
+
+def make_disk(name, work):
+    if name == 'local':
+        return storage_mod.LocalDisk(work / 'local')
+    return storage_mod.ThrottledDisk(work / 'hdd')
