@@ -13,7 +13,7 @@ use std::thread;
 use std::time::Instant;
 
 use log::{debug, warn};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::fs::MirrorFs;
@@ -22,8 +22,8 @@ use crate::recorder::Recorder;
 use crate::stats::StatsRegistry;
 use crate::store::BootImageStore;
 
-/// Every request the control socket understands.
-#[derive(Debug, Deserialize, PartialEq)]
+/// Every request the control socket understands (also the subcommands of `yolofs ctl`).
+#[derive(Debug, Deserialize, Serialize, PartialEq, clap::Subcommand)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// Mount, memory and recording state.
@@ -191,6 +191,24 @@ mod tests {
         );
         assert!(parse(r#"{"op":"format_disk"}"#).is_err());
         assert!(parse(r#"{"op":"evict"}"#).is_err());
+    }
+
+    #[test]
+    fn requests_serialise_to_what_they_parse_from() {
+        for request in [
+            Request::Status,
+            Request::Stats {
+                file: Some("abc".into()),
+            },
+            Request::RecordStop { file: "x".into() },
+        ] {
+            let line = serde_json::to_string(&request).unwrap();
+            assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), request);
+        }
+        assert_eq!(
+            serde_json::to_string(&Request::HostLoad).unwrap(),
+            r#"{"op":"host_load"}"#
+        );
     }
 
     #[test]

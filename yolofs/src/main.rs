@@ -72,7 +72,7 @@ enum Command {
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
         #[command(subcommand)]
-        request: CtlRequest,
+        request: control::Request,
     },
     /// Lock QEMU's binary, libraries and firmware (or the named binaries') in page cache until killed.
     Pin {
@@ -81,16 +81,6 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
-}
-
-#[derive(Subcommand)]
-enum CtlRequest {
-    Status,
-    Stats { file: Option<String> },
-    Preload { file: String },
-    Evict { file: String },
-    HostLoad,
-    RecordStop { file: String },
 }
 
 #[derive(clap::Args)]
@@ -353,15 +343,8 @@ fn verify(path: &Path, source_path: &Path, mark: bool, as_json: bool) -> Result<
     Ok(())
 }
 
-fn ctl(socket: &Path, request: CtlRequest) -> Result<()> {
-    let request = match request {
-        CtlRequest::Status => json!({ "op": "status" }),
-        CtlRequest::Stats { file } => json!({ "op": "stats", "file": file }),
-        CtlRequest::Preload { file } => json!({ "op": "preload", "file": file }),
-        CtlRequest::Evict { file } => json!({ "op": "evict", "file": file }),
-        CtlRequest::HostLoad => json!({ "op": "host_load" }),
-        CtlRequest::RecordStop { file } => json!({ "op": "record_stop", "file": file }),
-    };
+fn ctl(socket: &Path, request: control::Request) -> Result<()> {
+    let request = serde_json::to_value(&request)?;
     let answer = control::call(socket, &request).with_context(|| format!("talking to {}", socket.display()))?;
     println!("{}", serde_json::to_string_pretty(&answer)?);
     if answer["ok"] != json!(true) {
