@@ -44,7 +44,7 @@ class LocalDisk:
         """preexec_fn for processes doing this disk's I/O (nothing to join here)."""
 
     def describe(self):
-        return 'the machine\'s own disk (%s)' % _device_of(self.root)
+        return 'the machine\'s own disk, unthrottled (%s)' % self.root
 
 
 class ThrottledDisk:
@@ -124,8 +124,3 @@ def _major_minor(device):
 
 def _is_mountpoint(path):
     return pathlib.Path(path).is_dir() and os.path.ismount(path)
-
-
-def _device_of(path):
-    dev = os.stat(path).st_dev
-    return '%d:%d' % (os.major(dev), os.minor(dev))
