@@ -74,8 +74,10 @@ def command_run(args):
         storage_runs = [r for r in runs if r.point.storage == storage]
         disk = runner.make_disk(storage, work)
         runner.log('storage %s: %s' % (storage, disk.describe()))
+        stressors = max((r.point.size for r in storage_runs
+                         if r.point.scenario == 'contention'), default=0)
         with runner.StorageSession(disk, work, test_image, plan_mod.images_needed(storage_runs),
-                                   trace) as session:
+                                   trace, stressors) as session:
             for i, run in enumerate(storage_runs):
                 console_dir = work / 'consoles' / ('%s-%d' % (storage, i))
                 console_dir.mkdir(parents=True)

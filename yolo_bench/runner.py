@@ -39,7 +39,7 @@ def log(message):
 class StorageSession:
     """Everything one storage needs for its runs: base files, boot images, the yolofs mount."""
 
-    def __init__(self, disk, work, test_image, image_count, learned):
+    def __init__(self, disk, work, test_image, image_count, learned, stressors=0):
         self.disk = disk
         self.work = pathlib.Path(work)
         self.test_image = test_image
@@ -50,6 +50,7 @@ class StorageSession:
         self.store = self.work / ('store-' + disk.name)
         self.bases = []
         self.mount = None
+        self.stressors = stressors
 
     def __enter__(self):
         self.disk.setup()
@@ -63,6 +64,9 @@ class StorageSession:
             copy = self.base_dir / images.base_file_name(str(uuid.uuid4()))
             subprocess.run(['cp', '--sparse=always', str(first), str(copy)], check=True)
             self.bases.append(copy)
+        for i in range(self.stressors):
+            # Written now, outside the throttled cgroup, so no run pays for laying them out.
+            _write_random(stressor_file(self.disk, i), STRESSOR_FILE_MIB)
         for base in self.bases:
             # Same bytes, same boot: one trace serves every copy; --mark records the verification.
             yolofs.run('build', '--trace', self.learned, '--source', base,
@@ -113,21 +117,33 @@ def pinned_qemu(enabled):
         proc.wait(30)
 
 
+STRESSOR_FILE_MIB = 512
+
+
+def stressor_file(disk, i):
+    return disk.root / ('stress%d.dat' % i)
+
+
+def _write_random(path, mib):
+    with open(path, 'wb') as f:
+        subprocess.run(['head', '-c', str(mib << 20), '/dev/urandom'], stdout=f, check=True)
+
+
 @contextlib.contextmanager
-def io_stressors(disk, count, work):
+def io_stressors(disk, count):
     """``count`` fio processes doing random reads and writes on their own files on the disk."""
     procs = []
     try:
         for i in range(count):
-            target = disk.root / ('stress%d.dat' % i)
             procs.append(subprocess.Popen(
-                ['fio', '--name=stress%d' % i, '--filename=%s' % target, '--size=1G',
+                ['fio', '--name=stress%d' % i, '--filename=%s' % stressor_file(disk, i),
+                 '--size=%dM' % STRESSOR_FILE_MIB,
                  '--rw=randrw', '--rwmixread=50', '--bs=64k', '--ioengine=libaio',
                  '--iodepth=4', '--direct=1', '--time_based', '--runtime=86400'],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 preexec_fn=disk.join_cgroup))
         if count:
-            time.sleep(3)  # let them lay out their files and reach steady state
+            time.sleep(3)  # let them reach a steady state
         yield
     finally:
         for proc in procs:
@@ -166,8 +182,7 @@ def measure(session, run, console_dir):
     point = run.point
     session.prepare(point)
     with pinned_qemu(point.policy == 'yolo+pin'), \
-            io_stressors(session.disk, point.size if point.scenario == 'contention' else 0,
-                         session.work):
+            io_stressors(session.disk, point.size if point.scenario == 'contention' else 0):
         times, cpu = run_boots(session, point, console_dir)
     longest = max(range(len(times)), key=times.__getitem__)
     return Result(point, run.repetition, times[longest], tuple(times), cpu[longest])
