@@ -77,7 +77,8 @@ def command_run(args):
         stressors = max((r.point.size for r in storage_runs
                          if r.point.scenario == 'contention'), default=0)
         with runner.StorageSession(disk, work, test_image, plan_mod.images_needed(storage_runs),
-                                   trace, stressors) as session:
+                                   trace, stressors,
+                                   memory_pressure=args.scenario == 'memory') as session:
             for i, run in enumerate(storage_runs):
                 console_dir = work / 'consoles' / ('%s-%d' % (storage, i))
                 console_dir.mkdir(parents=True)
@@ -95,6 +96,8 @@ def command_report(args):
     measured = [r for path in args.csv for r in results_mod.read_csv(path)]
     summaries = results_mod.summarise(measured)
     print(results_mod.table(summaries))
+    print()
+    print(results_mod.profile_table(summaries))
     if args.plots:
         from yolo_bench import plots
         for path in plots.plot(summaries, args.plots):

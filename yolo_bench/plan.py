@@ -69,6 +69,8 @@ def plan(storages, scenario, sizes, policies, repetitions, images=('same',)):
     for storage in storages:
         for repetition in range(repetitions):
             for size, kind in itertools.product(sizes, images):
+                if kind == 'distinct' and size == 1 and 'same' in images:
+                    continue  # one VM: distinct images is the same configuration as same
                 for policy in policies:
                     runs.append(Run(Point(storage, scenario, size, kind, policy), repetition))
     return runs

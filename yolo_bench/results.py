@@ -7,7 +7,9 @@ import statistics
 from yolo_bench.plan import Point
 
 FIELDS = ('storage', 'scenario', 'size', 'images', 'policy', 'repetition',
-          'boot_ms', 'boot_ms_each', 'guest_cpu_s')
+          'boot_ms', 'boot_ms_each', 'guest_cpu_s', 'vcpu_run_s', 'vcpu_runqueue_s')
+# Columns added later; older files without them read as zero.
+OPTIONAL_FIELDS = ('vcpu_run_s', 'vcpu_runqueue_s')
 
 
 @dataclasses.dataclass
@@ -17,6 +19,13 @@ class Result:
     boot_ms: int                 # the longest boot of the run, as the thesis reports
     boot_ms_each: tuple = ()     # every boot of the run
     guest_cpu_s: float = 0.0     # QEMU CPU time up to ready, the longest boot's
+    vcpu_run_s: float = 0.0      # its vCPU thread: time running ...
+    vcpu_runqueue_s: float = 0.0  # ... and time runnable, waiting for a CPU
+
+    @property
+    def blocked_s(self):
+        """Boot time the vCPU was neither running nor waiting for a CPU: blocked, mostly on I/O."""
+        return max(0.0, self.boot_ms / 1000 - self.vcpu_run_s - self.vcpu_runqueue_s)
 
     def row(self):
         p = self.point
@@ -24,7 +33,9 @@ class Result:
                 'images': p.images, 'policy': p.policy, 'repetition': self.repetition,
                 'boot_ms': self.boot_ms,
                 'boot_ms_each': ' '.join(str(ms) for ms in self.boot_ms_each),
-                'guest_cpu_s': '%.2f' % self.guest_cpu_s}
+                'guest_cpu_s': '%.2f' % self.guest_cpu_s,
+                'vcpu_run_s': '%.2f' % self.vcpu_run_s,
+                'vcpu_runqueue_s': '%.2f' % self.vcpu_runqueue_s}
 
 
 def write_csv(path, results):
@@ -49,14 +60,15 @@ def read_csv(path):
     results = []
     with open(path, newline='') as f:
         for row in csv.DictReader(f):
-            if set(row) != set(FIELDS):
+            if not set(FIELDS) - set(OPTIONAL_FIELDS) <= set(row) <= set(FIELDS):
                 raise ValueError('%s: expected columns %s, found %s' % (
                     path, ', '.join(FIELDS), ', '.join(row)))
             point = Point(row['storage'], row['scenario'], int(row['size']), row['images'],
                           row['policy'])
             each = tuple(int(ms) for ms in row['boot_ms_each'].split())
             results.append(Result(point, int(row['repetition']), int(row['boot_ms']), each,
-                                  float(row['guest_cpu_s'])))
+                                  float(row['guest_cpu_s']),
+                                  *(float(row.get(name) or 0) for name in OPTIONAL_FIELDS)))
     return results
 
 
@@ -67,15 +79,39 @@ class Summary:
     median_ms: float
     min_ms: int
     max_ms: int
+    # Medians of the longest boot's profile: vCPU running, waiting for a CPU, blocked.
+    run_s: float = 0.0
+    runqueue_s: float = 0.0
+    blocked_s: float = 0.0
 
 
 def summarise(results):
     """Median, min and max of the longest boot per point, in first-seen point order."""
     by_point = {}
     for result in results:
-        by_point.setdefault(result.point, []).append(result.boot_ms)
-    return [Summary(point, len(times), statistics.median(times), min(times), max(times))
-            for point, times in by_point.items()]
+        by_point.setdefault(result.point, []).append(result)
+    summaries = []
+    for point, runs in by_point.items():
+        times = [r.boot_ms for r in runs]
+        summaries.append(Summary(
+            point, len(runs), statistics.median(times), min(times), max(times),
+            statistics.median(r.vcpu_run_s for r in runs),
+            statistics.median(r.vcpu_runqueue_s for r in runs),
+            statistics.median(r.blocked_s for r in runs)))
+    return summaries
+
+
+def profile_table(summaries):
+    """Where the longest boot's time went, per point (medians, seconds)."""
+    lines = ['| storage | scenario | size | images | policy | boot | vCPU running | '
+             'waiting for a CPU | blocked (I/O, timers) |',
+             '|---|---|---|---|---|---:|---:|---:|---:|']
+    for s in summaries:
+        p = s.point
+        lines.append('| %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %.1f |' % (
+            p.storage, p.scenario, p.size, p.images, p.policy, s.median_ms / 1000, s.run_s,
+            s.runqueue_s, s.blocked_s))
+    return '\n'.join(lines)
 
 
 def ratio(summaries, point, policy, other):

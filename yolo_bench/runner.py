@@ -8,8 +8,9 @@ Boot images live on the machine's own disk, the "fast local storage" of the desi
 
 Per run: the page cache is dropped (cold, as the thesis measured), the policy's preparation is
 done (warm: the base files read into page cache; yolo: boot images reloaded from the store and
-locked; yolo+pin: QEMU's files pinned), stressors or memory pressure are started, then all the
-run's guests are started at once, each with a fresh qcow2 overlay on the storage, and the time to
+locked; yolo-unlocked: the same through a second mount that does not lock them; yolo+pin: QEMU's
+files pinned), stressors or memory pressure are started, then all the run's guests are started at
+once, each with a fresh qcow2 overlay on the storage, and the time to
 the guest's "sshd started" marker is taken for each. QEMU uses cache=writethrough, the thesis'
 cache mode, so the page cache is on the read path as it was there.
 """
@@ -18,6 +19,7 @@ import contextlib
 import pathlib
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 
@@ -39,7 +41,8 @@ def log(message):
 class StorageSession:
     """Everything one storage needs for its runs: base files, boot images, the yolofs mount."""
 
-    def __init__(self, disk, work, test_image, image_count, learned, stressors=0):
+    def __init__(self, disk, work, test_image, image_count, learned, stressors=0,
+                 memory_pressure=False):
         self.disk = disk
         self.work = pathlib.Path(work)
         self.test_image = test_image
@@ -50,7 +53,9 @@ class StorageSession:
         self.store = self.work / ('store-' + disk.name)
         self.bases = []
         self.mount = None
+        self.unlocked_mount = None
         self.stressors = stressors
+        self.swap = self.work / 'swapfile' if memory_pressure else None
 
     def __enter__(self):
         self.disk.setup()
@@ -71,21 +76,41 @@ class StorageSession:
             # Same bytes, same boot: one trace serves every copy; --mark records the verification.
             yolofs.run('build', '--trace', self.learned, '--source', base,
                        '--output', self.store / (base.name + '.yolo'), '--mark')
-        self.mount = yolofs.Mount(
-            source=self.base_dir, mountpoint=self.work / ('mnt-' + self.disk.name),
-            boot_images=self.store, control_socket=self.work / ('ctl-%s.sock' % self.disk.name),
-            log_path=self.work / ('yolofs-%s.log' % self.disk.name),
-            preexec_fn=self.disk.join_cgroup, mlock=True, no_kernel_passthrough=True,
-            memory_budget_mib=4096).start()
+        self.mount = self._mount('', mlock=True)
+        if self.swap:
+            # Without swap, anonymous memory is never reclaimed and locking changes nothing.
+            _run('fallocate', '-l', '%dG' % SWAP_GIB, str(self.swap))
+            self.swap.chmod(0o600)
+            _run('mkswap', str(self.swap))
+            _run('swapon', str(self.swap))
+            self.unlocked_mount = self._mount('-unlocked', mlock=False)
         return self
 
+    def _mount(self, suffix, mlock):
+        name = self.disk.name + suffix
+        return yolofs.Mount(
+            source=self.base_dir, mountpoint=self.work / ('mnt-' + name),
+            boot_images=self.store, control_socket=self.work / ('ctl-%s.sock' % name),
+            log_path=self.work / ('yolofs-%s.log' % name),
+            preexec_fn=self.disk.join_cgroup, mlock=mlock, no_kernel_passthrough=True,
+            memory_budget_mib=4096).start()
+
     def __exit__(self, *exc):
-        if self.mount:
-            self.mount.stop()
+        for mount in (self.mount, self.unlocked_mount):
+            if mount:
+                mount.stop()
+        if self.swap and self.swap.exists():
+            subprocess.run(['swapoff', str(self.swap)], capture_output=True)
+            self.swap.unlink()
         self.disk.teardown()
 
+    def mount_for(self, policy):
+        return self.unlocked_mount if policy == 'yolo-unlocked' else self.mount
+
     def backing_for(self, base, policy):
-        return self.mount.mountpoint / base.name if policy.startswith('yolo') else base
+        if policy.startswith('yolo'):
+            return self.mount_for(policy).mountpoint / base.name
+        return base
 
     def prepare(self, point):
         """Puts caches and boot images in the state the policy starts from."""
@@ -95,9 +120,10 @@ class StorageSession:
             for base in bases:
                 subprocess.run(['cat', str(base)], stdout=subprocess.DEVNULL, check=True)
         if point.policy.startswith('yolo'):
+            client = self.mount_for(point.policy).client
             for base in bases:
-                self.mount.client.evict(base.name)
-                self.mount.client.preload(base.name)
+                client.evict(base.name)
+                client.preload(base.name)
 
 
 @contextlib.contextmanager
@@ -118,6 +144,49 @@ def pinned_qemu(enabled):
 
 
 STRESSOR_FILE_MIB = 512
+SWAP_GIB = 4
+
+# Takes MiB of memory given as argument, writing every page, says "ready", then holds it.
+MEMORY_HOG = """
+import mmap, sys
+size = int(sys.argv[1]) << 20
+chunk = b'\\1' * (64 << 20)
+memory = mmap.mmap(-1, size)
+for _ in range(size // len(chunk)):
+    memory.write(chunk)
+print('ready', flush=True)
+sys.stdin.read()
+"""
+
+
+def _run(*cmd):
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def _mem_available_mib():
+    with open('/proc/meminfo') as f:
+        for line in f:
+            if line.startswith('MemAvailable:'):
+                return int(line.split()[1]) // 1024
+    raise RuntimeError('no MemAvailable in /proc/meminfo')
+
+
+@contextlib.contextmanager
+def memory_pressure(free_mib):
+    """A process holding all available memory but ``free_mib`` MiB (None: no pressure)."""
+    if free_mib is None:
+        yield
+        return
+    hog_mib = max(0, _mem_available_mib() - free_mib)
+    proc = subprocess.Popen([sys.executable, '-c', MEMORY_HOG, str(hog_mib)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if proc.stdout.readline().strip() != 'ready':
+            raise RuntimeError('the memory hog did not start (exit %s)' % proc.poll())
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def stressor_file(disk, i):
@@ -153,7 +222,8 @@ def io_stressors(disk, count):
 
 
 def run_boots(session, point, console_dir):
-    """Boots ``point.boots`` guests at once; returns their boot times (ms) and CPU seconds."""
+    """Boots ``point.boots`` guests at once; returns their boot times (ms) and, per guest, QEMU's
+    CPU seconds and its vCPU's running and run-queue seconds at ready."""
     overlays, guests = [], []
     try:
         for i in range(point.boots):
@@ -166,11 +236,8 @@ def run_boots(session, point, console_dir):
                 overlay, cache=CACHE_MODE, memory_mib=GUEST_MEMORY_MIB,
                 console_log=console_dir / ('vm%d.log' % i),
                 preexec_fn=session.disk.join_cgroup).start())
-        times, cpu = [], []
-        for guest in guests:
-            times.append(round(guest.wait_ready(BOOT_TIMEOUT) * 1000))
-            cpu.append(guest.cpu_seconds())
-        return times, cpu
+        times = [round(guest.wait_ready(BOOT_TIMEOUT) * 1000) for guest in guests]
+        return times, [(guest.cpu_at_ready, *guest.vcpu_at_ready) for guest in guests]
     finally:
         for guest in guests:
             guest.stop()
@@ -182,10 +249,11 @@ def measure(session, run, console_dir):
     point = run.point
     session.prepare(point)
     with pinned_qemu(point.policy == 'yolo+pin'), \
-            io_stressors(session.disk, point.size if point.scenario == 'contention' else 0):
+            io_stressors(session.disk, point.size if point.scenario == 'contention' else 0), \
+            memory_pressure(point.size if point.scenario == 'memory' else None):
         times, cpu = run_boots(session, point, console_dir)
     longest = max(range(len(times)), key=times.__getitem__)
-    return Result(point, run.repetition, times[longest], tuple(times), cpu[longest])
+    return Result(point, run.repetition, times[longest], tuple(times), *cpu[longest])
 
 
 def learn_boot_image(test_image, work):

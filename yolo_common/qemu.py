@@ -45,6 +45,8 @@ class Guest:
         self.process = None
         self.started = None
         self.ready_at = None
+        self.vcpu_at_ready = None
+        self.cpu_at_ready = None
         self._console = bytearray()
         self._ready = threading.Event()
         self._reader = None
@@ -73,6 +75,8 @@ class Guest:
                 self._console += chunk
                 if not self._ready.is_set() and self.ready_marker in self._console:
                     self.ready_at = time.monotonic()
+                    self.vcpu_at_ready = self.vcpu_times()
+                    self.cpu_at_ready = self.cpu_seconds()
                     self._ready.set()
                 if len(self._console) > 1 << 20:
                     del self._console[:-4096]
@@ -97,11 +101,30 @@ class Guest:
         return self.ready_at - self.started
 
     def cpu_seconds(self):
-        """CPU time QEMU has used so far (user + system), from /proc."""
-        with open('/proc/%d/stat' % self.process.pid) as f:
-            fields = f.read().rsplit(')', 1)[1].split()
+        """CPU time QEMU has used so far (user + system, all threads), from /proc."""
+        try:
+            with open('/proc/%d/stat' % self.process.pid) as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+        except OSError:
+            return 0.0
         ticks = os.sysconf('SC_CLK_TCK')
         return (int(fields[11]) + int(fields[12])) / ticks
+
+    def vcpu_times(self):
+        """(seconds running, seconds waiting for a CPU) of QEMU's busiest thread.
+
+        Under TCG that is the vCPU thread: boot time minus both is the time it was blocked, the
+        guest halted waiting for its disk (or a timer). From /proc/PID/task/TID/schedstat.
+        """
+        busiest = (0, 0)
+        try:
+            for tid in os.listdir('/proc/%d/task' % self.process.pid):
+                with open('/proc/%d/task/%s/schedstat' % (self.process.pid, tid)) as f:
+                    run_ns, wait_ns = map(int, f.read().split()[:2])
+                busiest = max(busiest, (run_ns, wait_ns))
+        except OSError:
+            pass  # QEMU exited, or a thread ended while listed
+        return busiest[0] / 1e9, busiest[1] / 1e9
 
     def console_tail(self, size=800):
         return bytes(self._console[-size:]).decode(errors='replace')

@@ -10,12 +10,14 @@ from yolo_bench.results import Result
 
 def test_runs_interleave_policies_inside_each_repetition():
     runs = plan.plan(['hdd'], 'multi', [1, 4], ['normal', 'yolo'], 2, ['same', 'distinct'])
-    assert len(runs) == 2 * 2 * 2 * 2
-    first = [(r.repetition, r.point.size, r.point.images, r.point.policy) for r in runs[:4]]
+    # One VM of distinct images is one VM of the same image: measured once.
+    assert len(runs) == 3 * 2 * 2
+    first = [(r.repetition, r.point.size, r.point.images, r.point.policy) for r in runs[:6]]
     assert first == [(0, 1, 'same', 'normal'), (0, 1, 'same', 'yolo'),
-                     (0, 1, 'distinct', 'normal'), (0, 1, 'distinct', 'yolo')]
+                     (0, 4, 'same', 'normal'), (0, 4, 'same', 'yolo'),
+                     (0, 4, 'distinct', 'normal'), (0, 4, 'distinct', 'yolo')]
     # Every repetition is complete before the next starts.
-    assert [r.repetition for r in runs] == [0] * 8 + [1] * 8
+    assert [r.repetition for r in runs] == [0] * 6 + [1] * 6
 
 
 def test_storages_are_planned_one_after_the_other():
@@ -57,7 +59,8 @@ def test_memory_scenario_has_its_own_policies():
 
 
 def result(policy, size, ms, rep=0, images='same'):
-    return Result(Point('hdd', 'multi', size, images, policy), rep, ms, (ms, ms - 100), 12.5)
+    return Result(Point('hdd', 'multi', size, images, policy), rep, ms, (ms, ms - 100), 12.5,
+                  ms / 2000, ms / 4000)
 
 
 def test_csv_round_trip(tmp_path):
@@ -67,6 +70,16 @@ def test_csv_round_trip(tmp_path):
     results.append_csv(path, written[1])
     assert results.read_csv(path) == written
     assert path.read_text().count('storage,scenario') == 1
+
+
+def test_csv_without_the_later_columns_reads_them_as_zero(tmp_path):
+    path = tmp_path / 'boot.csv'
+    path.write_text('storage,scenario,size,images,policy,repetition,boot_ms,boot_ms_each,'
+                    'guest_cpu_s\nhdd,multi,1,same,yolo,0,24000,24000,20.5\n')
+    (old,) = results.read_csv(path)
+    assert (old.boot_ms, old.guest_cpu_s, old.vcpu_run_s, old.vcpu_runqueue_s) == \
+        (24000, 20.5, 0.0, 0.0)
+    assert old.blocked_s == 24.0
 
 
 def test_csv_with_other_columns_is_refused(tmp_path):
@@ -87,6 +100,10 @@ def test_summaries_take_median_min_max_of_the_longest_boots():
     assert results.ratio(summaries, yolo.point, 'yolo', 'warm') is None
     table = results.table(summaries)
     assert '| hdd | multi | 4 | same | 60.0 (50.0-70.0) | 12.0 (10.0-30.0) | 5.00 |' in table
+    # Profile of the median run: 60 s = 30 s running + 15 s waiting for a CPU + 15 s blocked.
+    assert (normal.run_s, normal.runqueue_s, normal.blocked_s) == (30.0, 15.0, 15.0)
+    assert '| hdd | multi | 4 | same | normal | 60.0 | 30.0 | 15.0 | 15.0 |' in \
+        results.profile_table(summaries)
 
 
 def test_plots_are_written(tmp_path):

@@ -1,0 +1,73 @@
+"""The boot-time model: the thesis' formula, clamping, boot images, concurrent boots."""
+
+import math
+
+import pytest
+
+from yolo_nova import boot_model
+from yolo_nova.boot_model import BootTimeParameters
+
+PARAMS = BootTimeParameters(alpha=8.0, beta=23.0, alpha_yolo=0.5, cpus=2)
+
+
+def test_idle_host_is_alpha_plus_beta():
+    assert boot_model.predict(PARAMS, 0, 0) == pytest.approx(31.0)
+    assert boot_model.predict(PARAMS, 0, 0, boot_image=True) == pytest.approx(23.5)
+
+
+def test_formula_of_appendix_a():
+    x, y = 0.5, 0.25
+    expected = math.exp(x) * 8.0 / (1 - x) + 23.0 / (1 - y)
+    assert boot_model.predict(PARAMS, x, y) == pytest.approx(expected)
+
+
+def test_io_contention_hurts_a_normal_boot_far_more_than_a_yolo_boot():
+    normal = boot_model.predict(PARAMS, 0.9, 0)
+    yolo = boot_model.predict(PARAMS, 0.9, 0, boot_image=True)
+    assert normal > 3 * yolo
+    # The contention penalty scales with the I/O part: alpha_yolo / alpha of a normal boot's.
+    penalty = normal - boot_model.predict(PARAMS, 0, 0)
+    yolo_penalty = yolo - boot_model.predict(PARAMS, 0, 0, boot_image=True)
+    assert yolo_penalty == pytest.approx(penalty * 0.5 / 8.0)
+
+
+@pytest.mark.parametrize('value,clamped', [
+    (-0.5, 0.0), (0.0, 0.0), (0.5, 0.5), (1.0, 0.99), (7.0, 0.99),
+    (None, 0.0), (float('nan'), 0.0), (float('inf'), 0.0)])
+def test_utilisation_is_clamped(value, clamped):
+    assert boot_model.clamp(value) == clamped
+
+
+def test_saturated_host_gives_a_large_but_finite_prediction():
+    t = boot_model.predict(PARAMS, 1.0, 1.0)
+    assert math.isfinite(t) and t > 100 * 31.0 / 10
+
+
+def test_concurrent_boots_share_the_disk_and_then_the_cpus():
+    one = boot_model.predict(PARAMS, 0, 0)
+    # One other boot: the disk is shared (I/O part doubles); 2 boots fit on 2 CPUs.
+    assert boot_model.predict(PARAMS, 0, 0, concurrent_boots=1) == pytest.approx(2 * 8 + 23)
+    # Three others: 4 boots share the disk and 2 CPUs.
+    assert boot_model.predict(PARAMS, 0, 0, concurrent_boots=3) == pytest.approx(4 * 8 + 2 * 23)
+    assert boot_model.predict(PARAMS, 0, 0, concurrent_boots=-2) == pytest.approx(one)
+    assert boot_model.predict(PARAMS, 0, 0, concurrent_boots=None) == pytest.approx(one)
+
+
+def test_calibration_from_idle_boots():
+    params = boot_model.calibrate(idle_boot_s=31.1, idle_cpu_s=23.2, idle_yolo_boot_s=23.4,
+                                  cpus=2)
+    assert params.beta == pytest.approx(23.2)
+    assert params.alpha == pytest.approx(7.9)
+    assert params.alpha_yolo == pytest.approx(0.2)
+    # A YOLO boot faster than its CPU time (noise) does not give a negative I/O part.
+    assert boot_model.calibrate(30, 23.5, 23.0, 1).alpha_yolo == 0.0
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(alpha=-1.0), dict(beta=float('nan')), dict(alpha_yolo='3'), dict(cpus=0),
+    dict(cpus=1.5)])
+def test_bad_parameters_are_refused(kwargs):
+    values = dict(alpha=1.0, beta=1.0, alpha_yolo=0.0, cpus=1)
+    values.update(kwargs)
+    with pytest.raises(ValueError):
+        BootTimeParameters(**values)

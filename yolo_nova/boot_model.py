@@ -1,0 +1,82 @@
+"""The boot-time model (thesis, appendix A), with a verified boot image and concurrent boots.
+
+    t = e^x * alpha / (1 - x) + beta / (1 - y)
+
+``x`` is the host's I/O utilisation and ``y`` its CPU utilisation (0..1); ``alpha`` and ``beta`` are
+the I/O and CPU parts of a boot on the idle host. Both utilisations are clamped below 1, where the
+model diverges.
+
+A verified boot image on the host serves the boot's reads from memory, so the I/O part of the boot
+is the part the boot image does not cover: it has its own idle value, ``alpha_yolo``, calibrated by
+booting through yolofs with the boot image loaded (on the emulated HDD: a normal idle boot spends
+7.6 s blocked, a YOLO boot about none, see docs/boot-benchmark.md).
+
+Boots already in progress on the host (Nova's ``num_io_ops``) compete for the same disk and CPUs:
+the Xen study shows the longest of n concurrent boots growing linearly with n. The model spreads
+the I/O part over the n + 1 boots sharing the disk, and the CPU part over the host's CPUs once
+there are more boots than CPUs.
+
+This module imports nothing from Nova: the scheduler filter, the weigher and the calibration
+command all use it.
+"""
+
+import dataclasses
+import math
+
+# Utilisations are clamped to [0, MAX_UTILISATION]: the model diverges at 1.
+MAX_UTILISATION = 0.99
+
+
+@dataclasses.dataclass(frozen=True)
+class BootTimeParameters:
+    """The calibrated parameters of one host (seconds) and its CPU count."""
+    alpha: float
+    beta: float
+    alpha_yolo: float
+    cpus: int = 1
+
+    def __post_init__(self):
+        for name in ('alpha', 'beta', 'alpha_yolo'):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError('%s must be a finite number >= 0, not %r' % (name, value))
+        if not (isinstance(self.cpus, int) and self.cpus >= 1):
+            raise ValueError('cpus must be an integer >= 1, not %r' % (self.cpus,))
+
+
+def clamp(utilisation):
+    """A utilisation in [0, MAX_UTILISATION]; anything unusable (None, NaN) counts as 0."""
+    if utilisation is None or not math.isfinite(utilisation):
+        return 0.0
+    return min(max(float(utilisation), 0.0), MAX_UTILISATION)
+
+
+def io_time(alpha, io_utilisation):
+    x = clamp(io_utilisation)
+    return math.exp(x) * alpha / (1 - x)
+
+
+def cpu_time(beta, cpu_utilisation):
+    return beta / (1 - clamp(cpu_utilisation))
+
+
+def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurrent_boots=0):
+    """Predicted boot time (seconds) of one more VM on a host.
+
+    ``boot_image``: a verified boot image of the requested image is on the host.
+    ``concurrent_boots``: boots already in progress there.
+    """
+    others = max(0, int(concurrent_boots or 0))
+    alpha = params.alpha_yolo if boot_image else params.alpha
+    io = io_time(alpha, io_utilisation) * (1 + others)
+    cpu = cpu_time(params.beta, cpu_utilisation) * max(1.0, (1 + others) / params.cpus)
+    return io + cpu
+
+
+def calibrate(idle_boot_s, idle_cpu_s, idle_yolo_boot_s, cpus):
+    """Parameters from idle boots, as the thesis calibrates: beta is the CPU time a boot needs
+    (measured, the guest's vCPU running time), alpha the rest of a normal boot, alpha_yolo the
+    rest of a boot served from its boot image."""
+    beta = max(0.0, idle_cpu_s)
+    return BootTimeParameters(alpha=max(0.0, idle_boot_s - beta), beta=beta,
+                              alpha_yolo=max(0.0, idle_yolo_boot_s - beta), cpus=cpus)
