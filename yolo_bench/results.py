@@ -108,9 +108,11 @@ def profile_table(summaries):
              '|---|---|---|---|---|---:|---:|---:|---:|']
     for s in summaries:
         p = s.point
-        lines.append('| %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %.1f |' % (
-            p.storage, p.scenario, p.size, p.images, p.policy, s.median_ms / 1000, s.run_s,
-            s.runqueue_s, s.blocked_s))
+        # A boot never runs for 0 s: no profile was recorded (files from before it was).
+        profile = ('%.1f | %.1f | %.1f' % (s.run_s, s.runqueue_s, s.blocked_s) if s.run_s
+                   else '- | - | -')
+        lines.append('| %s | %s | %s | %s | %s | %.1f | %s |' % (
+            p.storage, p.scenario, p.size, p.images, p.policy, s.median_ms / 1000, profile))
     return '\n'.join(lines)
 
 

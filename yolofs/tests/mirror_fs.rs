@@ -327,3 +327,45 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     check_random_reads(&fs, opened.fh, &fixture.content, 5);
     assert!(fixture.dir.path().join("images/disk.trace").exists());
 }
+
+#[test]
+fn files_without_a_boot_image_get_a_kernel_served_inode_until_one_arrives() {
+    let fixture = Fixture::new();
+    let (fs, _, stats) = fixture.mirror(None);
+    fs.set_kernel_passthrough(true);
+    let (first_ino, opened) = open_disk(&fs);
+    assert!(opened.kernel_passthrough && !opened.from_boot_image);
+    // Transient downloads are never kernel-served: they change while written.
+    fs::write(fixture.base().join("next.part"), b"downloading").unwrap();
+    let part = fs.lookup(ROOT_INO, "next.part".as_ref()).unwrap();
+    assert!(!fs.open(part.ino, libc::O_RDONLY).unwrap().kernel_passthrough);
+    // A boot image arrives: the next lookup hands out another inode, served by yolofs.
+    fixture.build_boot_image();
+    let (second_ino, reopened) = open_disk(&fs);
+    assert_ne!(first_ino, second_ino);
+    assert!(reopened.from_boot_image && !reopened.kernel_passthrough);
+    // The kernel-served inode still opens as before (running VMs reopen their backing files).
+    let again = fs.open(first_ino, libc::O_RDONLY).unwrap();
+    assert!(again.kernel_passthrough);
+    check_random_reads(&fs, reopened.fh, &fixture.content, 6);
+    assert!(stats.snapshot(Some("disk"))["disk"].bytes_memory > 0);
+    // Passthrough refused by the kernel: the kernel-served inode is then served by yolofs.
+    fs.set_kernel_passthrough(false);
+    assert!(!fs.open(first_ino, libc::O_RDONLY).unwrap().kernel_passthrough);
+}
+
+#[test]
+fn learning_mounts_never_hand_out_kernel_served_inodes() {
+    let fixture = Fixture::new();
+    let store = Arc::new(BootImageStore::new(StoreConfig {
+        dir: fixture.dir.path().join("images"),
+        memory_budget: 64 << 20,
+        lock_in_memory: false,
+    }));
+    let config = RecordConfig { idle: Duration::from_secs(60), max_duration: Duration::from_secs(60), block_size: 4096 };
+    let recorder = Recorder::new(config, store.clone());
+    let fs = MirrorFs::new(&fixture.base(), store, Arc::new(StatsRegistry::default()), Some(recorder)).unwrap();
+    fs.set_kernel_passthrough(true);
+    let (_, opened) = open_disk(&fs);
+    assert!(opened.recording && !opened.kernel_passthrough);
+}
