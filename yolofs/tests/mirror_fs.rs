@@ -362,9 +362,19 @@ fn learning_mounts_never_hand_out_kernel_served_inodes() {
         memory_budget: 64 << 20,
         lock_in_memory: false,
     }));
-    let config = RecordConfig { idle: Duration::from_secs(60), max_duration: Duration::from_secs(60), block_size: 4096 };
+    let config = RecordConfig {
+        idle: Duration::from_secs(60),
+        max_duration: Duration::from_secs(60),
+        block_size: 4096,
+    };
     let recorder = Recorder::new(config, store.clone());
-    let fs = MirrorFs::new(&fixture.base(), store, Arc::new(StatsRegistry::default()), Some(recorder)).unwrap();
+    let fs = MirrorFs::new(
+        &fixture.base(),
+        store,
+        Arc::new(StatsRegistry::default()),
+        Some(recorder),
+    )
+    .unwrap();
     fs.set_kernel_passthrough(true);
     let (_, opened) = open_disk(&fs);
     assert!(opened.recording && !opened.kernel_passthrough);
