@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+
 import subprocess
 import uuid
 
@@ -11,6 +12,12 @@ from yolo_common import images
 from yolo_common import yolofs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# Nova 34 runs on native threads; its test fixtures must not patch eventlet in. Importing
+# nova.tests.unit first (as Nova's own test discovery does) selects that backend before anything
+# else can import eventlet.
+os.environ.setdefault('OS_NOVA_DISABLE_EVENTLET_PATCHING', '1')
+import nova.tests.unit  # noqa: E402,F401,I100
 
 
 @pytest.fixture(scope='session')

@@ -1,0 +1,143 @@
+"""YoloBootFilter and YoloBootTimeWeigher with Nova's scheduler test helpers."""
+
+import time
+
+from nova import objects
+from nova.scheduler import weights
+from nova.tests.unit.scheduler import fakes
+
+from yolo_nova.boot_model import BootTimeParameters
+from yolo_nova import host_stats
+from yolo_nova.scheduler.filters import boot_time_filter
+from yolo_nova.scheduler.weights import boot_time
+
+from tests.unit.nova_base import NoDBTestCase
+
+IMAGE = 'c0ffee00-1111-4222-8333-444455556666'
+PARAMS = BootTimeParameters(alpha=8.0, beta=23.0, alpha_yolo=0.5, cpus=2)
+
+
+def stats(io=0.0, cpu=0.0, boot_images=(), age=0.0, params=PARAMS):
+    return host_stats.HostBootState(io, cpu, params, frozenset(boot_images),
+                                    time.time() - age).to_stats()
+
+
+def host(name, host_stats_=None, num_io_ops=0):
+    return fakes.FakeHostState(name, 'node-' + name,
+                               {'stats': host_stats_ or {}, 'num_io_ops': num_io_ops})
+
+
+def spec(image_id=IMAGE, rebuild=False):
+    hints = {'_nova_check_type': ['rebuild']} if rebuild else {}
+    return objects.RequestSpec(image=objects.ImageMeta.from_dict({'id': image_id}),
+                               scheduler_hints=hints)
+
+
+class TestYoloBootFilter(NoDBTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.filt = boot_time_filter.YoloBootFilter()
+
+    def passing(self, hosts, spec_obj=None):
+        return [h.host for h in self.filt.filter_all(hosts, spec_obj or spec())]
+
+    def test_absolute_limit(self):
+        self.flags(max_predicted_boot_time=40, max_boot_time_ratio=0, group='yolo')
+        hosts = [host('idle', stats()), host('busy', stats(io=0.6))]
+        # idle: 8 + 23 = 31 s; busy: e^0.6 * 8 / 0.4 + 23 = 59.4 s.
+        self.assertEqual(['idle'], self.passing(hosts))
+        self.assertTrue(self.filt.host_passes(hosts[0], spec()))
+        self.assertFalse(self.filt.host_passes(hosts[1], spec()))
+
+    def test_ratio_to_the_best_candidate(self):
+        self.flags(max_boot_time_ratio=1.5, group='yolo')
+        hosts = [host('a', stats(io=0.1)), host('b', stats(io=0.3)), host('c', stats(io=0.7))]
+        self.assertEqual(['a', 'b'], self.passing(hosts))
+
+    def test_hosts_without_data_pass_by_default_and_never_set_the_best(self):
+        self.flags(max_boot_time_ratio=1.2, group='yolo')
+        hosts = [host('unknown'), host('a', stats(io=0.2)), host('b', stats(io=0.5))]
+        self.assertEqual(['unknown', 'a'], self.passing(hosts))
+        self.flags(pass_hosts_without_data=False, group='yolo')
+        self.assertEqual(['a'], self.passing(hosts))
+
+    def test_stale_and_garbled_stats_count_as_no_data(self):
+        self.flags(pass_hosts_without_data=False, group='yolo')
+        garbled = stats()
+        garbled['yolo_alpha'] = 'fast'
+        partial = stats()
+        del partial['yolo_cpus']
+        hosts = [host('stale', stats(age=600)), host('garbled', garbled),
+                 host('partial', partial), host('fresh', stats(age=30))]
+        self.assertEqual(['fresh'], self.passing(hosts))
+
+    def test_saturated_host_is_clamped_not_crashing(self):
+        self.flags(max_predicted_boot_time=1000, max_boot_time_ratio=0, group='yolo')
+        hosts = [host('saturated', stats(io=1.0, cpu=1.0)), host('over', stats(io=3.5))]
+        self.assertEqual([], self.passing(hosts))
+        self.flags(max_predicted_boot_time=0, group='yolo')
+        self.assertEqual(['saturated', 'over'], self.passing(hosts))
+
+    def test_a_boot_image_on_the_host_makes_it_fast_under_io_contention(self):
+        self.flags(max_boot_time_ratio=1.5, group='yolo')
+        hosts = [host('with', stats(io=0.8, boot_images=[IMAGE])), host('without', stats(io=0.8)),
+                 host('other-image', stats(io=0.8, boot_images=['another']))]
+        self.assertEqual(['with'], self.passing(hosts))
+        # Another image requested: no host has its boot image, all are equally slow.
+        self.assertEqual(['with', 'without', 'other-image'],
+                         self.passing(hosts, spec('11111111-2222-4333-8444-555566667777')))
+
+    def test_boots_in_progress_slow_a_host(self):
+        self.flags(max_boot_time_ratio=1.5, group='yolo')
+        hosts = [host('quiet', stats(), num_io_ops=0), host('booting', stats(), num_io_ops=3)]
+        # quiet: 31 s; booting: 4 * 8 + 2 * 23 = 78 s.
+        self.assertEqual(['quiet'], self.passing(hosts))
+
+    def test_rebuilds_are_never_filtered(self):
+        self.flags(max_predicted_boot_time=1, group='yolo')
+        hosts = [host('a', stats()), host('b', stats(io=0.9))]
+        self.assertEqual(['a', 'b'], self.passing(hosts, spec(rebuild=True)))
+        self.assertFalse(self.filt.RUN_ON_REBUILD)
+
+    def test_volume_backed_requests_have_no_boot_image(self):
+        self.flags(max_boot_time_ratio=1.5, group='yolo')
+        volume_spec = objects.RequestSpec(image=objects.ImageMeta.from_dict({}),
+                                          scheduler_hints={})
+        hosts = [host('a', stats(io=0.8, boot_images=[IMAGE])), host('b', stats(io=0.1))]
+        self.assertEqual(['b'], self.passing(hosts, volume_spec))
+
+
+class TestYoloBootTimeWeigher(NoDBTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.handler = weights.HostWeightHandler()
+        self.weighers = [boot_time.YoloBootTimeWeigher()]
+
+    def order(self, hosts):
+        weighed = self.handler.get_weighed_objects(self.weighers, hosts, spec())
+        return [w.obj.host for w in weighed], [w.weight for w in weighed]
+
+    def test_faster_hosts_weigh_more(self):
+        hosts = [host('slow', stats(io=0.7)), host('fast', stats(io=0.0)),
+                 host('mid', stats(io=0.4)), host('imaged', stats(io=0.7, boot_images=[IMAGE]))]
+        names, weights_ = self.order(hosts)
+        # The boot image makes a busy host (26.4 s) faster than an idle one without (31 s).
+        self.assertEqual(['imaged', 'fast', 'mid', 'slow'], names)
+        self.assertEqual(1.0, weights_[0])
+        self.assertEqual(0.0, weights_[-1])
+
+    def test_hosts_without_data_weigh_as_the_slowest(self):
+        hosts = [host('unknown'), host('fast', stats()), host('slow', stats(io=0.5))]
+        names, weights_ = self.order(hosts)
+        self.assertEqual('fast', names[0])
+        self.assertEqual(0.0, weights_[1])
+        self.assertEqual(0.0, weights_[2])
+
+    def test_negative_multiplier_prefers_slow_hosts_and_zero_disables(self):
+        hosts = [host('fast', stats()), host('slow', stats(io=0.5))]
+        self.flags(boot_time_weight_multiplier=-1.0, group='yolo')
+        self.assertEqual('slow', self.order(hosts)[0][0])
+        self.flags(boot_time_weight_multiplier=0.0, group='yolo')
+        self.assertEqual([0.0, 0.0], self.order(hosts)[1])

@@ -1,0 +1,66 @@
+"""The YOLO keys of a compute node's ``stats``: what compute nodes report, what the scheduler
+reads.
+
+Compute monitors cannot carry a disk I/O metric, so a host's load, its calibrated boot-time
+parameters and its verified boot images travel as string keys of
+``get_available_resource()['stats']``, which reach the scheduler's ``HostState.stats`` at every
+periodic resource update. No Nova imports: both sides use this module.
+"""
+
+import dataclasses
+import time
+
+from yolo_nova import boot_model
+
+PREFIX = 'yolo_'
+KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpus',
+        'boot_images', 'updated_at')
+
+
+@dataclasses.dataclass(frozen=True)
+class HostBootState:
+    """What a host reported: its load, its model parameters, its verified boot images."""
+    io_utilisation: float
+    cpu_utilisation: float
+    params: boot_model.BootTimeParameters
+    boot_images: frozenset
+    updated_at: float
+
+    def to_stats(self):
+        return {
+            PREFIX + 'io_utilisation': '%.4f' % self.io_utilisation,
+            PREFIX + 'cpu_utilisation': '%.4f' % self.cpu_utilisation,
+            PREFIX + 'alpha': '%.3f' % self.params.alpha,
+            PREFIX + 'beta': '%.3f' % self.params.beta,
+            PREFIX + 'alpha_yolo': '%.3f' % self.params.alpha_yolo,
+            PREFIX + 'cpus': str(self.params.cpus),
+            PREFIX + 'boot_images': ','.join(sorted(self.boot_images)),
+            PREFIX + 'updated_at': '%.0f' % self.updated_at,
+        }
+
+    def predict(self, image_id, concurrent_boots):
+        return boot_model.predict(self.params, self.io_utilisation, self.cpu_utilisation,
+                                  boot_image=image_id in self.boot_images,
+                                  concurrent_boots=concurrent_boots)
+
+
+def from_stats(stats, max_age, now=None):
+    """The host's state, or None if it reported none, reported garbage, or reported too long ago."""
+    stats = stats or {}
+    if any(PREFIX + key not in stats for key in KEYS):
+        return None
+    try:
+        value = {key: stats[PREFIX + key] for key in KEYS}
+        state = HostBootState(
+            io_utilisation=float(value['io_utilisation']),
+            cpu_utilisation=float(value['cpu_utilisation']),
+            params=boot_model.BootTimeParameters(
+                alpha=float(value['alpha']), beta=float(value['beta']),
+                alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus'])),
+            boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
+            updated_at=float(value['updated_at']))
+    except (TypeError, ValueError):
+        return None
+    if (now if now is not None else time.time()) - state.updated_at > max_age:
+        return None
+    return state
