@@ -8,6 +8,7 @@ periodic resource update. No Nova imports: both sides use this module.
 """
 
 import dataclasses
+import functools
 import time
 
 from yolo_nova import boot_model
@@ -47,11 +48,23 @@ class HostBootState:
 def from_stats(stats, max_age, now=None):
     """The host's state, or None if it reported none, reported garbage, or reported too long ago."""
     stats = stats or {}
-    if any(PREFIX + key not in stats for key in KEYS):
-        return None
     try:
-        value = {key: stats[PREFIX + key] for key in KEYS}
-        state = HostBootState(
+        raw = tuple(stats[PREFIX + key] for key in KEYS)
+    except KeyError:
+        return None
+    state = _parse(raw)
+    if state is None or (now if now is not None else time.time()) - state.updated_at > max_age:
+        return None
+    return state
+
+
+# The scheduler asks for every host at every request, but hosts report once a minute: parse each
+# report once.
+@functools.lru_cache(maxsize=4096)
+def _parse(raw):
+    value = dict(zip(KEYS, raw))
+    try:
+        return HostBootState(
             io_utilisation=float(value['io_utilisation']),
             cpu_utilisation=float(value['cpu_utilisation']),
             params=boot_model.BootTimeParameters(
@@ -59,8 +72,5 @@ def from_stats(stats, max_age, now=None):
                 alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus'])),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
             updated_at=float(value['updated_at']))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         return None
-    if (now if now is not None else time.time()) - state.updated_at > max_age:
-        return None
-    return state

@@ -17,9 +17,10 @@ def requested_image_id(spec_obj):
     return image.id or ''
 
 
-def predict(host_state, spec_obj):
-    """(predicted boot time in seconds or None, the host's state or None)."""
+def predict(host_state, image_id):
+    """(predicted boot time in seconds or None, the host's state or None) for a VM of
+    ``image_id`` (see :func:`requested_image_id`)."""
     state = host_stats.from_stats(host_state.stats, CONF.yolo.stats_max_age)
     if state is None:
         return None, None
-    return state.predict(requested_image_id(spec_obj), host_state.num_io_ops), state
+    return state.predict(image_id, host_state.num_io_ops), state

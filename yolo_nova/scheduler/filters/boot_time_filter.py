@@ -1,5 +1,7 @@
 """YoloBootFilter: discards hosts where a new VM would boot too slowly."""
 
+import logging as std_logging
+
 from oslo_log import log as logging
 
 from nova.scheduler import filters
@@ -22,17 +24,19 @@ class YoloBootFilter(filters.BaseHostFilter):
         hosts = list(filter_obj_list)
         if scheduler_utils.request_is_rebuild(spec_obj):
             return hosts
-        predictions = [utils.predict(host, spec_obj) for host in hosts]
+        image_id = utils.requested_image_id(spec_obj)
+        predictions = [utils.predict(host, image_id) for host in hosts]
         known = [t for t, _ in predictions if t is not None]
         best = min(known) if known else None
         return [host for host, (predicted, state) in zip(hosts, predictions)
-                if self._passes(host, predicted, state, best, spec_obj)]
+                if self._passes(host, predicted, state, best, image_id)]
 
     def host_passes(self, host_state, spec_obj):
-        predicted, state = utils.predict(host_state, spec_obj)
-        return self._passes(host_state, predicted, state, predicted, spec_obj)
+        image_id = utils.requested_image_id(spec_obj)
+        predicted, state = utils.predict(host_state, image_id)
+        return self._passes(host_state, predicted, state, predicted, image_id)
 
-    def _passes(self, host_state, predicted, state, best, spec_obj):
+    def _passes(self, host_state, predicted, state, best, image_id):
         if predicted is None:
             passes = CONF.yolo.pass_hosts_without_data
             LOG.debug("%(host)s reports no current YOLO data: %(verdict)s",
@@ -42,12 +46,14 @@ class YoloBootFilter(filters.BaseHostFilter):
         ratio = CONF.yolo.max_boot_time_ratio
         too_slow = bool(limit) and predicted > limit
         far_behind = bool(ratio) and best is not None and predicted > ratio * best
+        if not LOG.isEnabledFor(std_logging.DEBUG):
+            return not (too_slow or far_behind)
         LOG.debug("%(host)s: predicted boot %(t).1fs (io %(x).2f, cpu %(y).2f, boot image "
                   "%(bi)s, boots in progress %(n)s; best %(best).1fs, limit %(limit)s, ratio "
                   "%(ratio)s): %(verdict)s",
                   {'host': host_state, 't': predicted, 'x': state.io_utilisation,
                    'y': state.cpu_utilisation,
-                   'bi': utils.requested_image_id(spec_obj) in state.boot_images,
+                   'bi': image_id in state.boot_images,
                    'n': host_state.num_io_ops, 'best': best, 'limit': limit, 'ratio': ratio,
                    'verdict': 'rejected' if too_slow or far_behind else 'passes'})
         return not (too_slow or far_behind)

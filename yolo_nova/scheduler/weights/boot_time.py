@@ -24,11 +24,12 @@ class YoloBootTimeWeigher(weights.BaseHostWeigher):
     def weigh_objects(self, weighed_obj_list, weight_properties):
         if not any(self.weight_multiplier(w.obj) for w in weighed_obj_list):
             return [0.0] * len(weighed_obj_list)
-        predicted = [utils.predict(w.obj, weight_properties)[0] for w in weighed_obj_list]
+        image_id = utils.requested_image_id(weight_properties)
+        predicted = [utils.predict(w.obj, image_id)[0] for w in weighed_obj_list]
         slowest = max((t for t in predicted if t is not None), default=0.0)
         # Higher weights win: the negated boot time, which Nova then normalises to 0..1.
         return [-(t if t is not None else slowest) for t in predicted]
 
     def _weigh_object(self, host_state, weight_properties):
-        predicted = utils.predict(host_state, weight_properties)[0]
+        predicted = utils.predict(host_state, utils.requested_image_id(weight_properties))[0]
         return -predicted if predicted is not None else 0.0
