@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 X_LABELS = {'multi': 'VMs booted at once', 'contention': 'co-located I/O stressors',
             'memory': 'MiB of memory left free'}
@@ -38,6 +39,7 @@ def plot(summaries, directory):
             title += ', %s images' % image_kind
         ax.set_title(title + ' (median, min-max)')
         ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
         path = directory / ('boot-%s-%s-%s.png' % (scenario, storage, image_kind))
