@@ -61,15 +61,33 @@ impl Fixture {
         BootImage::open(&self.boot_image_path()).unwrap()
     }
 
-    fn mirror(&self, recorder: Option<Arc<Recorder>>) -> (MirrorFs, Arc<BootImageStore>, Arc<StatsRegistry>) {
-        let store = Arc::new(BootImageStore::new(StoreConfig {
+    fn store(&self) -> Arc<BootImageStore> {
+        Arc::new(BootImageStore::new(StoreConfig {
             dir: self.dir.path().join("images"),
             memory_budget: 64 << 20,
             lock_in_memory: false,
-        }));
+        }))
+    }
+
+    fn mirror(&self) -> (MirrorFs, Arc<BootImageStore>, Arc<StatsRegistry>) {
+        let store = self.store();
         let stats = Arc::new(StatsRegistry::default());
-        let fs = MirrorFs::new(&self.base(), store.clone(), stats.clone(), recorder).unwrap();
+        let fs = MirrorFs::new(&self.base(), store.clone(), stats.clone(), None).unwrap();
         (fs, store, stats)
+    }
+
+    /// A mirror that learns boot images, its window closing after `idle` without reads.
+    fn learning_mirror(&self, idle: Duration) -> (MirrorFs, Arc<Recorder>) {
+        let store = self.store();
+        let config = RecordConfig {
+            idle,
+            max_duration: Duration::from_secs(60),
+            block_size: 4096,
+        };
+        let recorder = Recorder::new(config, store.clone());
+        let stats = Arc::new(StatsRegistry::default());
+        let fs = MirrorFs::new(&self.base(), store, stats, Some(recorder.clone())).unwrap();
+        (fs, recorder)
     }
 }
 
@@ -94,7 +112,7 @@ fn check_random_reads(fs: &MirrorFs, fh: u64, content: &[u8], seed: u64) {
 fn mixed_reads_equal_the_source_bytes() {
     let fixture = Fixture::new();
     fixture.build_boot_image();
-    let (fs, _, stats) = fixture.mirror(None);
+    let (fs, _, stats) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     assert!(opened.from_boot_image);
     check_random_reads(&fs, opened.fh, &fixture.content, 1);
@@ -109,7 +127,7 @@ fn mixed_reads_equal_the_source_bytes() {
 fn reads_are_exact_at_every_extent_boundary() {
     let fixture = Fixture::new();
     let image = fixture.build_boot_image();
-    let (fs, _, _) = fixture.mirror(None);
+    let (fs, _, _) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     for extent in &image.extents {
         for &(offset, size) in &[
@@ -138,7 +156,7 @@ fn a_corrupt_boot_image_is_never_served() {
     let last_data_byte = bytes.len() - 17;
     bytes[last_data_byte] ^= 1;
     fs::write(fixture.boot_image_path(), &bytes).unwrap();
-    let (fs, store, stats) = fixture.mirror(None);
+    let (fs, store, stats) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     assert!(!opened.from_boot_image);
     check_random_reads(&fs, opened.fh, &fixture.content, 2);
@@ -155,7 +173,7 @@ fn a_boot_image_of_other_data_is_never_served() {
     let mut other = fixture.content.clone();
     other[600] ^= 0xff;
     fs::write(fixture.base().join("disk"), &other).unwrap();
-    let (fs, store, stats) = fixture.mirror(None);
+    let (fs, store, stats) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     assert!(!opened.from_boot_image);
     check_random_reads(&fs, opened.fh, &other, 3);
@@ -173,7 +191,7 @@ fn a_boot_image_for_another_size_is_never_served() {
         .unwrap()
         .write_all(b"more")
         .unwrap();
-    let (fs, store, _) = fixture.mirror(None);
+    let (fs, store, _) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     assert!(!opened.from_boot_image);
     assert!(store.rejected()[0].1.contains("bytes"), "{:?}", store.rejected());
@@ -186,7 +204,7 @@ fn verification_is_stamped_and_the_stamp_binds_the_file() {
     let stamp = store::stamp_path(&fixture.boot_image_path());
     assert!(!stamp.exists());
     {
-        let (fs, _, _) = fixture.mirror(None);
+        let (fs, _, _) = fixture.mirror();
         assert!(open_disk(&fs).1.from_boot_image);
     }
     assert!(stamp.exists(), "the daemon records its verification");
@@ -198,7 +216,7 @@ fn verification_is_stamped_and_the_stamp_binds_the_file() {
     let key = store::SourceKey::of(&source).unwrap();
     let recorded: store::Stamp = serde_json::from_slice(&fs::read(&stamp).unwrap()).unwrap();
     assert_ne!(recorded.source, key);
-    let (fs, _, _) = fixture.mirror(None);
+    let (fs, _, _) = fixture.mirror();
     assert!(
         open_disk(&fs).1.from_boot_image,
         "re-verified against the new file, which has the same bytes"
@@ -211,7 +229,7 @@ fn verification_is_stamped_and_the_stamp_binds_the_file() {
 #[test]
 fn writes_are_refused() {
     let fixture = Fixture::new();
-    let (fs, _, _) = fixture.mirror(None);
+    let (fs, _, _) = fixture.mirror();
     let attr = fs.lookup(ROOT_INO, "disk".as_ref()).unwrap();
     for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
         assert_eq!(fs.open(attr.ino, flags).err().unwrap().errno(), libc::EROFS);
@@ -222,7 +240,7 @@ fn writes_are_refused() {
 #[test]
 fn renames_and_deletions_in_the_source_show_up() {
     let fixture = Fixture::new();
-    let (fs, _, _) = fixture.mirror(None);
+    let (fs, _, _) = fixture.mirror();
     fs::write(fixture.base().join("img.part"), b"downloading").unwrap();
     let part = fs.lookup(ROOT_INO, "img.part".as_ref()).unwrap();
     fs::rename(fixture.base().join("img.part"), fixture.base().join("img")).unwrap();
@@ -251,7 +269,7 @@ fn renames_and_deletions_in_the_source_show_up() {
 fn a_file_deleted_while_open_keeps_its_own_bytes() {
     let fixture = Fixture::new();
     fixture.build_boot_image();
-    let (fs, _, _) = fixture.mirror(None);
+    let (fs, _, _) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     fs::remove_file(fixture.base().join("disk")).unwrap();
     fs::write(fixture.base().join("disk"), vec![0u8; SIZE]).unwrap();
@@ -262,7 +280,7 @@ fn a_file_deleted_while_open_keeps_its_own_bytes() {
 fn a_source_truncated_under_a_boot_image_gives_eio_not_zeros() {
     let fixture = Fixture::new();
     let image = fixture.build_boot_image();
-    let (fs, _, _) = fixture.mirror(None);
+    let (fs, _, _) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     // Nova never does this to a base file; if something does, a mixed read must fail, not invent bytes.
     File::options()
@@ -279,24 +297,7 @@ fn a_source_truncated_under_a_boot_image_gives_eio_not_zeros() {
 #[test]
 fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     let fixture = Fixture::new();
-    let store = Arc::new(BootImageStore::new(StoreConfig {
-        dir: fixture.dir.path().join("images"),
-        memory_budget: 64 << 20,
-        lock_in_memory: false,
-    }));
-    let config = RecordConfig {
-        idle: Duration::from_millis(300),
-        max_duration: Duration::from_secs(60),
-        block_size: 4096,
-    };
-    let recorder = Recorder::new(config, store.clone());
-    let fs = MirrorFs::new(
-        &fixture.base(),
-        store,
-        Arc::new(StatsRegistry::default()),
-        Some(recorder.clone()),
-    )
-    .unwrap();
+    let (fs, recorder) = fixture.learning_mirror(Duration::from_millis(300));
     let (_, opened) = open_disk(&fs);
     assert!(opened.recording && !opened.from_boot_image);
     let reads = [(1_000_000u64, 4096u32), (0, 512), (2_000_000, 70_000)];
@@ -331,7 +332,7 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
 #[test]
 fn files_without_a_boot_image_get_a_kernel_served_inode_until_one_arrives() {
     let fixture = Fixture::new();
-    let (fs, _, stats) = fixture.mirror(None);
+    let (fs, _, stats) = fixture.mirror();
     fs.set_kernel_passthrough(true);
     let (first_ino, opened) = open_disk(&fs);
     assert!(opened.kernel_passthrough && !opened.from_boot_image);
@@ -357,24 +358,7 @@ fn files_without_a_boot_image_get_a_kernel_served_inode_until_one_arrives() {
 #[test]
 fn learning_mounts_never_hand_out_kernel_served_inodes() {
     let fixture = Fixture::new();
-    let store = Arc::new(BootImageStore::new(StoreConfig {
-        dir: fixture.dir.path().join("images"),
-        memory_budget: 64 << 20,
-        lock_in_memory: false,
-    }));
-    let config = RecordConfig {
-        idle: Duration::from_secs(60),
-        max_duration: Duration::from_secs(60),
-        block_size: 4096,
-    };
-    let recorder = Recorder::new(config, store.clone());
-    let fs = MirrorFs::new(
-        &fixture.base(),
-        store,
-        Arc::new(StatsRegistry::default()),
-        Some(recorder),
-    )
-    .unwrap();
+    let (fs, _recorder) = fixture.learning_mirror(Duration::from_secs(60));
     fs.set_kernel_passthrough(true);
     let (_, opened) = open_disk(&fs);
     assert!(opened.recording && !opened.kernel_passthrough);
