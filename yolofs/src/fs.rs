@@ -346,16 +346,15 @@ impl MirrorFs {
         // If passthrough was turned off since this inode was handed out, yolofs serves it (without
         // a boot image: that goes with a fresh lookup).
         let kernel_passthrough = serving == Serving::Kernel && self.kernel_passthrough();
-        let boot_image = if serving == Serving::Yolofs && source.metadata()?.is_file() {
+        let meta = source.metadata()?;
+        let boot_image = if serving == Serving::Yolofs && meta.is_file() {
             self.store.get(&name, &source)
         } else {
             None
         };
         let recording = match (&boot_image, &self.recorder) {
             _ if serving == Serving::Kernel => None,
-            (None, Some(recorder)) if !is_transient(&name) && source.metadata()?.len() > 0 => {
-                recorder.begin(&name, &source)
-            }
+            (None, Some(recorder)) if !is_transient(&name) && meta.len() > 0 => recorder.begin(&name, &source),
             _ => None,
         };
         let stats = self.stats.for_file(&name);
