@@ -22,6 +22,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from yolo_common import images  # noqa: E402
+from yolo_common import learning  # noqa: E402
 from yolo_common import qemu  # noqa: E402
 from yolo_common import yolofs  # noqa: E402
 
@@ -50,7 +51,6 @@ def main():
         shutil.rmtree(work)
     base_dir = work / 'instances' / '_base'
     base_dir.mkdir(parents=True)
-    store = work / 'boot-images'
 
     log('building the test image (cached)')
     image = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], check=True,
@@ -64,22 +64,16 @@ def main():
         time.monotonic() - started))
 
     log('learning the boot image from one boot through a learning yolofs mount')
-    mount_args = dict(source=base_dir, mountpoint=work / 'mnt', boot_images=store,
-                      control_socket=work / 'control.sock')
-    with yolofs.Mount(log_path=work / 'yolofs-learn.log', learn=True,
-                      record_idle_secs=600, **mount_args) as mount:
-        started = time.monotonic()
-        learn_boot = boot(mount.mountpoint / base.name, work / 'learn.qcow2',
-                          work / 'console-learn.log')
-        mount.client.record_stop(base.name)
-        learn_seconds = time.monotonic() - started
-    info = json.loads(yolofs.run('inspect', '--json', store / (base.name + '.yolo')).stdout)
-    trace = store / (base.name + '.trace')
-    reads = sum(1 for line in trace.read_text().splitlines() if not line.startswith('#'))
+    learned = learning.learn_boot_image(base, work, console_log=work / 'console-learn.log')
+    info = json.loads(yolofs.run('inspect', '--json', learned.boot_image).stdout)
+    reads = sum(1 for line in learned.trace.read_text().splitlines() if not line.startswith('#'))
     log('boot image: %d reads -> %d extents, %.1f MiB (%.2f%% of the image), learned in %.1fs '
         '(boot %.1fs)' % (reads, info['extent_count'], info['covered_bytes'] / 2**20,
-                          100 * info['coverage'], learn_seconds, learn_boot))
+                          100 * info['coverage'], learned.boot_seconds + learned.build_seconds,
+                          learned.boot_seconds))
 
+    mount_args = dict(source=base_dir, mountpoint=work / 'mnt',
+                      boot_images=learned.boot_image.parent, control_socket=work / 'control.sock')
     normal, yolo = [], []
     with yolofs.Mount(log_path=work / 'yolofs.log', mlock=True, **mount_args) as mount:
         for run in range(args.runs):

@@ -26,6 +26,7 @@ import uuid
 from yolo_bench import storage as storage_mod
 from yolo_bench.results import Result
 from yolo_common import images
+from yolo_common import learning
 from yolo_common import qemu
 from yolo_common import yolofs
 
@@ -71,7 +72,7 @@ class StorageSession:
             self.bases.append(copy)
         for i in range(self.stressors):
             # Written now, outside the throttled cgroup, so no run pays for laying them out.
-            _write_random(stressor_file(self.disk, i), STRESSOR_FILE_MIB)
+            storage_mod.write_random(stressor_file(self.disk, i), STRESSOR_FILE_MIB)
         for base in self.bases:
             # Same bytes, same boot: one trace serves every copy; --mark records the verification.
             yolofs.run('build', '--trace', self.learned, '--source', base,
@@ -79,10 +80,10 @@ class StorageSession:
         self.mount = self._mount('', mlock=True)
         if self.swap:
             # Without swap, anonymous memory is never reclaimed and locking changes nothing.
-            _run('fallocate', '-l', '%dG' % SWAP_GIB, str(self.swap))
+            storage_mod.run('fallocate', '-l', '%dG' % SWAP_GIB, str(self.swap))
             self.swap.chmod(0o600)
-            _run('mkswap', str(self.swap))
-            _run('swapon', str(self.swap))
+            storage_mod.run('mkswap', str(self.swap))
+            storage_mod.run('swapon', str(self.swap))
             self.unlocked_mount = self._mount('-unlocked', mlock=False)
         return self
 
@@ -159,10 +160,6 @@ sys.stdin.read()
 """
 
 
-def _run(*cmd):
-    subprocess.run(cmd, check=True, capture_output=True)
-
-
 def _mem_available_mib():
     with open('/proc/meminfo') as f:
         for line in f:
@@ -191,11 +188,6 @@ def memory_pressure(free_mib):
 
 def stressor_file(disk, i):
     return disk.root / ('stress%d.dat' % i)
-
-
-def _write_random(path, mib):
-    with open(path, 'wb') as f:
-        subprocess.run(['head', '-c', str(mib << 20), '/dev/urandom'], stdout=f, check=True)
 
 
 @contextlib.contextmanager
@@ -262,17 +254,10 @@ def learn_boot_image(test_image, work):
     base_dir.mkdir(parents=True)
     base = base_dir / images.base_file_name(str(uuid.uuid4()))
     images.convert_to_raw(test_image, base)
-    store = work / 'learn' / 'store'
-    with yolofs.Mount(source=base_dir, mountpoint=work / 'learn' / 'mnt', boot_images=store,
-                      control_socket=work / 'learn' / 'ctl.sock',
-                      log_path=work / 'learn' / 'yolofs.log', learn=True,
-                      record_idle_secs=600) as mount:
-        overlay = work / 'learn' / 'learn.qcow2'
-        images.create_overlay(mount.mountpoint / base.name, overlay)
-        qemu.boot(overlay, timeout=BOOT_TIMEOUT, cache=CACHE_MODE)
-        mount.client.record_stop(base.name)
+    learned = learning.learn_boot_image(base, work / 'learn', boot_timeout=BOOT_TIMEOUT,
+                                        cache=CACHE_MODE)
     trace = work / 'boot.trace'
-    shutil.copy(store / (base.name + '.trace'), trace)
+    shutil.copy(learned.trace, trace)
     shutil.rmtree(work / 'learn')
     return trace
 

@@ -67,11 +67,11 @@ class ThrottledDisk:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.image, 'wb') as f:
             f.truncate(self.size_gib << 30)
-        self.loop = _run('losetup', '--find', '--show', '--direct-io=on',
-                         str(self.image)).strip()
-        _run('mkfs.ext4', '-q', '-F', '-E', 'lazy_itable_init=0,lazy_journal_init=0',
-             self.loop)
-        _run('mount', self.loop, str(self.root))
+        self.loop = run('losetup', '--find', '--show', '--direct-io=on',
+                        str(self.image)).strip()
+        run('mkfs.ext4', '-q', '-F', '-E', 'lazy_itable_init=0,lazy_journal_init=0',
+            self.loop)
+        run('mount', self.loop, str(self.root))
         self.cgroup.mkdir(exist_ok=True)
         device = '%d:%d' % _major_minor(self.loop)
         for name, value in (('read_bps', self.limits.read_bps),
@@ -88,12 +88,12 @@ class ThrottledDisk:
 
     def teardown(self):
         if _is_mountpoint(self.root):
-            _run('umount', str(self.root))
-        for line in _run('losetup', '--list', '--noheadings', '--output',
-                         'NAME,BACK-FILE').splitlines():
+            run('umount', str(self.root))
+        for line in run('losetup', '--list', '--noheadings', '--output',
+                        'NAME,BACK-FILE').splitlines():
             name, _, backing = line.strip().partition(' ')
             if backing.strip() == str(self.image):
-                _run('losetup', '-d', name)
+                run('losetup', '-d', name)
         self.loop = None
         if self.cgroup.exists():
             for pid in (self.cgroup / 'cgroup.procs').read_text().split():
@@ -113,8 +113,15 @@ class ThrottledDisk:
                     lim.write_iops))
 
 
-def _run(*cmd):
+def run(*cmd):
+    """Runs a command, failing on a non-zero exit; returns its standard output."""
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def write_random(path, mib):
+    """A file of ``mib`` MiB of random bytes (incompressible, nothing shared with other files)."""
+    with open(path, 'wb') as f:
+        subprocess.run(['head', '-c', str(mib << 20), '/dev/urandom'], stdout=f, check=True)
 
 
 def _major_minor(device):

@@ -29,7 +29,9 @@ import uuid
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from yolo_bench import storage  # noqa: E402
 from yolo_common import images  # noqa: E402
+from yolo_common import learning  # noqa: E402
 from yolo_common import qemu  # noqa: E402
 from yolo_common import yolofs  # noqa: E402
 
@@ -94,33 +96,6 @@ def compare(targets, repeats, runtime, log):
     return results
 
 
-def make_file(path, size_mib):
-    with open(path, 'wb') as f:
-        subprocess.run(['head', '-c', str(size_mib << 20), '/dev/urandom'], stdout=f,
-                       check=True)
-
-
-def boot_trace(base, work, tag):
-    """Learns a boot image from one real boot; returns (trace path, boot image path, seconds)."""
-    store = work / ('store-' + tag)
-    with yolofs.Mount(source=base.parent, mountpoint=work / ('mnt-' + tag), boot_images=store,
-                      control_socket=work / ('ctl-%s.sock' % tag),
-                      log_path=work / ('yolofs-%s.log' % tag), learn=True,
-                      record_idle_secs=600) as mount:
-        overlay = work / ('%s.qcow2' % tag)
-        images.create_overlay(mount.mountpoint / base.name, overlay)
-        qemu.drop_caches()
-        started = time.monotonic()
-        boot_seconds = qemu.boot(overlay, timeout=900)
-        built_at = time.monotonic()
-        mount.client.record_stop(base.name)
-        build_seconds = time.monotonic() - built_at
-        overlay.unlink()
-    return (store / (base.name + '.trace'), store / (base.name + '.yolo'),
-            {'boot_seconds': boot_seconds, 'build_seconds': build_seconds,
-             'learn_seconds': time.monotonic() - started})
-
-
 def read_trace(path):
     reads = []
     for line in path.read_text().splitlines():
@@ -156,10 +131,14 @@ def test_image_section(work, log):
     base_dir.mkdir()
     base = base_dir / images.base_file_name(str(uuid.uuid4()))
     images.convert_to_raw(image, base)
-    log('learning from boot 1')
-    trace1, boot_image1, timing = boot_trace(base, work, 'a')
-    log('recording boot 2')
-    trace2, _, timing2 = boot_trace(base, work, 'b')
+    learned = []
+    for boot in (1, 2):
+        log('learning from boot %d' % boot)
+        qemu.drop_caches()
+        learned.append(learning.learn_boot_image(base, work / ('learn%d' % boot)))
+    trace1, boot_image1, trace2 = learned[0].trace, learned[0].boot_image, learned[1].trace
+    timing = {'boot_seconds': learned[0].boot_seconds,
+              'build_seconds': learned[0].build_seconds}
     reads1, reads2 = read_trace(trace1), read_trace(trace2)
     result = {
         'image_qcow2_bytes': pathlib.Path(image).stat().st_size,
@@ -169,7 +148,7 @@ def test_image_section(work, log):
         'boot_read_bytes': sum(length for _, length in reads1),
         'boot_image_bytes': boot_image1.stat().st_size,
         'timing': timing,
-        'second_boot_seconds': timing2['boot_seconds'],
+        'second_boot_seconds': learned[1].boot_seconds,
         'block_sizes': [],
     }
     for block_size in (4096, 16384, 65536, 262144):
@@ -222,7 +201,7 @@ def main():
     report = {'started': time.strftime('%Y-%m-%d %H:%M:%S'), 'args': vars(args) | {
         'workdir': str(work), 'out': str(args.out)}}
     source = work / 'src' / 'file'
-    make_file(source, args.file_mib)
+    storage.write_random(source, args.file_mib)
     store = work / 'store'
     store.mkdir()
 
@@ -239,7 +218,7 @@ def main():
             args.repeats, args.runtime, log)
 
     covered = work / 'src' / 'covered'
-    make_file(covered, 256)
+    storage.write_random(covered, 256)
     trace = work / 'full.trace'
     trace.write_text('0 %d\n' % (256 << 20))
     yolofs.run('build', '--trace', trace, '--source', covered, '--output',
