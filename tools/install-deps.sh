@@ -37,3 +37,6 @@ if [[ ! -x $repo/.venv/bin/python ]]; then
     python3 -m venv "$repo/.venv"
 fi
 "$repo/.venv/bin/pip" install -q -r "$repo/test-requirements.txt"
+# The project itself (console scripts, the nova.virt.yolo driver module); tests import the
+# checkout's packages first (pytest.ini), this is what makes Nova find the driver.
+"$repo/.venv/bin/pip" install -q --no-deps "$repo"

@@ -1,7 +1,7 @@
-"""YOLO's options for Nova, in the ``[yolo]`` group.
+"""YOLO's options for Nova, in the ``[yolo]`` group: the scheduler's and the compute node's.
 
-Registered with :func:`register_opts` (the scheduler filter and weigher do it on Nova's CONF when
-loaded) and listed for ``oslo-config-generator`` by :func:`list_opts` (entry point
+Registered with :func:`register_opts` (the scheduler filter, the weigher and the compute driver do
+it on Nova's CONF when loaded) and listed for ``oslo-config-generator`` by :func:`list_opts` (entry point
 ``oslo.config.opts``: ``yolo_nova``).
 """
 
@@ -69,10 +69,71 @@ aggregate with the ``yolo_boot_time_weight_multiplier`` metadata key.
 ]
 
 
+compute_opts = [
+    cfg.BoolOpt(
+        'enabled', default=True,
+        help="""
+Whether ``YoloLibvirtDriver`` puts new root disks' backing files on the yolofs mount. When
+disabled, or when yolofs is not mounted and healthy, disks keep their ``_base`` backing file and
+instances are rebased back onto ``_base`` before they start: the driver then behaves as
+``libvirt.LibvirtDriver``.
+"""),
+    cfg.StrOpt(
+        'mount_point', default='/var/lib/nova/yolofs',
+        help="""
+Where yolofs mirrors this host's image cache (``[DEFAULT] instances_path``/``_base``). Must match
+``yolofs mount --mountpoint``.
+"""),
+    cfg.StrOpt(
+        'boot_image_dir', default='/var/lib/yolo/boot-images',
+        help="""
+yolofs' boot image store (``yolofs mount --boot-images``): ``<base file name>.yolo`` files. Boot
+images fetched from Glance are verified against the local base file and installed here.
+"""),
+    cfg.StrOpt(
+        'control_socket', default='/run/yolofs/control.sock',
+        help="yolofs' control socket (``yolofs mount --control-socket``)."),
+    cfg.FloatOpt(
+        'control_timeout', default=5.0, min=0.1,
+        help="""
+Seconds to wait for an answer on yolofs' control socket. yolofs not answering in time counts as
+yolofs being down: disks keep or get their ``_base`` backing file.
+"""),
+    cfg.StrOpt(
+        'yolofs_binary', default='yolofs',
+        help="The yolofs command, used to verify boot images fetched from Glance."),
+    cfg.BoolOpt(
+        'fetch_boot_images', default=True,
+        help="""
+Whether to download an image's published boot image (image property ``yolo_boot_image_id``) from
+Glance when the image is cached on this host. Images without one are learned from their first
+boot on the host when yolofs runs with ``--learn``.
+"""),
+    cfg.FloatOpt(
+        'boot_time_alpha', default=5.9, min=0.0,
+        help="""
+The I/O part, in seconds, of a boot on this host when idle (boot-time model, see
+``docs/scheduling.md``). Reported to the scheduler. ``yolo-calibrate`` measures it.
+"""),
+    cfg.FloatOpt(
+        'boot_time_beta', default=22.7, min=0.0,
+        help="""
+The CPU part, in seconds, of a boot on this host when idle. Reported to the scheduler.
+"""),
+    cfg.FloatOpt(
+        'boot_time_alpha_yolo', default=0.4, min=0.0,
+        help="""
+The I/O part, in seconds, of an idle boot served from a verified boot image. Reported to the
+scheduler.
+"""),
+]
+
+
 def register_opts(conf):
     conf.register_group(yolo_group)
     conf.register_opts(scheduler_opts, group=yolo_group)
+    conf.register_opts(compute_opts, group=yolo_group)
 
 
 def list_opts():
-    return [(yolo_group, scheduler_opts)]
+    return [(yolo_group, scheduler_opts + compute_opts)]

@@ -1,0 +1,441 @@
+"""YoloLibvirtDriver on Nova's own test fixtures (fake libvirt, NoDBTestCase), with real files.
+
+Disks, base files and boot images are real (``qemu-img``, ``yolofs build``/``verify``); what is
+faked: libvirt (Nova's fakelibvirt), Glance (a small in-memory image API), and yolofs' mount
+(``yolofs_healthy`` is set, and the "mount" is a plain directory holding the base files while
+yolofs is "up" and empty while it is "down"). tests/functional/test_nova_driver.py does the same
+with a real mount, real boots and real libvirt.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import time
+from unittest import mock
+
+from nova import context as nova_context
+from nova import exception
+from nova import objects
+from nova.compute import power_state
+from nova.tests import fixtures as nova_fixtures
+from nova.tests.unit import fake_instance
+from nova.virt import driver as virt_driver
+from nova.virt import fake as fake_virt
+from nova.virt.libvirt import driver as libvirt_driver
+
+from tests.unit import nova_base
+from yolo_common import images
+from yolo_common import yolofs
+from yolo_nova import host_stats
+from yolo_nova.virt import backing
+from yolo_nova.virt import boot_images
+from yolo_nova.virt import driver as yolo_driver
+
+IMAGE_ID = 'c0ffee00-0000-4000-8000-000000000001'
+BOOT_IMAGE_ID = 'b0070000-0000-4000-8000-000000000002'
+MiB = 1024 * 1024
+REAL_HEALTH_CHECK = backing.BackingFiles.yolofs_healthy
+
+
+class FakeImageAPI:
+    """Glance as the driver sees it: image properties and downloads."""
+
+    def __init__(self):
+        self.images = {}
+        self.downloads = []
+
+    def get(self, context, image_id):
+        if image_id not in self.images:
+            raise exception.ImageNotFound(image_id=image_id)
+        return {'id': image_id, 'properties': self.images[image_id]['properties']}
+
+    def download(self, context, image_id, dest_path=None):
+        self.downloads.append(image_id)
+        shutil.copyfile(self.images[image_id]['file'], dest_path)
+
+
+def write_raw_base(path, size=8 * MiB, seed=1):
+    """A raw 'image': distinct bytes in every 4 KiB block, so any mismatch is seen."""
+    with open(path, 'wb') as f:
+        for block in range(size // 4096):
+            f.write(('%d:%d;' % (seed, block)).encode().ljust(4096, b'.'))
+
+
+def build_boot_image(base, output, reads=((0, 65536), (MiB, 8192))):
+    trace = pathlib.Path(str(output) + '.trace-in')
+    trace.write_text(''.join('%d %d\n' % r for r in reads))
+    yolofs.run('build', '--trace', trace, '--source', base, '--output', output,
+               '--image-id', IMAGE_ID)
+    trace.unlink()
+
+
+class DriverTestCase(nova_base.NoDBTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.libvirt = self.useFixture(nova_fixtures.LibvirtFixture())
+        # Privileged helpers (utime, chown) run in-process: these tests run as root.
+        self.useFixture(nova_fixtures.PrivsepFixture())
+        self.root = pathlib.Path(self.useFixture(nova_fixtures.fixtures.TempDir()).path)
+        self.instances = self.root / 'instances'
+        self.base_dir = self.instances / '_base'
+        self.mount = self.root / 'yolofs'
+        self.store = self.root / 'boot-images'
+        for d in (self.base_dir, self.mount):
+            d.mkdir(parents=True)
+        self.flags(instances_path=str(self.instances), use_cow_images=True,
+                   force_raw_images=True)
+        self.flags(images_type='qcow2', virt_type='qemu', group='libvirt')
+        self.flags(mount_point=str(self.mount), boot_image_dir=str(self.store),
+                   control_socket=str(self.root / 'control.sock'),
+                   yolofs_binary=yolofs.binary(), group='yolo')
+        self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
+                                                    'yolo.YoloLibvirtDriver')
+        self.glance = FakeImageAPI()
+        self.glance.images[IMAGE_ID] = {'properties': {}}
+        self.drvr.yolo_boot_images._image_api = self.glance
+        self.client = mock.Mock(path='control.sock')
+        self.drvr.yolo_backing.client = self.client
+        self.context = nova_context.get_admin_context()
+        self.instance = fake_instance.fake_instance_obj(
+            self.context, uuid='4a7e6c02-0000-4000-8000-000000000003', image_ref=IMAGE_ID,
+            flavor=objects.Flavor(root_gb=1, ephemeral_gb=0, swap=0, extra_specs={}))
+        self.instance.system_metadata = {}
+        self.instance.numa_topology = None
+        self.instance.trusted_certs = None
+        self.instance_dir = self.instances / self.instance.uuid
+        self.name = images.base_file_name(IMAGE_ID)
+        self.base = self.base_dir / self.name
+        self.yolofs_up()
+
+    # yolofs "up": mounted and answering, so the mirror holds the base files.
+    def yolofs_up(self):
+        self.healthy = True
+        for base in self.base_dir.iterdir():
+            if not (self.mount / base.name).exists():
+                os.link(base, self.mount / base.name)
+        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            backing.BackingFiles, 'yolofs_healthy', lambda _: self.healthy))
+
+    def yolofs_down(self):
+        self.healthy = False
+        for entry in self.mount.iterdir():
+            entry.unlink()
+
+    def fetch_image(self, target, **kwargs):
+        write_raw_base(target)
+        if self.healthy:
+            os.link(target, self.mount / os.path.basename(target))
+
+    def create_root_disk(self, name='disk', filename=None, image_id=IMAGE_ID):
+        disk = self.drvr.image_backend.by_name(self.instance, name)
+        disk.cache(fetch_func=self.fetch_image, context=self.context,
+                   filename=filename or self.name, image_id=image_id, size=1024 * MiB)
+        return disk
+
+    def backing_of(self, disk_path):
+        return backing.backing_info(str(disk_path))[0]
+
+    def publish_boot_image(self, source=None):
+        """Publishes a boot image of ``source`` (default: this image's own bytes) in Glance."""
+        published = self.root / 'published.yolo'
+        if source is None:
+            source = self.root / 'glance-image.raw'
+            write_raw_base(source)
+        build_boot_image(source, published)
+        self.glance.images[BOOT_IMAGE_ID] = {'properties': {}, 'file': published}
+        self.glance.images[IMAGE_ID] = {
+            'properties': {'yolo_boot_image_id': BOOT_IMAGE_ID}, 'file': None}
+
+    def domain_xml(self, *disks):
+        devices = ''.join(
+            "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/>"
+            "<source file='%s'/><target dev='vd%s' bus='virtio'/></disk>" % (d, 'abcd'[i])
+            for i, d in enumerate(disks))
+        return ("<domain type='qemu'><name>instance-1</name><uuid>%s</uuid><memory>131072"
+                "</memory><vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os><devices>%s"
+                "</devices></domain>" % (self.instance.uuid, devices))
+
+
+class TestLoading(DriverTestCase):
+
+    def test_loaded_from_nova_virt_as_compute_driver_option(self):
+        self.assertIsInstance(self.drvr, yolo_driver.YoloLibvirtDriver)
+        self.assertIsInstance(self.drvr, libvirt_driver.LibvirtDriver)
+        self.assertEqual('YoloQcow2', self.drvr.image_backend.backend('qcow2').__name__)
+        self.assertEqual('YoloQcow2', self.drvr.image_backend.backend('default').__name__)
+        self.assertNotIn('ironic', type(self.drvr).__name__.lower())
+
+
+class TestRootDiskCreation(DriverTestCase):
+
+    def test_new_root_disk_is_backed_by_the_mount(self):
+        disk = self.create_root_disk()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        info = json.loads(subprocess.check_output(
+            ['qemu-img', 'info', '--output=json', disk.path]))
+        self.assertEqual('raw', info['backing-filename-format'])
+        self.assertEqual(1024 * MiB, info['virtual-size'])
+
+    def test_yolofs_down_keeps_the_base_backing_file(self):
+        self.yolofs_down()
+        disk = self.create_root_disk()
+        self.assertEqual(str(self.base), self.backing_of(disk.path))
+
+    def test_disabled_keeps_the_base_backing_file(self):
+        self.drvr.yolo_backing.enabled = False
+        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            backing.BackingFiles, 'yolofs_healthy', REAL_HEALTH_CHECK))
+        disk = self.create_root_disk()
+        self.assertEqual(str(self.base), self.backing_of(disk.path))
+
+    def test_ephemeral_and_swap_disks_stay_on_base(self):
+        for name, filename in (('disk.local', 'ephemeral_1_0706d66'), ('disk.swap', 'swap_512')):
+            disk = self.drvr.image_backend.by_name(self.instance, name)
+            disk.cache(fetch_func=self.fetch_image, filename=filename, size=1024 * MiB,
+                       safe=True)
+            self.assertEqual(str(self.base_dir / filename), self.backing_of(disk.path))
+
+    def test_published_boot_image_is_verified_and_installed(self):
+        self.publish_boot_image()
+        self.create_root_disk()
+        installed = self.store / (self.name + '.yolo')
+        self.assertTrue(installed.exists())
+        self.assertTrue((self.store / (self.name + '.yolo.verified')).exists())
+        self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
+        self.assertEqual(IMAGE_ID, (self.store / (self.name + '.image-id')).read_text())
+        # Already there: a second disk of the same image does not download it again.
+        self.create_root_disk(name='disk.rescue')
+        self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
+        self.assertEqual([], os.listdir(self.store / '.incoming'))
+
+    def test_mismatching_boot_image_is_not_installed_and_the_disk_is_created(self):
+        other = self.root / 'other.raw'
+        write_raw_base(other, seed=2)
+        self.publish_boot_image(source=other)
+        disk = self.create_root_disk()
+        self.assertFalse((self.store / (self.name + '.yolo')).exists())
+        self.assertEqual([], os.listdir(self.store / '.incoming'))
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+
+    def test_glance_failure_does_not_fail_the_disk(self):
+        self.glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': 'gone'}}
+        disk = self.create_root_disk()
+        self.assertFalse((self.store / (self.name + '.yolo')).exists())
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+
+    def test_image_without_boot_image_is_left_to_learning(self):
+        self.glance.images[IMAGE_ID] = {'properties': {}}
+        self.assertEqual('none', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base_dir / 'x')))
+
+
+class TestGuestStart(DriverTestCase):
+    """Every start goes through _create_guest: the backing file follows yolofs' health."""
+
+    def setUp(self):
+        super().setUp()
+        self.disk = self.create_root_disk()
+        self.created = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            libvirt_driver.LibvirtDriver, '_create_guest')).mock
+
+    def start(self, **kwargs):
+        self.drvr._create_guest(self.context, self.domain_xml(self.disk.path), self.instance,
+                                **kwargs)
+        self.created.assert_called()
+
+    def test_start_with_yolofs_down_rebases_back_to_base(self):
+        self.yolofs_down()
+        self.start()
+        self.assertEqual(str(self.base), self.backing_of(self.disk.path))
+        self.client.preload.assert_not_called()
+
+    def test_start_with_yolofs_back_rebases_onto_the_mount_and_preloads(self):
+        self.publish_boot_image()
+        self.drvr.yolo_boot_images.ensure(self.context, IMAGE_ID, str(self.base))
+        self.yolofs_down()
+        self.start()
+        self.yolofs_up()
+        self.start()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
+        self.client.preload.assert_called_once_with(self.name)
+
+    def test_preload_failure_does_not_stop_the_start(self):
+        self.publish_boot_image()
+        self.drvr.yolo_boot_images.ensure(self.context, IMAGE_ID, str(self.base))
+        self.client.preload.side_effect = yolofs.YolofsError('preload: no')
+        self.start()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
+
+    def test_defining_without_starting_changes_nothing(self):
+        self.yolofs_down()
+        self.start(power_on=False)
+        self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
+
+    def test_resize_with_yolofs_down_works(self):
+        # qemu-img resize opens the backing chain: it must be openable.
+        self.yolofs_down()
+        self.disk.resize_image(2048 * MiB)
+        self.assertEqual(str(self.base), self.backing_of(self.disk.path))
+        info = json.loads(subprocess.check_output(
+            ['qemu-img', 'info', '--output=json', self.disk.path]))
+        self.assertEqual(2048 * MiB, info['virtual-size'])
+
+    def test_cold_snapshot_with_yolofs_down_works(self):
+        self.yolofs_down()
+        target = self.root / 'snapshot.raw'
+        self.disk.snapshot_extract(str(target), 'raw')
+        with open(target, 'rb') as snap, open(self.base, 'rb') as base:
+            self.assertEqual(base.read(8 * MiB), snap.read(8 * MiB))
+
+
+class TestPowerOn(DriverTestCase):
+
+    def test_power_on_with_yolofs_down_starts_from_base(self):
+        # power_on -> _hard_reboot -> _create_guest_with_network -> _create_guest -> fake
+        # libvirt, through Nova's real code; only the XML generation and teardown are stubbed.
+        disk = self.create_root_disk()
+        self.yolofs_down()
+        xml = self.domain_xml(disk.path)
+        with mock.patch.object(self.drvr, '_get_guest_xml', return_value=xml), \
+                mock.patch.object(self.drvr, 'destroy'), \
+                mock.patch.object(self.drvr, '_get_existing_guest_config',
+                                  return_value=None), \
+                mock.patch.object(self.drvr, '_get_all_assigned_mediated_devices',
+                                  return_value={}), \
+                mock.patch.object(self.drvr, '_create_images_and_backing'), \
+                mock.patch.object(self.drvr, '_build_device_metadata', return_value=None), \
+                mock.patch('nova.virt.libvirt.blockinfo.get_disk_info', return_value={}):
+            self.drvr.power_on(self.context, self.instance, network_info=[])
+        self.assertEqual(power_state.RUNNING, self.drvr.get_info(self.instance).state)
+        self.assertEqual(str(self.base), self.backing_of(disk.path))
+
+
+class TestMoves(DriverTestCase):
+
+    def test_unshelve_rebases_onto_the_original_image_then_the_mount(self):
+        snapshot_base = self.base_dir / images.base_file_name('snapshot')
+        write_raw_base(snapshot_base)
+        os.link(snapshot_base, self.mount / snapshot_base.name)
+        disk = self.create_root_disk(filename=snapshot_base.name, image_id='snapshot')
+        self.instance.system_metadata = {'image_base_image_ref': IMAGE_ID}
+        self.instance.vm_state = 'shelved_offloaded'
+
+        def fetch(backend, fetch_func, context, filename, image_id, instance, size):
+            self.fetch_image(str(self.base_dir / filename))
+
+        with mock.patch.object(self.drvr, '_try_fetch_image_cache', side_effect=fetch), \
+                mock.patch.object(self.drvr, '_needs_rebase_original_qcow2_image',
+                                  return_value=True):
+            self.drvr._rebase_original_qcow2_image(self.context, self.instance, disk)
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+
+    def test_live_migration_shared_path_refused_when_yolofs_down_here(self):
+        self.create_root_disk()
+        self.yolofs_down()
+        migrate_data = objects.LibvirtLiveMigrateData(
+            is_shared_instance_path=True, is_shared_block_storage=False, block_migration=False)
+        self.assertRaises(exception.MigrationPreCheckError, self.drvr.pre_live_migration,
+                          self.context, self.instance, None, [], None, migrate_data)
+
+    def test_live_migration_shared_path_proceeds_when_yolofs_healthy(self):
+        self.create_root_disk()
+        migrate_data = objects.LibvirtLiveMigrateData(
+            is_shared_instance_path=True, is_shared_block_storage=False, block_migration=False)
+        with mock.patch.object(libvirt_driver.LibvirtDriver, 'pre_live_migration') as pre:
+            self.drvr.pre_live_migration(self.context, self.instance, None, [], None,
+                                         migrate_data)
+        pre.assert_called_once()
+
+    def test_block_migration_creates_the_destination_disk_on_the_mount(self):
+        # Nova's own _create_images_and_backing (live block migration, hard reboot) through the
+        # yolo backend: the destination disk is created over the cached base file.
+        disk_info = [{'type': 'qcow2', 'path': str(self.instance_dir / 'disk'),
+                      'virt_disk_size': 1024 * MiB, 'backing_file': self.name,
+                      'disk_size': 0, 'over_committed_disk_size': 0}]
+        self.instance_dir.mkdir()
+        with mock.patch('nova.virt.libvirt.utils.fetch_image', side_effect=(
+                lambda context, target, image_id, trusted_certs=None: self.fetch_image(target))):
+            self.drvr._create_images_and_backing(self.context, self.instance,
+                                                 str(self.instance_dir), disk_info)
+        self.assertEqual(str(self.mount / self.name),
+                         self.backing_of(self.instance_dir / 'disk'))
+
+
+class TestImageCache(DriverTestCase):
+
+    def test_base_file_in_use_through_the_mount_is_kept_unused_ones_go(self):
+        self.publish_boot_image()
+        disk = self.create_root_disk()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        unused = self.base_dir / images.base_file_name('unused-image')
+        write_raw_base(unused, size=MiB)
+        for suffix in ('.yolo', '.yolo.verified', '.image-id'):
+            (self.store / (unused.name + suffix)).write_text('x')
+        old = time.time() - 10 * 86400
+        for base in (self.base, unused):
+            os.utime(base, (old, old))
+        self.flags(remove_unused_base_images=True,
+                   remove_unused_original_minimum_age_seconds=1, group='image_cache')
+        self.instance.host = self.drvr._host.get_hostname()
+        with mock.patch.object(objects.block_device.BlockDeviceMappingList,
+                               'bdms_by_instance_uuid', return_value={}):
+            self.drvr.manage_image_cache(self.context, [self.instance])
+        self.assertTrue(self.base.exists())
+        self.assertFalse(unused.exists())
+        self.assertTrue((self.store / (self.name + '.yolo')).exists())
+        self.assertEqual([], [p for p in os.listdir(self.store) if p.startswith(unused.name)])
+
+
+class TestHostStats(DriverTestCase):
+
+    def resources(self, stats_keys):
+        with mock.patch.object(libvirt_driver.LibvirtDriver, 'get_available_resource',
+                               return_value={'vcpus': 2, 'stats': {'uptime': 'up'}}):
+            data = self.drvr.get_available_resource('node')
+        self.assertEqual('up', data['stats']['uptime'])
+        for value in data['stats'].values():
+            self.assertIsInstance(value, str)  # ComputeNode.stats holds strings
+        return data['stats']
+
+    def test_reports_load_parameters_and_verified_boot_images(self):
+        self.publish_boot_image()
+        self.create_root_disk()
+        self.client.status.return_value = {'rejected': []}
+        self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5}
+        stats = self.resources(host_stats.KEYS)
+        self.assertEqual('true', stats['yolo_active'])
+        state = host_stats.from_stats(stats, max_age=300)
+        self.assertEqual(0.25, state.io_utilisation)
+        self.assertEqual(0.5, state.cpu_utilisation)
+        self.assertEqual(2, state.params.cpus)
+        self.assertEqual(frozenset([IMAGE_ID]), state.boot_images)
+
+    def test_rejected_boot_images_are_not_reported(self):
+        self.publish_boot_image()
+        self.create_root_disk()
+        self.client.status.return_value = {'rejected': [{'name': self.name, 'reason': 'x'}]}
+        self.client.host_load.return_value = {'io_utilisation': 0.0, 'cpu_utilisation': 0.0}
+        state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
+        self.assertEqual(frozenset(), state.boot_images)
+
+    def test_yolofs_down_reports_inactive_and_no_load(self):
+        self.yolofs_down()
+        stats = self.resources(())
+        self.assertEqual('false', stats['yolo_active'])
+        self.assertIsNone(host_stats.from_stats(stats, max_age=300))
+
+
+class TestQcow2DisksInXml(nova_base.NoDBTestCase):
+
+    def test_only_file_qcow2_disks(self):
+        xml = ("<domain><devices>"
+               "<disk type='file'><driver type='qcow2'/><source file='/i/disk'/></disk>"
+               "<disk type='file'><driver type='raw'/><source file='/i/disk.config'/></disk>"
+               "<disk type='block'><driver type='raw'/><source dev='/dev/sdb'/></disk>"
+               "<disk type='network'><driver type='raw'/><source name='vol'/></disk>"
+               "</devices></domain>")
+        self.assertEqual(['/i/disk'], yolo_driver.qcow2_file_disks(xml))
+

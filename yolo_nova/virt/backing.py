@@ -1,0 +1,105 @@
+"""Which file an instance disk's backing file is: the yolofs mirror or the real ``_base`` file.
+
+Both hold the same bytes under the same name, so switching is a header-only ``qemu-img rebase -u``
+and Nova, which only ever looks at the backing file's basename (image cache manager, disk info,
+migrations), never notices. The rule is one line: a disk points at the mount only while yolofs is
+mounted and answering; every start of a guest re-applies it, so an instance always starts.
+"""
+
+import os
+
+from oslo_concurrency import processutils
+from oslo_log import log as logging
+
+from yolo_common import yolofs
+
+LOG = logging.getLogger(__name__)
+
+# Base files Nova creates itself (blank, formatted locally): a boot reads little of them and no
+# boot image can exist for them, so ephemeral and swap disks stay on _base.
+LOCAL_BASE_PREFIXES = ('ephemeral_', 'swap_')
+
+
+class BackingFiles:
+    """The rule above for one compute host: its image cache and its yolofs mount."""
+
+    def __init__(self, base_dir, mount_point, control_socket, control_timeout, enabled=True):
+        self.base_dir = os.path.realpath(base_dir)
+        self.mount_point = os.path.realpath(mount_point)
+        self.client = yolofs.ControlClient(control_socket, timeout=control_timeout)
+        self.enabled = enabled
+
+    def yolofs_healthy(self):
+        """yolofs is mounted on the mount point and answers on its control socket."""
+        if not self.enabled or not yolofs.is_mounted(self.mount_point):
+            return False
+        try:
+            self.client.status()
+        except (OSError, ValueError, yolofs.YolofsError) as e:
+            LOG.warning('yolofs is mounted on %s but does not answer on %s: %s',
+                        self.mount_point, self.client.path, e)
+            return False
+        return True
+
+    def is_image_base(self, name):
+        """A Glance image's base file (``sha1(image id)``), as opposed to ephemeral and swap."""
+        return not name.startswith(LOCAL_BASE_PREFIXES)
+
+    def on_mount(self, name):
+        return os.path.join(self.mount_point, name)
+
+    def on_base(self, name):
+        return os.path.join(self.base_dir, name)
+
+    def place(self, disk_path, healthy=None):
+        """Points ``disk_path``'s backing file where the rule says; returns where it points.
+
+        Disks whose backing file is neither in ``_base`` nor on the mount (flat disks, snapshot
+        bases during unshelve, volumes) are left alone. ``healthy``: a health check already made.
+        """
+        info = backing_info(disk_path)
+        if info is None:
+            return None
+        backing, fmt = info
+        name = os.path.basename(backing)
+        if self.directory_of(backing) is None or not self.is_image_base(name):
+            return backing
+        if healthy is None:
+            healthy = self.yolofs_healthy()
+        wanted = self.on_mount(name) if healthy and os.path.exists(self.on_mount(name)) \
+            else self.on_base(name)
+        if wanted != backing:
+            rebase_unsafe(disk_path, wanted, fmt)
+            LOG.info('%s: backing file %s -> %s', disk_path, backing, wanted)
+        return wanted
+
+    def directory_of(self, backing):
+        """'mount' or 'base' for a backing file in either directory, else None."""
+        directory = os.path.normpath(os.path.dirname(backing))
+        if directory == self.mount_point:
+            return 'mount'
+        # Not realpath on the mount point: with yolofs dead, stat there fails (ENOTCONN).
+        if os.path.realpath(directory) == self.base_dir:
+            return 'base'
+        return None
+
+    def uses_mount(self, disk_path):
+        info = backing_info(disk_path)
+        return info is not None and self.directory_of(info[0]) == 'mount'
+
+
+def backing_info(disk_path):
+    """(backing file, backing format) of a qcow2 disk, or None if it has none."""
+    # Imported here: nova.virt.images pulls in Nova's whole config, which the scheduler side of
+    # yolo_nova does not need.
+    from nova.virt import images
+    info = images.qemu_img_info(disk_path)
+    if info.file_format != 'qcow2' or not info.backing_file:
+        return None
+    fmt = getattr(info, 'backing_file_format', None) or 'raw'
+    return info.backing_file, fmt
+
+
+def rebase_unsafe(disk_path, backing, fmt):
+    """Rewrites only the header: the new backing file holds the same bytes as the old one."""
+    processutils.execute('qemu-img', 'rebase', '-u', '-F', fmt, '-b', backing, disk_path)

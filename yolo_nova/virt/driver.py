@@ -1,0 +1,146 @@
+"""``YoloLibvirtDriver``: Nova's libvirt driver with root disks backed by yolofs.
+
+Load it with ``[DEFAULT] compute_driver = yolo.YoloLibvirtDriver`` (Nova loads drivers only from
+``nova.virt``; the package installs the thin ``nova.virt.yolo`` module for that).
+
+What it changes, and where (docs/nova-driver.md has the full list of Nova's paths):
+
+* New qcow2 root disks over a ``_base`` file get their backing file on the yolofs mount, same
+  name (image backend, :mod:`yolo_nova.virt.imagebackend`); the image's published boot image is
+  fetched and verified when the base file is cached.
+* Every start of a guest (spawn, reboot, power on, host restart, resume, rescue, unrescue,
+  resize, migration, evacuation) first points its disks at the mount if yolofs is healthy, or
+  back at ``_base`` if not, and asks yolofs to preload the boot images: an instance always starts.
+* Host load, verified boot images and boot-time parameters go to the scheduler in the node's
+  ``stats``; the image cache manager's cleanups also clean the boot image store.
+"""
+
+import os
+import time
+import xml.etree.ElementTree as ET
+
+import nova.conf
+from nova import exception
+from nova.virt.libvirt import driver as libvirt_driver
+from nova.virt.libvirt import utils as libvirt_utils
+from oslo_log import log as logging
+
+from yolo_common import yolofs
+from yolo_nova import boot_model
+from yolo_nova import conf as yolo_conf
+from yolo_nova import host_stats
+from yolo_nova.virt import backing
+from yolo_nova.virt import boot_images
+from yolo_nova.virt import imagebackend
+
+CONF = nova.conf.CONF
+yolo_conf.register_opts(CONF)
+LOG = logging.getLogger(__name__)
+
+
+class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
+
+    def __init__(self, virtapi, read_only=False):
+        super().__init__(virtapi, read_only)
+        base_dir = os.path.join(CONF.instances_path, CONF.image_cache.subdirectory_name)
+        self.yolo_backing = backing.BackingFiles(
+            base_dir, CONF.yolo.mount_point, CONF.yolo.control_socket,
+            CONF.yolo.control_timeout, enabled=CONF.yolo.enabled)
+        self.yolo_boot_images = boot_images.BootImages(
+            CONF.yolo.boot_image_dir, CONF.yolo.yolofs_binary,
+            fetch=CONF.yolo.fetch_boot_images)
+        self.image_backend = imagebackend.YoloBackend(
+            CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images)
+
+    # Every path that starts a guest goes through here.
+    def _create_guest(self, context, xml, instance, power_on=True, pause=False,
+                      post_xml_callback=None):
+        if power_on or pause:
+            self._place_backing_files(xml, instance)
+        return super()._create_guest(context, xml, instance, power_on=power_on, pause=pause,
+                                     post_xml_callback=post_xml_callback)
+
+    def _place_backing_files(self, xml, instance):
+        healthy = self.yolo_backing.yolofs_healthy()
+        for path in qcow2_file_disks(xml):
+            try:
+                placed = self.yolo_backing.place(path, healthy)
+            except Exception:
+                # The guest start that follows reports the real problem, if there is one.
+                LOG.exception('Could not set the backing file of %s', path, instance=instance)
+                continue
+            if healthy and placed and self.yolo_backing.directory_of(placed) == 'mount':
+                self._preload(os.path.basename(placed), instance)
+
+    def _preload(self, name, instance):
+        if not os.path.exists(self.yolo_boot_images.path_for(name)):
+            return
+        try:
+            answer = self.yolo_backing.client.preload(name)
+            LOG.debug('yolofs preloaded %s: %s', name, answer, instance=instance)
+        except (OSError, ValueError, yolofs.YolofsError) as e:
+            LOG.warning('yolofs could not preload the boot image of %s: %s', name, e,
+                        instance=instance)
+
+    # Unshelve and cross-cell resize: Nova rebases the disk from the snapshot onto the original
+    # image's base file in _base; then it can go on the mount like any other.
+    def _rebase_original_qcow2_image(self, context, instance, backend):
+        super()._rebase_original_qcow2_image(context, instance, backend)
+        if os.path.exists(backend.path):
+            self.yolo_backing.place(backend.path)
+
+    def pre_live_migration(self, context, instance, block_device_info, network_info,
+                           disk_info, migrate_data):
+        # With a shared instance path the running guest's disk keeps its header: if it is backed
+        # by the mount, this host's yolofs must serve it (the header cannot be rewritten under
+        # the running source guest).
+        if migrate_data.is_shared_instance_path and not self.yolo_backing.yolofs_healthy():
+            root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
+            if os.path.exists(root) and self.yolo_backing.uses_mount(root):
+                raise exception.MigrationPreCheckError(
+                    reason='the instance disk is backed by yolofs, which is not healthy on '
+                           'this host (%s)' % CONF.yolo.mount_point)
+        return super().pre_live_migration(context, instance, block_device_info, network_info,
+                                          disk_info, migrate_data)
+
+    def manage_image_cache(self, context, all_instances):
+        super().manage_image_cache(context, all_instances)
+        self.yolo_boot_images.remove_orphans(self.yolo_backing.base_dir)
+
+    def get_available_resource(self, nodename):
+        data = super().get_available_resource(nodename)
+        data['stats'] = dict(data.get('stats') or {}, **self._yolo_stats(data))
+        return data
+
+    def _yolo_stats(self, resources):
+        """The host_stats keys, or only ``yolo_active: false`` if yolofs is not serving."""
+        if not self.yolo_backing.yolofs_healthy():
+            return {'yolo_active': 'false'}
+        try:
+            status = self.yolo_backing.client.status()
+            load = self.yolo_backing.client.host_load()
+        except (OSError, ValueError, yolofs.YolofsError) as e:
+            LOG.warning('yolofs did not report the host load: %s', e)
+            return {'yolo_active': 'false'}
+        rejected = {r['name'] for r in status.get('rejected', ())}
+        state = host_stats.HostBootState(
+            io_utilisation=float(load['io_utilisation']),
+            cpu_utilisation=float(load['cpu_utilisation']),
+            params=boot_model.BootTimeParameters(
+                alpha=CONF.yolo.boot_time_alpha, beta=CONF.yolo.boot_time_beta,
+                alpha_yolo=CONF.yolo.boot_time_alpha_yolo,
+                cpus=max(1, int(resources.get('vcpus') or os.cpu_count() or 1))),
+            boot_images=frozenset(self.yolo_boot_images.verified_image_ids(rejected)),
+            updated_at=time.time())
+        return dict(state.to_stats(), yolo_active='true')
+
+
+def qcow2_file_disks(xml):
+    """Paths of the file-backed qcow2 disks in a libvirt domain XML."""
+    paths = []
+    for disk in ET.fromstring(xml).iterfind('./devices/disk'):
+        driver, source = disk.find('driver'), disk.find('source')
+        if disk.get('type') == 'file' and driver is not None and driver.get('type') == 'qcow2' \
+                and source is not None and source.get('file'):
+            paths.append(source.get('file'))
+    return paths
