@@ -1,8 +1,8 @@
-"""YOLO's options for Nova, in the ``[yolo]`` group: the scheduler's and the compute node's.
+"""YOLO's options for Nova in the ``[yolo]`` group: the scheduler's and the compute node's.
 
-Registered with :func:`register_opts` (the scheduler filter, the weigher and the compute driver do
-it on Nova's CONF when loaded) and listed for ``oslo-config-generator`` by :func:`list_opts` (entry point
-``oslo.config.opts``: ``yolo_nova``).
+Registered with :func:`register_opts` (the scheduler filter, the weigher and the compute driver
+do it on Nova's CONF when loaded) and listed for ``oslo-config-generator`` by :func:`list_opts`
+(entry point ``oslo.config.opts``: ``yolo_nova``).
 """
 
 from oslo_config import cfg

@@ -6,6 +6,7 @@ migrations), never notices. The rule is one line: a disk points at the mount onl
 mounted and answering; every start of a guest re-applies it, so an instance always starts.
 """
 
+import contextlib
 import os
 
 from oslo_concurrency import processutils
@@ -45,10 +46,10 @@ class BackingFiles:
         """A Glance image's base file (``sha1(image id)``), as opposed to ephemeral and swap."""
         return not name.startswith(LOCAL_BASE_PREFIXES)
 
-    def on_mount(self, name):
+    def mount_path(self, name):
         return os.path.join(self.mount_point, name)
 
-    def on_base(self, name):
+    def base_path(self, name):
         return os.path.join(self.base_dir, name)
 
     def place(self, disk_path, healthy=None):
@@ -66,12 +67,31 @@ class BackingFiles:
             return backing
         if healthy is None:
             healthy = self.yolofs_healthy()
-        wanted = self.on_mount(name) if healthy and os.path.exists(self.on_mount(name)) \
-            else self.on_base(name)
+        wanted = self.mount_path(name) if healthy and os.path.exists(self.mount_path(name)) \
+            else self.base_path(name)
         if wanted != backing:
             rebase_unsafe(disk_path, wanted, fmt)
             LOG.info('%s: backing file %s -> %s', disk_path, backing, wanted)
         return wanted
+
+    @contextlib.contextmanager
+    def on_base(self, disk_path):
+        """Backs ``disk_path`` by ``_base`` for the duration, then places it again.
+
+        For Nova's own ``qemu-img`` runs on a disk (resize, cold snapshot), which open the whole
+        backing chain: through the mount they would need yolofs up, and their reads would be
+        taken by a learning yolofs for the start of a boot.
+        """
+        info = backing_info(disk_path)
+        if info is None or self.directory_of(info[0]) != 'mount':
+            yield
+            return
+        name = os.path.basename(info[0])
+        rebase_unsafe(disk_path, self.base_path(name), info[1])
+        try:
+            yield
+        finally:
+            self.place(disk_path)
 
     def directory_of(self, backing):
         """'mount' or 'base' for a backing file in either directory, else None."""

@@ -87,8 +87,9 @@ class BootImages:
             self.image_api.download(context, boot_image_id, dest_path=incoming)
             # --mark writes the stamp yolofs trusts instead of verifying again; the base file was
             # just downloaded, so it is still in page cache and this is cheap.
-            proc = subprocess.run([yolofs_command(self.yolofs_binary), 'verify', '--mark', incoming, base_path],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [yolofs_command(self.yolofs_binary), 'verify', '--mark', incoming, base_path],
+                capture_output=True, text=True)
             if proc.returncode != 0:
                 LOG.warning('Boot image %s does not match base file %s; not installed: %s',
                             boot_image_id, name, (proc.stderr or proc.stdout).strip())

@@ -28,14 +28,13 @@ class YoloQcow2(imagebackend.Qcow2):
             self.boot_images.ensure(context, image_id, base)
         self.backing_files.place(self.path)
 
-    # qemu-img resize and convert open the whole backing chain: make it openable first.
     def resize_image(self, size):
-        self.backing_files.place(self.path)
-        super().resize_image(size)
+        with self.backing_files.on_base(self.path):
+            super().resize_image(size)
 
     def snapshot_extract(self, target, out_format):
-        self.backing_files.place(self.path)
-        super().snapshot_extract(target, out_format)
+        with self.backing_files.on_base(self.path):
+            super().snapshot_extract(target, out_format)
 
 
 class YoloBackend(imagebackend.Backend):

@@ -30,7 +30,6 @@ from yolo_common import images
 from yolo_common import yolofs
 from yolo_nova import host_stats
 from yolo_nova.virt import backing
-from yolo_nova.virt import boot_images
 from yolo_nova.virt import driver as yolo_driver
 
 IMAGE_ID = 'c0ffee00-0000-4000-8000-000000000001'
@@ -283,6 +282,14 @@ class TestGuestStart(DriverTestCase):
             ['qemu-img', 'info', '--output=json', self.disk.path]))
         self.assertEqual(2048 * MiB, info['virtual-size'])
 
+    def test_resize_runs_on_base_and_leaves_the_disk_on_the_mount(self):
+        with mock.patch('nova.virt.disk.api.extend') as extend:
+            extend.side_effect = lambda image, size: self.assertEqual(
+                str(self.base), self.backing_of(image.path))
+            self.disk.resize_image(2048 * MiB)
+        extend.assert_called_once()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
+
     def test_cold_snapshot_with_yolofs_down_works(self):
         self.yolofs_down()
         target = self.root / 'snapshot.raw'
@@ -438,4 +445,3 @@ class TestQcow2DisksInXml(nova_base.NoDBTestCase):
                "<disk type='network'><driver type='raw'/><source name='vol'/></disk>"
                "</devices></domain>")
         self.assertEqual(['/i/disk'], yolo_driver.qcow2_file_disks(xml))
-

@@ -1,0 +1,249 @@
+"""YoloLibvirtDriver for real: Nova's image backend over a real yolofs mount, real QEMU boots,
+and a real libvirtd.
+
+Glance is the only thing faked (an in-memory image API: tests/functional of yolo_glance runs the
+real one). Nova's privileged helpers run in-process (these tests run as root).
+"""
+
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+
+import fixtures
+import pytest
+from nova import context as nova_context
+from nova import objects
+from nova.compute import power_state
+from nova.tests import fixtures as nova_fixtures
+from nova.tests.unit import fake_instance
+from nova.virt import driver as virt_driver
+from nova.virt import fake as fake_virt
+from oslo_config import fixture as config_fixture
+
+import nova.conf
+from tests.unit.virt.test_driver import FakeImageAPI
+from yolo_common import images
+from yolo_common import qemu
+from yolo_common import yolofs
+from yolo_nova.virt import backing
+
+CONF = nova.conf.CONF
+BOOT_TIMEOUT = 900
+GiB = 1 << 30
+
+
+@pytest.fixture
+def nova_host(image_cache, tmp_path):
+    """Nova's configuration for a compute host whose image cache holds the test image."""
+    instances = image_cache.parent.parent
+    with fixtures.Fixture() as scope:
+        conf = scope.useFixture(config_fixture.Config(CONF))
+        scope.useFixture(nova_fixtures.PrivsepFixture())
+        conf.config(instances_path=str(instances), use_cow_images=True, force_raw_images=True)
+        conf.config(images_type='qcow2', virt_type='qemu', group='libvirt')
+        conf.config(mount_point=str(tmp_path / 'mnt0'),
+                    control_socket=str(tmp_path / 'control0.sock'),
+                    boot_image_dir=str(tmp_path / 'boot-images'), yolofs_binary=yolofs.binary(),
+                    group='yolo')
+        yield scope
+
+
+def make_driver(image_api):
+    drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
+    drvr.yolo_boot_images._image_api = image_api
+    return drvr
+
+
+def make_instance(context, image_id):
+    instance = fake_instance.fake_instance_obj(
+        context, uuid=str(uuid.uuid4()), image_ref=image_id,
+        flavor=objects.Flavor(root_gb=4, ephemeral_gb=0, swap=0, extra_specs={}))
+    instance.system_metadata = {}
+    instance.numa_topology = None
+    instance.trusted_certs = None
+    return instance
+
+
+def create_root_disk(drvr, context, instance, base):
+    disk = drvr.image_backend.by_name(instance, 'disk')
+
+    def fetch(target, **kwargs):
+        raise AssertionError('the base file is already cached: %s' % target)
+    disk.cache(fetch_func=fetch, context=context, filename=base.name,
+               image_id=instance.image_ref, size=instance.flavor.root_gb * GiB)
+    return pathlib.Path(disk.path)
+
+
+def start_with_driver(drvr, context, instance, disk):
+    """The driver's start path (_create_guest) up to libvirt, which is not used here."""
+    xml = ("<domain type='qemu'><devices><disk type='file' device='disk'>"
+           "<driver name='qemu' type='qcow2'/><source file='%s'/></disk></devices></domain>" % disk)
+    with fixtures.MockPatch('nova.virt.libvirt.driver.LibvirtDriver._create_guest'):
+        drvr._create_guest(context, xml, instance)
+
+
+def test_root_disk_on_the_mount_learns_boots_and_falls_back(nova_host, image_cache,
+                                                            mount_factory, tmp_path):
+    base = image_cache
+    image_id = str(uuid.uuid4())
+    glance = FakeImageAPI()
+    glance.images[image_id] = {'properties': {}}  # no published boot image: learn it here
+    mount = mount_factory(base.parent, boot_images=tmp_path / 'boot-images', learn=True,
+                          record_idle_secs=600, record_max_secs=1800)
+    drvr = make_driver(glance)
+    context = nova_context.get_admin_context()
+    instance = make_instance(context, image_id)
+
+    # Nova creates the root disk (and resizes it to the flavor's 4 GiB): backed by the mount.
+    disk = create_root_disk(drvr, context, instance, base)
+    info = images.info(disk)
+    assert info['backing-filename'] == str(mount.mountpoint / base.name)
+    assert info['backing-filename-format'] == 'raw'
+    assert info['virtual-size'] == 4 * GiB
+    # Nova's own qemu-img runs (the resize) did not go through yolofs: no recording yet.
+    assert mount.client.status()['recording'] == []
+
+    # First boot: yolofs records it and learns the image's boot image.
+    start_with_driver(drvr, context, instance, disk)
+    with qemu.Guest(disk, console_log=tmp_path / 'boot1.log') as guest:
+        guest.wait_ready(BOOT_TIMEOUT)
+    assert mount.client.record_stop(base.name)['built'] is True
+    yolofs.run('verify', tmp_path / 'boot-images' / (base.name + '.yolo'), base)
+
+    # yolofs goes down: the start path rebases the disk back onto _base and the guest boots.
+    mount.stop()
+    assert not yolofs.is_mounted(mount.mountpoint)
+    start_with_driver(drvr, context, instance, disk)
+    assert images.info(disk)['backing-filename'] == str(base)
+    with qemu.Guest(disk, console_log=tmp_path / 'boot2.log') as guest:
+        guest.wait_ready(BOOT_TIMEOUT)
+
+
+@pytest.fixture
+def libvirtd():
+    """A libvirtd (and virtlogd) started for the test, unless one already runs."""
+    started = []
+    for daemon in ('virtlogd', 'libvirtd'):
+        if subprocess.run(['pgrep', '-x', daemon], capture_output=True).returncode != 0:
+            subprocess.run([daemon, '-d'], check=True)
+            started.append(daemon)
+    deadline = time.monotonic() + 30
+    while subprocess.run(['virsh', '-c', 'qemu:///system', 'version'],
+                         capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, 'libvirtd did not answer within 30 s'
+        time.sleep(0.2)
+    yield 'qemu:///system'
+    for daemon in reversed(started):
+        subprocess.run(['pkill', '-x', daemon], check=False)
+
+
+@pytest.fixture
+def world_readable_dir():
+    """libvirt runs QEMU as its own user: the instance files must be reachable by it."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix='yolo-libvirt-', dir='/var/tmp'))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def domain_xml(instance, disk, console_log):
+    return f"""<domain type='qemu'>
+  <name>instance-{instance.uuid[:8]}</name>
+  <uuid>{instance.uuid}</uuid>
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <features><acpi/></features>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2' cache='none' io='native'/>
+      <source file='{disk}'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <serial type='file'><source path='{console_log}'/><target port='0'/></serial>
+  </devices>
+</domain>"""
+
+
+def test_libvirt_boots_the_driver_disk_from_the_boot_image(
+        nova_host, libvirtd, world_readable_dir, test_image, mount_factory, tmp_path):
+    # A host of its own, in a directory libvirt's QEMU user can reach.
+    root = world_readable_dir
+    image_id = str(uuid.uuid4())
+    base = root / 'instances' / '_base' / images.base_file_name(image_id)
+    base.parent.mkdir(parents=True)
+    images.convert_to_raw(test_image, base)
+    (root / 'instances').chmod(0o755)
+    nova_host.useFixture(config_fixture.Config(CONF)).config(
+        instances_path=str(root / 'instances'))
+
+    # Glance publishes a boot image for the image (learned here from one boot, as
+    # yolo-glance-worker does); the driver fetches and verifies it when the base is cached.
+    published = tmp_path / 'published.yolo'
+    learner = mount_factory(base.parent, boot_images=tmp_path / 'learned', learn=True,
+                            record_idle_secs=600, record_max_secs=1800)
+    overlay = tmp_path / 'learn.qcow2'
+    images.create_overlay(learner.mountpoint / base.name, overlay)
+    with qemu.Guest(overlay, console_log=tmp_path / 'learn.log') as guest:
+        guest.wait_ready(BOOT_TIMEOUT)
+    assert learner.client.record_stop(base.name)['built'] is True
+    learner.stop()
+    shutil.copyfile(tmp_path / 'learned' / (base.name + '.yolo'), published)
+    glance = FakeImageAPI()
+    glance.images['boot-image'] = {'properties': {}, 'file': published}
+    glance.images[image_id] = {'properties': {'yolo_boot_image_id': 'boot-image'}}
+
+    store = root / 'boot-images'
+    mount = yolofs.Mount(base.parent, root / 'yolofs', store, root / 'control.sock',
+                         log_path=tmp_path / 'yolofs.log')
+    nova_host.addCleanup(mount.stop)
+    mount.start()
+    nova_host.useFixture(config_fixture.Config(CONF)).config(
+        mount_point=str(mount.mountpoint), control_socket=str(mount.control_socket),
+        boot_image_dir=str(store), group='yolo')
+    nova_host.useFixture(config_fixture.Config(CONF)).config(
+        connection_uri=libvirtd, group='libvirt')
+    drvr = make_driver(glance)
+    context = nova_context.get_admin_context()
+    instance = make_instance(context, image_id)
+    disk = create_root_disk(drvr, context, instance, base)
+    assert (store / (base.name + '.yolo.verified')).exists()
+    assert images.info(disk)['backing-filename'] == str(mount.mountpoint / base.name)
+
+    console_log = root / 'console.log'
+    guest = drvr._create_guest(context, domain_xml(instance, disk, console_log), instance)
+    try:
+        assert drvr.get_info(instance).state == power_state.RUNNING
+        deadline = time.monotonic() + BOOT_TIMEOUT
+        while qemu.READY_MARKER not in read_bytes(console_log):
+            assert time.monotonic() < deadline, read_bytes(console_log)[-800:]
+            time.sleep(0.5)
+    finally:
+        guest.poweroff()
+        guest.delete_configuration()
+
+    stats = mount.client.stats(base.name)[base.name]
+    read = stats['bytes_memory'] + stats['bytes_passthrough']
+    assert read > 1 << 20, stats
+    assert stats['bytes_memory'] / read > 0.8, stats
+    assert stats['errors'] == 0, stats
+    # The host reports the verified boot image to the scheduler.
+    resources = drvr._yolo_stats({'vcpus': 2})
+    assert resources['yolo_active'] == 'true'
+    assert image_id in resources['yolo_boot_images'].split(',')
+
+
+def read_bytes(path):
+    try:
+        return pathlib.Path(path).read_bytes()
+    except FileNotFoundError:
+        return b''
+
+
+def test_yolofs_not_running_means_unhealthy(tmp_path):
+    files = backing.BackingFiles(tmp_path / '_base', tmp_path / 'mnt', tmp_path / 'sock', 1.0)
+    assert files.yolofs_healthy() is False
