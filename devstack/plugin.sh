@@ -7,10 +7,14 @@
 #   enable_plugin yolo <path or URL of this repository>
 #
 # Tunables (see devstack/settings): YOLOFS_SOURCE (Nova's image cache, instances/_base),
-# YOLOFS_MOUNTPOINT, YOLOFS_BOOT_IMAGES, YOLOFS_CONTROL_SOCKET, YOLOFS_OPTIONS.
+# YOLOFS_MOUNTPOINT, YOLOFS_BOOT_IMAGES, YOLOFS_CONTROL_SOCKET, YOLOFS_OPTIONS,
+# YOLO_NOVA_DRIVER (True: compute_driver = yolo.YoloLibvirtDriver), YOLO_SCHEDULER (True:
+# YoloBootFilter and YoloBootTimeWeigher in nova-scheduler).
 #
-# Phases: install builds yolofs (Rust >= 1.85 must be installed) into $YOLOFS_BIN; start runs
-# `yolofs mount` as the devstack@yolofs service on compute nodes.
+# Phases: install builds yolofs (Rust >= 1.85 must be installed) into $YOLOFS_BIN and installs
+# the Python package (not editable: it ships the nova.virt.yolo driver module); post-config
+# writes nova.conf and starts `yolofs mount` as the devstack@yolofs service, before nova-compute
+# starts.
 
 XTRACE=$(set +o | grep xtrace)
 set -o xtrace
@@ -21,10 +25,31 @@ function install_yolo {
     install_package fuse3 qemu-utils
     (cd "$repo/yolofs" && cargo build --release --locked)
     sudo install -m 0755 "$repo/yolofs/target/release/yolofs" "$YOLOFS_BIN"
+    pip_install "$repo"
 }
 
 function configure_yolo {
     sudo mkdir -p "$YOLOFS_SOURCE" "$YOLOFS_MOUNTPOINT" "$YOLOFS_BOOT_IMAGES" "$(dirname "$YOLOFS_CONTROL_SOCKET")"
+    if [[ "$YOLO_NOVA_DRIVER" == "True" ]]; then
+        iniset $NOVA_CONF DEFAULT compute_driver yolo.YoloLibvirtDriver
+        iniset $NOVA_CONF yolo mount_point "$YOLOFS_MOUNTPOINT"
+        iniset $NOVA_CONF yolo boot_image_dir "$YOLOFS_BOOT_IMAGES"
+        iniset $NOVA_CONF yolo control_socket "$YOLOFS_CONTROL_SOCKET"
+        iniset $NOVA_CONF yolo yolofs_binary "$YOLOFS_BIN"
+    fi
+    if [[ "$YOLO_SCHEDULER" == "True" ]]; then
+        # A first available_filters line replaces Nova's default: keep Nova's filters.
+        if ! iniget_multiline $NOVA_CONF filter_scheduler available_filters | grep -q all_filters; then
+            iniadd $NOVA_CONF filter_scheduler available_filters nova.scheduler.filters.all_filters
+        fi
+        iniadd $NOVA_CONF filter_scheduler available_filters \
+            yolo_nova.scheduler.filters.boot_time_filter.YoloBootFilter
+        local enabled
+        enabled=$(iniget $NOVA_CONF filter_scheduler enabled_filters)
+        iniset $NOVA_CONF filter_scheduler enabled_filters "${enabled:+$enabled,}YoloBootFilter"
+        iniset $NOVA_CONF filter_scheduler weight_classes \
+            nova.scheduler.weights.all_weighers,yolo_nova.scheduler.weights.boot_time.YoloBootTimeWeigher
+    fi
 }
 
 function start_yolo {
@@ -46,10 +71,8 @@ if is_service_enabled yolofs; then
         echo_summary "Installing yolofs"
         install_yolo
     elif [[ "$1" == "stack" && "$2" == "post-config" ]]; then
-        echo_summary "Configuring yolofs"
+        echo_summary "Configuring and starting yolofs"
         configure_yolo
-    elif [[ "$1" == "stack" && "$2" == "extra" ]]; then
-        echo_summary "Starting yolofs"
         start_yolo
     fi
     if [[ "$1" == "unstack" ]]; then

@@ -9,6 +9,7 @@ debian_packages=(
     fuse3                               # fusermount3, used by yolofs to mount
     debootstrap extlinux syslinux-common parted e2fsprogs  # the bootable test image
     fio vmtouch                         # benchmarks
+    libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev  # driver tests
     pkg-config python3-venv
 )
 missing=()
