@@ -60,6 +60,16 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         return super()._create_guest(context, xml, instance, power_on=power_on, pause=pause,
                                      post_xml_callback=post_xml_callback)
 
+    # A soft reboot restarts QEMU on the same domain without _create_guest. If its disks need
+    # yolofs and yolofs is down, decline it: Nova then hard reboots, which rebases them first.
+    def _soft_reboot(self, instance):
+        root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
+        if os.path.exists(root) and self.yolo_backing.uses_mount(root) \
+                and not self.yolo_backing.yolofs_healthy():
+            LOG.warning('yolofs is down: hard rebooting instead, from _base', instance=instance)
+            return False
+        return super()._soft_reboot(instance)
+
     def _place_backing_files(self, xml, instance):
         healthy = self.yolo_backing.yolofs_healthy()
         for path in qcow2_file_disks(xml):

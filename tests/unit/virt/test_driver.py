@@ -268,6 +268,14 @@ class TestGuestStart(DriverTestCase):
         self.start()
         self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
 
+    def test_rescue_start_places_every_disk(self):
+        rescue = self.create_root_disk(name='disk.rescue')
+        self.yolofs_down()
+        self.drvr._create_guest(self.context, self.domain_xml(rescue.path, self.disk.path),
+                                self.instance)
+        for disk in (rescue, self.disk):
+            self.assertEqual(str(self.base), self.backing_of(disk.path))
+
     def test_defining_without_starting_changes_nothing(self):
         self.yolofs_down()
         self.start(power_on=False)
@@ -318,6 +326,26 @@ class TestPowerOn(DriverTestCase):
             self.drvr.power_on(self.context, self.instance, network_info=[])
         self.assertEqual(power_state.RUNNING, self.drvr.get_info(self.instance).state)
         self.assertEqual(str(self.base), self.backing_of(disk.path))
+
+
+    def test_soft_reboot_with_yolofs_down_falls_back_to_hard_reboot(self):
+        disk = self.create_root_disk()
+        self.yolofs_down()
+        with mock.patch.object(libvirt_driver.LibvirtDriver, '_soft_reboot') as soft, \
+                mock.patch.object(self.drvr, '_hard_reboot') as hard:
+            self.drvr.reboot(self.context, self.instance, [], 'SOFT')
+        soft.assert_not_called()
+        hard.assert_called_once()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+
+    def test_soft_reboot_with_yolofs_up_is_nova_s(self):
+        self.create_root_disk()
+        with mock.patch.object(libvirt_driver.LibvirtDriver, '_soft_reboot',
+                               return_value=True) as soft, \
+                mock.patch.object(self.drvr, '_hard_reboot') as hard:
+            self.drvr.reboot(self.context, self.instance, [], 'SOFT')
+        soft.assert_called_once()
+        hard.assert_not_called()
 
 
 class TestMoves(DriverTestCase):
