@@ -327,7 +327,6 @@ class TestPowerOn(DriverTestCase):
         self.assertEqual(power_state.RUNNING, self.drvr.get_info(self.instance).state)
         self.assertEqual(str(self.base), self.backing_of(disk.path))
 
-
     def test_soft_reboot_with_yolofs_down_falls_back_to_hard_reboot(self):
         disk = self.create_root_disk()
         self.yolofs_down()

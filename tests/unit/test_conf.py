@@ -1,0 +1,15 @@
+"""The [yolo] options reach oslo-config-generator through the package's entry point."""
+
+import subprocess
+import sys
+import pathlib
+
+
+def test_config_generator_lists_scheduler_and_compute_options():
+    generator = pathlib.Path(sys.executable).parent / 'oslo-config-generator'
+    sample = subprocess.run([str(generator), '--namespace', 'yolo_nova'], check=True,
+                            capture_output=True, text=True).stdout
+    assert '[yolo]' in sample
+    for option in ('max_boot_time_ratio', 'mount_point', 'boot_image_dir', 'control_socket',
+                   'fetch_boot_images', 'boot_time_alpha'):
+        assert '#%s = ' % option in sample, option
