@@ -7,6 +7,7 @@ accelerator: KVM guests hang on the machines this project is developed on.
 """
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -20,7 +21,8 @@ class BootTimeout(Exception):
 
 
 class Guest:
-    """One QEMU process booting ``disk``; its serial console is watched for ``ready_marker``.
+    """One QEMU process booting ``disk``; its serial console is watched for ``ready_marker``
+    (bytes, or a compiled bytes regular expression).
 
     ``preexec_fn`` runs in the child before QEMU starts (to join a cgroup, say).
     """
@@ -73,7 +75,7 @@ class Guest:
                     log.flush()
                 # Keep a window large enough to find a marker split across chunks.
                 self._console += chunk
-                if not self._ready.is_set() and self.ready_marker in self._console:
+                if not self._ready.is_set() and self._marker_seen():
                     self.ready_at = time.monotonic()
                     self.vcpu_at_ready = self.vcpu_times()
                     self.cpu_at_ready = self.cpu_seconds()
@@ -83,6 +85,15 @@ class Guest:
         finally:
             if log:
                 log.close()
+
+    def _marker_seen(self):
+        if isinstance(self.ready_marker, re.Pattern):
+            return self.ready_marker.search(self._console) is not None
+        return self.ready_marker in self._console
+
+    @property
+    def ready(self):
+        return self._ready.is_set()
 
     def wait_ready(self, timeout=600):
         """Waits for the marker; returns the boot time in seconds."""

@@ -1,0 +1,365 @@
+"""The worker's decisions: what it skips, retries, repeats, deletes.
+
+Glance is an in-memory fake here and the profiling boot is replaced by a fixed trace (the
+functional tests use the real Glance API and real boots); downloads, format checks, the raw
+conversion and every yolofs step are real.
+"""
+
+import copy
+import itertools
+import pathlib
+import shutil
+import subprocess
+from unittest import mock
+
+import pytest
+
+from yolo_common import learning
+from yolo_common import yolofs
+from yolo_glance import glance as glance_api
+from yolo_glance import import_plugin
+from yolo_glance import service
+from yolo_glance import worker as worker_mod
+
+MiB = 1 << 20
+
+
+class FakeGlance:
+    """The part of the Glance API the worker uses, in memory."""
+
+    def __init__(self, root):
+        self.root = pathlib.Path(root)
+        self.images = {}
+        self.ids = itertools.count(1)
+        self.downloads = 0
+        self.fail_downloads = 0
+
+    def add(self, data=None, **fields):
+        image_id = 'img-%d' % next(self.ids)
+        image = {'id': image_id, 'status': 'active', 'disk_format': 'raw',
+                 'container_format': 'bare', 'created_at': '2026-11-21T00:00:%02d' % len(
+                     self.images), 'owner': 'p1', **fields}
+        if data is not None:
+            path = self.root / image_id
+            path.write_bytes(data)
+            image['file'] = path
+        self.images[image_id] = image
+        return image_id
+
+    def get(self, image_id):
+        if image_id not in self.images:
+            raise glance_api.NotFound()
+        return copy.deepcopy(self.images[image_id])
+
+    def active_images(self):
+        return [copy.deepcopy(i) for i in self.images.values() if i['status'] == 'active']
+
+    def boot_images_of(self, source_id):
+        return [copy.deepcopy(i) for i in self.images.values()
+                if i.get(glance_api.SOURCE_IMAGE_ID) == source_id]
+
+    def download(self, image_id, path):
+        self.downloads += 1
+        if self.fail_downloads:
+            self.fail_downloads -= 1
+            raise OSError('connection reset')
+        shutil.copyfile(self.get(image_id)['file'], path)
+        return pathlib.Path(path).stat().st_size
+
+    def set_properties(self, image_id, remove=(), **properties):
+        image = self.images.get(image_id)
+        if image is None:
+            raise glance_api.NotFound()
+        for key in remove:
+            image.pop(key, None)
+        image.update(properties)
+
+    def publish(self, source, path, container_format, properties):
+        data = pathlib.Path(path).read_bytes()
+        return self.add(data, container_format=container_format, os_hidden=True,
+                        **{glance_api.SOURCE_IMAGE_ID: source['id']}, **properties)
+
+    def delete(self, image_id):
+        self.images.pop(image_id, None)
+
+
+def raw_disk(size=4 * MiB):
+    return b''.join(('block %d;' % i).encode().ljust(4096, b'.') for i in range(size // 4096))
+
+
+def fake_learner(reads=((0, 65536), (MiB, 8192))):
+    """Stands in for the profiling boot: the same trace every time."""
+    calls = []
+
+    def learn(base, work, **options):
+        calls.append(options)
+        work = pathlib.Path(work)
+        work.mkdir(parents=True)
+        trace = work / 'boot.trace'
+        trace.write_text(''.join('%d %d\n' % r for r in reads))
+        return learning.Learned(trace, None, 12.5, 0.1, 'ready')
+    learn.calls = calls
+    return learn
+
+
+@pytest.fixture
+def glance(tmp_path):
+    (tmp_path / 'glance').mkdir()
+    return FakeGlance(tmp_path / 'glance')
+
+
+@pytest.fixture
+def make_worker(glance, tmp_path):
+    def make(**kwargs):
+        options = dict(glance=glance, work_dir=str(tmp_path / 'work'),
+                       profiling=worker_mod.ProfilingOptions('login:', 30.0, 600.0),
+                       learner=fake_learner(), yolofs_binary=yolofs.binary(),
+                       worker_id='w1', retry_delay=0)
+        options.update(kwargs)
+        return worker_mod.Worker(**options)
+    return make
+
+
+def raw_of(glance, image_id, tmp_path):
+    raw = tmp_path / 'check.raw'
+    subprocess.run(['qemu-img', 'convert', '-O', 'raw', '-f', glance.images[image_id][
+        'disk_format'], str(glance.images[image_id]['file']), str(raw)], check=True)
+    return raw
+
+
+def test_builds_publishes_and_links_a_verified_boot_image(glance, make_worker, tmp_path):
+    source = glance.add(raw_disk(), os_hash_algo='sha512', os_hash_value='ab' * 64)
+    worker = make_worker()
+    assert worker.build(source) == 'ready'
+    image = glance.images[source]
+    assert image[glance_api.STATUS] == 'ready'
+    assert glance_api.CLAIM not in image and glance_api.REASON not in image
+    boot_image = glance.images[image[glance_api.BOOT_IMAGE_ID]]
+    assert boot_image[glance_api.SOURCE_IMAGE_ID] == source
+    assert boot_image['os_hidden'] is True and boot_image['container_format'] == 'yolo'
+    assert int(boot_image['yolo_covered_bytes']) == 65536 + 8192
+    assert float(boot_image['yolo_coverage']) == pytest.approx(73728 / (4 * MiB), abs=1e-4)
+    assert boot_image['yolo_window_ended_by'] == 'ready'
+    # It verifies against the raw conversion of the source, and carries its identity.
+    yolofs.run('verify', boot_image['file'], raw_of(glance, source, tmp_path))
+    info = yolofs.run('inspect', '--json', boot_image['file']).stdout
+    assert source in info and 'sha512:' + 'ab' * 64 in info
+    # The profiling boot got the configured window.
+    assert worker.learner.calls[0]['boot_timeout'] == 600.0
+    assert worker.learner.calls[0]['idle_seconds'] == 30.0
+    assert worker.learner.calls[0]['ready_marker'].pattern == b'login:'
+    assert not (tmp_path / 'work' / source).exists()
+
+
+def test_building_again_changes_nothing(glance, make_worker):
+    source = glance.add(raw_disk())
+    worker = make_worker()
+    worker.build(source)
+    before = copy.deepcopy(glance.images)
+    assert worker.build(source) == 'present'
+    assert glance.images == before
+    assert glance.downloads == 1
+    assert not worker.needs_build(glance.get(source))
+
+
+def test_qcow2_images_are_converted_to_raw_first(glance, make_worker, tmp_path):
+    raw = tmp_path / 'disk.raw'
+    raw.write_bytes(raw_disk())
+    qcow2 = tmp_path / 'disk.qcow2'
+    subprocess.run(['qemu-img', 'convert', '-O', 'qcow2', str(raw), str(qcow2)], check=True)
+    source = glance.add(qcow2.read_bytes(), disk_format='qcow2')
+    assert make_worker().build(source) == 'ready'
+    boot_image = glance.images[glance.images[source][glance_api.BOOT_IMAGE_ID]]
+    yolofs.run('verify', boot_image['file'], raw)
+
+
+@pytest.mark.parametrize('fields, reason', [
+    ({'disk_format': 'aki', 'container_format': 'aki'}, 'kernel or ramdisk'),
+    ({'disk_format': 'ari', 'container_format': 'ari'}, 'kernel or ramdisk'),
+    ({'disk_format': 'iso'}, 'ISO'),
+    ({'disk_format': 'ploop'}, "disk format 'ploop'"),
+    ({'container_format': 'docker'}, "container format 'docker'"),
+    ({'kernel_id': 'k1'}, 'separate kernel'),
+])
+def test_unbootable_images_are_skipped_with_a_reason(glance, make_worker, fields, reason):
+    source = glance.add(raw_disk(), **fields)
+    before = copy.deepcopy(glance.images[source])
+    worker = make_worker()
+    assert worker.build(source) == 'skipped'
+    image = glance.images[source]
+    assert image[glance_api.STATUS] == 'skipped'
+    assert reason in image[glance_api.REASON]
+    # Nothing but the two status properties changed, and nothing was published or downloaded.
+    assert {k: v for k, v in image.items() if not k.startswith('yolo_')} == before
+    assert len(glance.images) == 1 and glance.downloads == 0
+    assert not worker.needs_build(glance.get(source))
+
+
+def test_boot_images_themselves_are_ignored(glance, make_worker):
+    boot_image = glance.add(b'x', container_format='yolo', os_hidden=True,
+                            **{glance_api.SOURCE_IMAGE_ID: 'img-9'})
+    assert make_worker().build(boot_image) == 'ignored'
+    assert glance_api.STATUS not in glance.images[boot_image]
+
+
+def test_corrupt_upload_fails_with_a_reason_and_touches_nothing_else(glance, make_worker):
+    source = glance.add(raw_disk(), disk_format='qcow2')   # says qcow2, is not
+    assert make_worker().build(source) == 'failed'
+    image = glance.images[source]
+    assert 'not the declared qcow2' in image[glance_api.REASON]
+    assert image['status'] == 'active' and len(glance.images) == 1
+    assert glance.images[source]['file'].read_bytes() == raw_disk()
+
+
+def test_unsafe_qcow2_is_refused(glance, make_worker, tmp_path):
+    qcow2 = tmp_path / 'backed.qcow2'
+    subprocess.run(['qemu-img', 'create', '-f', 'qcow2', '-F', 'raw', '-b', '/etc/passwd',
+                    str(qcow2)], check=True, capture_output=True)
+    source = glance.add(qcow2.read_bytes(), disk_format='qcow2')
+    assert make_worker().build(source) == 'failed'
+    assert 'safety check' in glance.images[source][glance_api.REASON]
+
+
+def test_a_boot_that_teaches_nothing_fails_with_its_reason(glance, make_worker):
+    source = glance.add(raw_disk())
+    learner = mock.Mock(side_effect=learning.LearningFailed('QEMU exited with 1'))
+    assert make_worker(learner=learner).build(source) == 'failed'
+    assert glance.images[source][glance_api.REASON] == 'QEMU exited with 1'
+    learner.assert_called_once()  # not retried: it would fail the same way
+
+
+def test_transient_errors_are_retried(glance, make_worker):
+    source = glance.add(raw_disk())
+    glance.fail_downloads = 2
+    assert make_worker(retries=2).build(source) == 'ready'
+    assert glance.downloads == 3
+
+
+def test_gives_up_after_the_retries(glance, make_worker):
+    source = glance.add(raw_disk())
+    glance.fail_downloads = 10
+    assert make_worker(retries=1).build(source) == 'failed'
+    assert glance.downloads == 2
+    assert 'gave up after 2 attempts: connection reset' in glance.images[source][glance_api.REASON]
+
+
+def test_image_deleted_mid_build_leaves_nothing_behind(glance, make_worker):
+    source = glance.add(raw_disk())
+    learner = fake_learner()
+
+    def deleting_learner(base, work, **options):
+        glance.delete(source)
+        return learner(base, work, **options)
+    assert make_worker(learner=deleting_learner).build(source) == 'gone'
+    assert glance.images == {}
+
+
+def test_a_fresh_claim_is_respected_a_stale_one_taken_over(glance, make_worker):
+    source = glance.add(raw_disk(), **{glance_api.STATUS: 'building',
+                                       glance_api.CLAIM: 'w2 1000'})
+    assert make_worker(clock=lambda: 1000 + 60).build(source) == 'claimed'
+    assert glance.downloads == 0
+    assert make_worker(clock=lambda: 1000 + 7201).build(source) == 'ready'
+
+
+def test_racing_workers_converge_on_one_boot_image(glance, make_worker):
+    source = glance.add(raw_disk())
+    # Another worker published first (an older image) while this one was booting.
+    earlier = glance.add(b'other', container_format='yolo', os_hidden=True,
+                         created_at='2000-01-01T00:00:00',
+                         **{glance_api.SOURCE_IMAGE_ID: source})
+    assert make_worker().build(source) == 'present'
+    assert glance.images[source][glance_api.BOOT_IMAGE_ID] == earlier
+    assert [i['id'] for i in glance.boot_images_of(source)] == [earlier]
+
+
+def test_deleting_the_source_deletes_its_boot_images(glance, make_worker):
+    source = glance.add(raw_disk())
+    other = glance.add(raw_disk())
+    worker = make_worker()
+    worker.build(source)
+    worker.build(other)
+    glance.delete(source)
+    assert worker.delete(source) == 1
+    assert glance.boot_images_of(source) == [] and len(glance.boot_images_of(other)) == 1
+
+
+def test_per_image_profiling_overrides(glance, make_worker):
+    source = glance.add(raw_disk(), min_ram=2048, **{
+        worker_mod.READY_PATTERN_PROPERTY: 'Welcome', worker_mod.IDLE_PROPERTY: '5',
+        worker_mod.MAX_PROPERTY: '120'})
+    worker = make_worker()
+    worker.build(source)
+    call = worker.learner.calls[0]
+    assert call['ready_marker'].pattern == b'Welcome'
+    assert (call['idle_seconds'], call['boot_timeout'], call['memory_mib']) == (5.0, 120.0, 2048)
+
+
+def test_a_bad_ready_pattern_is_a_recorded_failure(glance, make_worker):
+    source = glance.add(raw_disk(), **{worker_mod.READY_PATTERN_PROPERTY: '('})
+    assert make_worker().build(source) == 'failed'
+    assert 'bad ready pattern' in glance.images[source][glance_api.REASON]
+
+
+def test_scan_queues_only_what_needs_work(glance, make_worker):
+    todo = glance.add(raw_disk())
+    glance.add(raw_disk(), **{glance_api.STATUS: 'skipped'})
+    glance.add(raw_disk(), **{glance_api.STATUS: 'failed'})
+    glance.add(raw_disk(), status='queued')
+    glance.add(b'x', container_format='yolo', **{glance_api.SOURCE_IMAGE_ID: todo})
+    dispatcher = service.Dispatcher(make_worker(), glance)
+    assert dispatcher.scan() == [todo]
+    dispatcher.shutdown()
+    assert glance.images[todo][glance_api.STATUS] == 'ready'
+
+
+class TestNotifications:
+
+    def notify(self, event_type, payload):
+        dispatcher = mock.Mock()
+        result = service.NotificationEndpoint(dispatcher).info(
+            {}, 'image.localhost', event_type, payload, {})
+        assert result == 'handled'
+        return dispatcher
+
+    def test_activate_builds_once_active(self):
+        self.notify('image.activate', {'id': 'i1', 'status': 'importing'}) \
+            .build.assert_called_once_with('i1', wait_active=True)
+
+    def test_delete_deletes(self):
+        self.notify('image.delete', {'id': 'i1'}).delete.assert_called_once_with('i1')
+
+    def test_updates_of_active_images_build_but_not_our_own(self):
+        self.notify('image.update', {'id': 'i1', 'status': 'active', 'properties': {}}) \
+            .build.assert_called_once_with('i1')
+        for status in service.OWN_STATUSES:
+            dispatcher = self.notify('image.update', {
+                'id': 'i1', 'status': 'active',
+                'properties': {glance_api.STATUS: status}})
+            dispatcher.build.assert_not_called()
+
+    def test_the_filter_selects_image_events(self):
+        rule = service.NotificationEndpoint.filter_rule
+        assert rule.match({}, 'image.localhost', 'image.activate', {}, {})
+        assert not rule.match({}, 'image.localhost', 'image.upload', {}, {})
+        assert not rule.match({}, 'image.localhost', 'image.member.create', {}, {})
+
+
+class TestImportPlugin:
+
+    def run_flow(self, action_wrapper):
+        flow = import_plugin.get_flow(task_id='t1', task_type='api_image_import',
+                                      action_wrapper=action_wrapper)
+        for task in flow:
+            task.execute()
+
+    def test_marks_the_image_pending(self):
+        wrapper = mock.MagicMock()
+        self.run_flow(wrapper)
+        wrapper.__enter__.return_value.set_image_extra_properties.assert_called_once_with(
+            {glance_api.STATUS: 'pending'})
+
+    def test_never_fails_the_import(self):
+        wrapper = mock.MagicMock()
+        wrapper.__enter__.side_effect = RuntimeError('image is locked')
+        self.run_flow(wrapper)

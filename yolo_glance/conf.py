@@ -1,0 +1,96 @@
+"""Options of ``yolo-glance-worker`` (listed for ``oslo-config-generator`` as ``yolo_glance``).
+
+* ``[yolo_worker]``: what the worker does and how much at once.
+* ``[yolo_profiling]``: the profiling boot that learns a boot image.
+* ``[glance]``: how the worker reaches Glance (keystoneauth session and auth options).
+* ``[oslo_messaging_notifications]`` and ``transport_url``: where Glance's notifications arrive.
+"""
+
+from keystoneauth1 import loading as ks_loading
+from oslo_config import cfg
+
+worker_group = cfg.OptGroup('yolo_worker', title='YOLO boot image worker')
+profiling_group = cfg.OptGroup('yolo_profiling', title='YOLO profiling boots')
+GLANCE_GROUP = 'glance'
+
+worker_opts = [
+    cfg.StrOpt('work_dir', default='/var/lib/yolo/worker',
+               help='Scratch space: downloads, raw conversions, learning mounts.'),
+    cfg.IntOpt('max_concurrent_builds', default=1, min=1,
+               help='Boot images built at once (each one downloads, converts and boots).'),
+    cfg.StrOpt('notification_pool', default='yolo-glance-worker',
+               help="""
+oslo.messaging pool of the notification listener: workers in the same pool share Glance's
+notifications, other consumers of the same topic keep receiving all of them.
+"""),
+    cfg.ListOpt('notification_topics', default=['notifications'],
+                help='Topics Glance sends notifications on.'),
+    cfg.StrOpt('notification_exchange', default='glance',
+               help="Glance's notification exchange."),
+    cfg.IntOpt('scan_interval', default=600, min=0,
+               help="""
+Seconds between scans for active images without a boot image (the backstop for lost notifications
+and for images uploaded before the worker was installed). 0 disables the scan.
+"""),
+    cfg.IntOpt('activation_timeout', default=120, min=0,
+               help="""
+Seconds to wait for an image named in an ``image.activate`` notification to be ``active`` in the
+API (the notification is sent before the database says so).
+"""),
+    cfg.IntOpt('claim_timeout', default=7200, min=60,
+               help="""
+Seconds after which a build claimed by another worker that never finished is taken over.
+"""),
+    cfg.IntOpt('retries', default=3, min=0,
+               help='Retries of a build after a transient error (Glance unreachable, I/O).'),
+    cfg.StrOpt('container_format', default='yolo',
+               help="""
+container_format of published boot images. Glance must accept it: add it to its
+``[image_format] container_formats``.
+"""),
+    cfg.StrOpt('yolofs_binary', default='yolofs', help='The yolofs command.'),
+]
+
+profiling_opts = [
+    cfg.StrOpt('ready_pattern',
+               default=r'login:|Cloud-init v\. .* finished|YOLO-GUEST-READY',
+               help="""
+Regular expression that, when it appears on the guest's serial console, ends the profiling boot.
+Per image: the ``yolo_ready_pattern`` property.
+"""),
+    cfg.FloatOpt('idle_seconds', default=30.0, min=1.0,
+                 help="""
+The profiling boot also ends after this many seconds without a read of the image. Per image:
+``yolo_idle_seconds``.
+"""),
+    cfg.FloatOpt('max_seconds', default=600.0, min=10.0,
+                 help="""
+The profiling boot ends after this many seconds at the latest. Per image: ``yolo_max_seconds``.
+"""),
+    cfg.StrOpt('accel', default='tcg', choices=['tcg', 'kvm'],
+               help='QEMU accelerator of profiling boots.'),
+    cfg.IntOpt('memory_mib', default=1024, min=128,
+               help='Guest memory of profiling boots (per image: the min_ram of the image).'),
+    cfg.IntOpt('block_size', default=4096, min=512,
+               help='Block size of learned boot images, in bytes.'),
+]
+
+
+def register_opts(conf):
+    conf.register_group(worker_group)
+    conf.register_opts(worker_opts, group=worker_group)
+    conf.register_group(profiling_group)
+    conf.register_opts(profiling_opts, group=profiling_group)
+    ks_loading.register_session_conf_options(conf, GLANCE_GROUP)
+    ks_loading.register_auth_conf_options(conf, GLANCE_GROUP)
+    ks_loading.register_adapter_conf_options(conf, GLANCE_GROUP)
+
+
+def list_opts():
+    return [
+        (worker_group, worker_opts),
+        (profiling_group, profiling_opts),
+        (GLANCE_GROUP, ks_loading.get_session_conf_options()
+         + ks_loading.get_auth_common_conf_options()
+         + ks_loading.get_adapter_conf_options(include_deprecated=False)),
+    ]

@@ -1,0 +1,94 @@
+"""What the worker asks of Glance, over python-glanceclient (image API v2)."""
+
+import logging
+import time
+
+import glanceclient
+from glanceclient import exc as glance_exc
+from keystoneauth1 import loading as ks_loading
+
+from yolo_glance import conf as yolo_conf
+
+LOG = logging.getLogger(__name__)
+
+# Properties on a source image.
+BOOT_IMAGE_ID = 'yolo_boot_image_id'
+STATUS = 'yolo_boot_image_status'
+REASON = 'yolo_boot_image_reason'
+CLAIM = 'yolo_boot_image_claim'          # "<worker id> <unix time>" while a build runs
+# Properties on a published boot image.
+SOURCE_IMAGE_ID = 'yolo_source_image_id'
+
+NotFound = glance_exc.HTTPNotFound
+
+
+class Glance:
+    """Images by id, as plain dicts (properties are top-level keys, as in the v2 API)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    @classmethod
+    def from_conf(cls, conf):
+        auth = ks_loading.load_auth_from_conf_options(conf, yolo_conf.GLANCE_GROUP)
+        session = ks_loading.load_session_from_conf_options(
+            conf, yolo_conf.GLANCE_GROUP, auth=auth)
+        group = conf[yolo_conf.GLANCE_GROUP]
+        return cls(glanceclient.Client('2', session=session,
+                                       endpoint_override=group.endpoint_override,
+                                       region_name=group.region_name,
+                                       interface=(group.valid_interfaces or ['public'])[0]))
+
+    def get(self, image_id):
+        return dict(self.client.images.get(image_id))
+
+    def active_images(self):
+        """Every active image of every project, hidden ones included (an admin's view)."""
+        for hidden in (False, True):
+            for image in self.client.images.list(
+                    filters={'status': 'active', 'visibility': 'all', 'os_hidden': hidden}):
+                yield dict(image)
+
+    def boot_images_of(self, source_image_id):
+        return [dict(i) for i in self.client.images.list(
+            filters={SOURCE_IMAGE_ID: source_image_id, 'os_hidden': True})]
+
+    def download(self, image_id, path, progress_interval=30.0):
+        """Writes the image's data to ``path``, logging progress of long downloads; glanceclient
+        verifies the checksum (os_hash_value) as it streams."""
+        data = self.client.images.data(image_id)
+        done, last_log = 0, time.monotonic()
+        with open(path, 'wb') as out:
+            for chunk in data:
+                out.write(chunk)
+                done += len(chunk)
+                if time.monotonic() - last_log > progress_interval:
+                    LOG.info('%s: downloaded %d MiB', image_id, done >> 20)
+                    last_log = time.monotonic()
+        return done
+
+    def set_properties(self, image_id, remove=(), **properties):
+        present = self.get(image_id)
+        self.client.images.update(image_id, remove_props=[p for p in remove if p in present],
+                                  **properties)
+
+    def publish(self, source, path, container_format, properties):
+        """Uploads ``path`` as a hidden image owned like ``source``; returns its id."""
+        image = self.client.images.create(
+            name='yolo-boot-image-%s' % source['id'], disk_format='raw',
+            container_format=container_format, visibility='private', os_hidden=True,
+            owner=source.get('owner'),
+            **{SOURCE_IMAGE_ID: source['id']}, **properties)
+        try:
+            with open(path, 'rb') as data:
+                self.client.images.upload(image['id'], data)
+        except Exception:
+            self.delete(image['id'])
+            raise
+        return image['id']
+
+    def delete(self, image_id):
+        try:
+            self.client.images.delete(image_id)
+        except NotFound:
+            pass

@@ -1,0 +1,167 @@
+"""``yolo-glance-worker``: Glance notifications and a periodic scan feed the worker.
+
+Notifications arrive through oslo.messaging in a pool of their own (other consumers of Glance's
+notifications still get all of them). Builds run on a bounded thread pool, at most one per image
+at a time; a periodic scan of active images catches whatever notifications were lost and the
+images uploaded before the worker ran.
+"""
+
+import concurrent.futures
+import logging
+import signal
+import sys
+import threading
+import time
+
+import oslo_messaging
+from oslo_config import cfg
+from oslo_log import log as oslo_logging
+
+from yolo_glance import conf as yolo_conf
+from yolo_glance import glance as glance_api
+from yolo_glance import worker as worker_mod
+
+LOG = logging.getLogger(__name__)
+EVENTS = r'^image\.(activate|update|delete)$'
+# Statuses our own updates set: the image.update notifications they cause need no work.
+OWN_STATUSES = (worker_mod.BUILDING, worker_mod.READY, worker_mod.SKIPPED, worker_mod.FAILED)
+
+
+class Dispatcher:
+    """Runs the worker's builds and deletions on a bounded pool, one job per image at a time."""
+
+    def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120):
+        self.worker = worker
+        self.glance = glance
+        self.activation_timeout = activation_timeout
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_concurrent_builds,
+                                                          thread_name_prefix='yolo-build')
+        self.lock = threading.Lock()
+        self.in_flight = {}
+
+    def submit(self, image_id, job, *args):
+        with self.lock:
+            if image_id in self.in_flight:
+                return self.in_flight[image_id]
+            future = self.pool.submit(self._run, image_id, job, *args)
+            self.in_flight[image_id] = future
+            return future
+
+    def _run(self, image_id, job, *args):
+        try:
+            outcome = job(image_id, *args)
+            LOG.info('%s: %s', image_id, outcome)
+            return outcome
+        except Exception:
+            LOG.exception('%s: unexpected failure', image_id)
+            return 'error'
+        finally:
+            with self.lock:
+                self.in_flight.pop(image_id, None)
+
+    def build(self, image_id, wait_active=False):
+        return self.submit(image_id, self._build, wait_active)
+
+    def delete(self, image_id):
+        return self.submit(image_id, lambda i: 'deleted %d' % self.worker.delete(i))
+
+    def _build(self, image_id, wait_active):
+        if wait_active:
+            # image.activate is sent before the database says active.
+            deadline = time.monotonic() + self.activation_timeout
+            while True:
+                try:
+                    if self.glance.get(image_id).get('status') == 'active':
+                        break
+                except glance_api.NotFound:
+                    return 'gone'
+                if time.monotonic() > deadline:
+                    return 'never became active'
+                time.sleep(1)
+        return self.worker.build(image_id)
+
+    def scan(self):
+        """Queues every active image that still needs a boot image; returns their ids."""
+        queued = [image['id'] for image in self.glance.active_images()
+                  if self.worker.needs_build(image)]
+        for image_id in queued:
+            self.build(image_id)
+        return queued
+
+    def shutdown(self, wait=True):
+        self.pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class NotificationEndpoint:
+    filter_rule = oslo_messaging.NotificationFilter(event_type=EVENTS)
+
+    def __init__(self, dispatcher):
+        self.dispatcher = dispatcher
+
+    def info(self, ctxt, publisher_id, event_type, payload, metadata):
+        image_id = (payload or {}).get('id')
+        if not image_id:
+            return oslo_messaging.NotificationResult.HANDLED
+        if event_type == 'image.delete':
+            self.dispatcher.delete(image_id)
+        elif event_type == 'image.activate':
+            self.dispatcher.build(image_id, wait_active=True)
+        elif payload.get('status') == 'active' \
+                and (payload.get('properties') or {}).get(glance_api.STATUS) not in OWN_STATUSES:
+            self.dispatcher.build(image_id)
+        return oslo_messaging.NotificationResult.HANDLED
+
+
+def notification_listener(conf, dispatcher, transport=None):
+    transport = transport or oslo_messaging.get_notification_transport(conf)
+    targets = [oslo_messaging.Target(topic=topic, exchange=conf.yolo_worker.notification_exchange)
+               for topic in conf.yolo_worker.notification_topics]
+    return oslo_messaging.get_notification_listener(
+        transport, targets, [NotificationEndpoint(dispatcher)], executor='threading',
+        pool=conf.yolo_worker.notification_pool)
+
+
+def make_dispatcher(conf, glance=None):
+    glance = glance or glance_api.Glance.from_conf(conf)
+    profiling = conf.yolo_profiling
+    worker = worker_mod.Worker(
+        glance, conf.yolo_worker.work_dir,
+        worker_mod.ProfilingOptions(
+            ready_pattern=profiling.ready_pattern, idle_seconds=profiling.idle_seconds,
+            max_seconds=profiling.max_seconds, accel=profiling.accel,
+            memory_mib=profiling.memory_mib, block_size=profiling.block_size),
+        container_format=conf.yolo_worker.container_format, retries=conf.yolo_worker.retries,
+        claim_timeout=conf.yolo_worker.claim_timeout,
+        yolofs_binary=conf.yolo_worker.yolofs_binary)
+    return Dispatcher(worker, glance, conf.yolo_worker.max_concurrent_builds,
+                      conf.yolo_worker.activation_timeout)
+
+
+def main(argv=None):
+    conf = cfg.ConfigOpts()
+    yolo_conf.register_opts(conf)
+    oslo_logging.register_options(conf)
+    conf(argv if argv is not None else sys.argv[1:], project='yolo',
+         prog='yolo-glance-worker', default_config_files=None)
+    oslo_logging.setup(conf, 'yolo')
+    dispatcher = make_dispatcher(conf)
+    listener = notification_listener(conf, dispatcher)
+    listener.start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    LOG.info('yolo-glance-worker listening (pool %s)', conf.yolo_worker.notification_pool)
+    try:
+        while True:
+            if conf.yolo_worker.scan_interval:
+                try:
+                    queued = dispatcher.scan()
+                    LOG.info('scan: %d image(s) need a boot image', len(queued))
+                except Exception:
+                    LOG.exception('scan failed; next one in %ss', conf.yolo_worker.scan_interval)
+            time.sleep(conf.yolo_worker.scan_interval or 3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        LOG.info('yolo-glance-worker stopping')
+        listener.stop()
+        listener.wait()
+        dispatcher.shutdown(wait=False)

@@ -1,0 +1,297 @@
+"""Turning one Glance image into a published boot image.
+
+For an active VM image: download it, convert it to raw as Nova does (``_base/<sha1(id)>``),
+learn its boot image from a profiling boot through a learning yolofs mount, and publish it as a
+hidden Glance image linked both ways. Every outcome is recorded on the source image in the
+``yolo_boot_image_*`` properties; the source image's data and state are never touched.
+
+Several workers may run: a build is claimed on the source image first, and if two builds still
+race, every worker keeps the same one of the published boot images (the oldest) and deletes the
+others, so they converge.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+
+from oslo_utils.imageutils import format_inspector
+
+from yolo_common import images
+from yolo_common import learning
+from yolo_common import qemu
+from yolo_glance import glance as glance_api
+
+LOG = logging.getLogger(__name__)
+
+# Glance disk formats QEMU boots from, and their qemu-img names.
+QEMU_FORMATS = {'raw': 'raw', 'qcow2': 'qcow2', 'vmdk': 'vmdk', 'vdi': 'vdi', 'vhd': 'vpc',
+                'vhdx': 'vhdx'}
+# Per-image overrides of the profiling boot (image properties).
+READY_PATTERN_PROPERTY = 'yolo_ready_pattern'
+IDLE_PROPERTY = 'yolo_idle_seconds'
+MAX_PROPERTY = 'yolo_max_seconds'
+# Outcomes recorded in yolo_boot_image_status.
+PENDING, BUILDING, READY, SKIPPED, FAILED = 'pending', 'building', 'ready', 'skipped', 'failed'
+
+
+class Unbootable(Exception):
+    """The image cannot give a boot image (a reason for the operator, not a transient error)."""
+
+
+def why_not(image, container_format):
+    """Why ``image`` gets no boot image, or None if it should get one."""
+    disk_format = image.get('disk_format')
+    if image.get('container_format') in ('aki', 'ari') or disk_format in ('aki', 'ari'):
+        return 'kernel or ramdisk image'
+    if disk_format == 'iso':
+        return 'ISO image'
+    if disk_format not in QEMU_FORMATS:
+        return 'disk format %r is not one QEMU boots from' % disk_format
+    if image.get('container_format') not in ('bare', 'ovf', None):
+        return 'container format %r' % image.get('container_format')
+    if image.get('kernel_id') or image.get('ramdisk_id'):
+        return 'boots with a separate kernel or ramdisk'
+    return None
+
+
+def is_boot_image(image, container_format):
+    return (image.get('container_format') == container_format
+            or glance_api.SOURCE_IMAGE_ID in image)
+
+
+@dataclasses.dataclass
+class ProfilingOptions:
+    ready_pattern: str
+    idle_seconds: float
+    max_seconds: float
+    accel: str = 'tcg'
+    memory_mib: int = 1024
+    block_size: int = 4096
+
+    def for_image(self, image):
+        """The options with the image's own overrides (properties) applied."""
+        options = dataclasses.replace(self)
+        if image.get(READY_PATTERN_PROPERTY):
+            options.ready_pattern = image[READY_PATTERN_PROPERTY]
+        for prop, field in ((IDLE_PROPERTY, 'idle_seconds'), (MAX_PROPERTY, 'max_seconds')):
+            if image.get(prop):
+                setattr(options, field, float(image[prop]))
+        if image.get('min_ram'):
+            options.memory_mib = max(options.memory_mib, int(image['min_ram']))
+        return options
+
+
+class Worker:
+    """Builds, publishes and deletes boot images; one call per image, safe to call again."""
+
+    def __init__(self, glance, work_dir, profiling, container_format='yolo', retries=3,
+                 claim_timeout=7200, yolofs_binary='yolofs', learner=None, worker_id=None,
+                 clock=time.time, retry_delay=5.0):
+        self.glance = glance
+        self.work_dir = work_dir
+        self.profiling = profiling
+        self.container_format = container_format
+        self.retries = retries
+        self.claim_timeout = claim_timeout
+        self.yolofs_binary = yolofs_binary
+        self.learner = learner or learning.learn_boot_image
+        self.worker_id = worker_id or '%s:%d' % (socket.gethostname(), os.getpid())
+        self.clock = clock
+        self.retry_delay = retry_delay
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def needs_build(self, image):
+        """Whether ``image`` (as listed) still needs work: the periodic scan's question."""
+        if image.get('status') != 'active' or is_boot_image(image, self.container_format):
+            return False
+        status = image.get(glance_api.STATUS)
+        if status in (SKIPPED, FAILED):
+            return False      # recorded; an operator clears the status to retry
+        if status == BUILDING and not self._claim_expired(image):
+            return False
+        return not image.get(glance_api.BOOT_IMAGE_ID)
+
+    def _claim_expired(self, image):
+        try:
+            _, claimed_at = image.get(glance_api.CLAIM, '').rsplit(' ', 1)
+            return self.clock() - float(claimed_at) > self.claim_timeout
+        except ValueError:
+            return True
+
+    # -- building ---------------------------------------------------------------------------
+
+    def build(self, image_id):
+        """Makes sure ``image_id`` has a published boot image; returns the outcome."""
+        try:
+            image = self.glance.get(image_id)
+        except glance_api.NotFound:
+            return 'gone'
+        if image.get('status') != 'active' or is_boot_image(image, self.container_format):
+            return 'ignored'
+        if image.get(glance_api.BOOT_IMAGE_ID) and self._published(image):
+            return 'present'
+        reason = why_not(image, self.container_format)
+        if reason:
+            LOG.info('%s: no boot image: %s', image_id, reason)
+            self._record(image_id, SKIPPED, reason)
+            return SKIPPED
+        if image.get(glance_api.STATUS) == BUILDING and not self._claim_expired(image) \
+                and not image.get(glance_api.CLAIM, '').startswith(self.worker_id + ' '):
+            return 'claimed'
+        self._record(image_id, BUILDING, claim='%s %.0f' % (self.worker_id, self.clock()))
+        for attempt in range(self.retries + 1):
+            try:
+                return self._build_and_publish(image)
+            except glance_api.NotFound:
+                LOG.info('%s: deleted while its boot image was built', image_id)
+                self.delete(image_id)
+                return 'gone'
+            except (Unbootable, learning.LearningFailed, qemu.BootTimeout) as e:
+                LOG.warning('%s: no boot image: %s', image_id, e)
+                self._record(image_id, FAILED, str(e))
+                return FAILED
+            except Exception as e:  # Glance, disk or yolofs trouble: worth another try
+                LOG.exception('%s: build attempt %d failed', image_id, attempt + 1)
+                last_error = e
+                time.sleep(self.retry_delay * (attempt + 1))
+        self._record(image_id, FAILED, 'gave up after %d attempts: %s'
+                     % (self.retries + 1, last_error))
+        return FAILED
+
+    def _published(self, image):
+        try:
+            boot_image = self.glance.get(image[glance_api.BOOT_IMAGE_ID])
+        except glance_api.NotFound:
+            return False
+        return boot_image.get('status') == 'active'
+
+    def _build_and_publish(self, image):
+        image_id = image['id']
+        work = os.path.join(self.work_dir, image_id)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        try:
+            base = self._download_as_raw(image, work)
+            built = self._learn(image, base, work)
+            # The source may have gone while we booted it: do not publish for nothing.
+            self.glance.get(image_id)
+            published = self.glance.publish(image, built['path'], self.container_format,
+                                            built['properties'])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        keeper = self._keep_one(image_id)
+        self._record(image_id, READY, boot_image_id=keeper)
+        LOG.info('%s: boot image %s published (%s)', image_id, keeper,
+                 ', '.join('%s=%s' % kv for kv in sorted(built['properties'].items())))
+        return READY if keeper == published else 'present'
+
+    def _download_as_raw(self, image, work):
+        download = os.path.join(work, 'image')
+        started = time.monotonic()
+        size = self.glance.download(image['id'], download)
+        LOG.info('%s: downloaded %d MiB in %.1fs', image['id'], size >> 20,
+                 time.monotonic() - started)
+        # What Nova checks before it converts: the data is safe and is what the image says it
+        # is (a raw whole-disk image may be detected as gpt, which Nova allows).
+        declared = image['disk_format']
+        try:
+            inspector = format_inspector.detect_file_format(download)
+            inspector.safety_check()
+        except format_inspector.SafetyCheckFailed as e:
+            raise Unbootable('image failed the safety check: %s' % e)
+        except format_inspector.ImageFormatError as e:
+            raise Unbootable('image data is not a valid %s image: %s' % (declared, e))
+        if str(inspector) != declared and not (declared == 'raw' and str(inspector) == 'gpt'):
+            raise Unbootable('image data is %s, not the declared %s' % (inspector, declared))
+        base_dir = os.path.join(work, '_base')
+        os.makedirs(base_dir)
+        base = os.path.join(base_dir, images.base_file_name(image['id']))
+        subprocess.run(['qemu-img', 'convert', '-t', 'none', '-O', 'raw',
+                        '-f', QEMU_FORMATS[declared], download, base],
+                       check=True, capture_output=True)
+        os.unlink(download)
+        return base
+
+    def _learn(self, image, base, work):
+        options = self.profiling.for_image(image)
+        try:
+            pattern = re.compile(options.ready_pattern.encode())
+        except re.error as e:
+            raise Unbootable('bad ready pattern %r: %s' % (options.ready_pattern, e))
+        learned = self.learner(base, os.path.join(work, 'learn'),
+                               boot_timeout=options.max_seconds,
+                               idle_seconds=options.idle_seconds, ready_marker=pattern,
+                               accel=options.accel, memory_mib=options.memory_mib,
+                               console_log=os.path.join(work, 'console.log'))
+        # Rebuilt with the image's identity in the header; --mark verifies it against the base.
+        output = os.path.join(work, 'boot-image.yolo')
+        started = time.monotonic()
+        self._yolofs('build', '--trace', learned.trace, '--source', base, '--output', output,
+                     '--image-id', image['id'], '--rendition', 'raw',
+                     '--block-size', options.block_size,
+                     *(['--source-digest', digest] if (digest := self._digest(image)) else []))
+        self._yolofs('verify', output, base)
+        info = json.loads(self._yolofs('inspect', '--json', output))
+        build_seconds = learned.build_seconds + time.monotonic() - started
+        source_size = os.path.getsize(base)
+        return {'path': output, 'properties': {
+            'yolo_boot_image_bytes': str(os.path.getsize(output)),
+            'yolo_covered_bytes': str(info['covered_bytes']),
+            'yolo_coverage': '%.4f' % (info['covered_bytes'] / source_size),
+            'yolo_source_raw_size': str(source_size),
+            'yolo_boot_seconds': '%.1f' % learned.boot_seconds,
+            'yolo_build_seconds': '%.2f' % build_seconds,
+            'yolo_window_ended_by': learned.ended_by,
+        }}
+
+    @staticmethod
+    def _digest(image):
+        if image.get('os_hash_algo') and image.get('os_hash_value'):
+            return '%s:%s' % (image['os_hash_algo'], image['os_hash_value'])
+        return None
+
+    def _yolofs(self, *args):
+        return subprocess.run([self.yolofs_binary, *map(str, args)], check=True,
+                              capture_output=True, text=True).stdout
+
+    def _keep_one(self, image_id):
+        """The oldest published boot image of ``image_id``; the others are deleted."""
+        published = [i for i in self.glance.boot_images_of(image_id)
+                     if i.get('status') == 'active']
+        published.sort(key=lambda i: (i.get('created_at', ''), i['id']))
+        for extra in published[1:]:
+            LOG.info('%s: deleting duplicate boot image %s', image_id, extra['id'])
+            self.glance.delete(extra['id'])
+        return published[0]['id']
+
+    def _record(self, image_id, status, reason=None, claim=None, boot_image_id=None):
+        properties = {glance_api.STATUS: status}
+        remove = []
+        for key, value in ((glance_api.REASON, reason), (glance_api.CLAIM, claim),
+                           (glance_api.BOOT_IMAGE_ID, boot_image_id)):
+            if value:
+                properties[key] = value
+            elif key != glance_api.BOOT_IMAGE_ID or status != BUILDING:
+                remove.append(key)
+        try:
+            self.glance.set_properties(image_id, remove=remove, **properties)
+        except glance_api.NotFound:
+            pass
+
+    # -- deleting ---------------------------------------------------------------------------
+
+    def delete(self, image_id):
+        """Deletes the boot images published for a deleted source image; returns how many."""
+        boot_images = self.glance.boot_images_of(image_id)
+        for boot_image in boot_images:
+            self.glance.delete(boot_image['id'])
+        if boot_images:
+            LOG.info('%s: deleted its %d boot image(s)', image_id, len(boot_images))
+        return len(boot_images)
