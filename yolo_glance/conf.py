@@ -71,6 +71,11 @@ The profiling boot ends after this many seconds at the latest. Per image: ``yolo
                help='QEMU accelerator of profiling boots.'),
     cfg.IntOpt('memory_mib', default=1024, min=128,
                help='Guest memory of profiling boots (per image: the min_ram of the image).'),
+    cfg.IntOpt('min_boot_bytes', default=1 << 20, min=0,
+               help="""
+A profiling boot that never showed the ready pattern and read fewer bytes than this did not
+boot (a BIOS reading a blank disk's first sector, say): the image is marked failed.
+"""),
     cfg.IntOpt('block_size', default=4096, min=512,
                help='Block size of learned boot images, in bytes.'),
 ]

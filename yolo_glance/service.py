@@ -129,7 +129,8 @@ def make_dispatcher(conf, glance=None):
         worker_mod.ProfilingOptions(
             ready_pattern=profiling.ready_pattern, idle_seconds=profiling.idle_seconds,
             max_seconds=profiling.max_seconds, accel=profiling.accel,
-            memory_mib=profiling.memory_mib, block_size=profiling.block_size),
+            memory_mib=profiling.memory_mib, block_size=profiling.block_size,
+            min_boot_bytes=profiling.min_boot_bytes),
         container_format=conf.yolo_worker.container_format, retries=conf.yolo_worker.retries,
         claim_timeout=conf.yolo_worker.claim_timeout,
         yolofs_binary=conf.yolo_worker.yolofs_binary)

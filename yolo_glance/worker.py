@@ -73,6 +73,7 @@ class ProfilingOptions:
     accel: str = 'tcg'
     memory_mib: int = 1024
     block_size: int = 4096
+    min_boot_bytes: int = 1 << 20
 
     def for_image(self, image):
         """The options with the image's own overrides (properties) applied."""
@@ -239,6 +240,10 @@ class Worker:
                      *(['--source-digest', digest] if (digest := self._digest(image)) else []))
         self._yolofs('verify', output, base)
         info = json.loads(self._yolofs('inspect', '--json', output))
+        if learned.ended_by != 'ready' and info['covered_bytes'] < options.min_boot_bytes:
+            raise Unbootable(
+                'the guest did not boot: no ready pattern, and only %d bytes read before the '
+                'window ended (%s)' % (info['covered_bytes'], learned.ended_by))
         build_seconds = learned.build_seconds + time.monotonic() - started
         source_size = os.path.getsize(base)
         return {'path': output, 'properties': {
