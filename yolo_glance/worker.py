@@ -214,9 +214,14 @@ class Worker:
         base_dir = os.path.join(work, '_base')
         os.makedirs(base_dir)
         base = os.path.join(base_dir, images.base_file_name(image['id']))
-        subprocess.run(['qemu-img', 'convert', '-t', 'none', '-O', 'raw',
-                        '-f', QEMU_FORMATS[declared], download, base],
-                       check=True, capture_output=True)
+        try:
+            subprocess.run(['qemu-img', 'convert', '-t', 'none', '-O', 'raw',
+                            '-f', QEMU_FORMATS[declared], download, base],
+                           check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError as e:
+            # A truncated or damaged upload that still looks like its format.
+            raise Unbootable('image data could not be converted to raw: %s'
+                             % (e.stderr.strip().splitlines() or ['qemu-img failed'])[-1])
         os.unlink(download)
         return base
 

@@ -23,6 +23,7 @@ import glance.async_.flows.api_image_import  # noqa: F401 (registers [image_impo
 import oslo_messaging
 from oslo_messaging import opts as messaging_opts
 from glance.tests import functional
+from glanceclient import exc as glance_exc
 from oslo_config import cfg
 from wsgi_intercept import requests_intercept
 import wsgi_intercept
@@ -212,23 +213,37 @@ class TestBadInput(GlanceWorkerTest):
 
     def test_corrupt_unbootable_and_skipped_images_get_a_clear_status(self):
         scratch = pathlib.Path(self.test_dir)
-        # A corrupt upload: says qcow2, is random bytes.
-        corrupt = scratch / 'corrupt.qcow2'
-        corrupt.write_bytes(os.urandom(3 << 20))
+        # A truncated upload: still looks like qcow2, so Glance accepts it.
+        corrupt = scratch / 'truncated.qcow2'
+        with open(self.test_image, 'rb') as image:
+            corrupt.write_bytes(image.read(64 << 20))
         corrupt_id = self.upload(corrupt)
-        # An ISO: skipped.
-        iso_id = self.upload(corrupt, disk_format='iso')
+        # A kernel image: skipped.
+        kernel = self.client.images.create(name='vmlinuz', disk_format='aki',
+                                           container_format='aki')['id']
+        with open(corrupt, 'rb') as data:
+            self.client.images.upload(kernel, data)
         # A disk that boots nothing: the BIOS reads its first sector and gives up.
         blank = scratch / 'blank.raw'
         subprocess.run(['truncate', '-s', '64M', str(blank)], check=True)
         blank_id = self.upload(blank, disk_format='raw', yolo_idle_seconds='5',
                                yolo_max_seconds='60')
+        # Data that is not what the image says: Glance refuses it and the image never becomes
+        # active, so the worker has nothing to do with it.
+        garbage = scratch / 'garbage'
+        garbage.write_bytes(os.urandom(1 << 20))
+        refused = self.client.images.create(name='garbage', disk_format='qcow2',
+                                            container_format='bare')['id']
+        with open(garbage, 'rb') as data:
+            self.assertRaises(glance_exc.HTTPException, self.client.images.upload, refused,
+                              data)
 
         corrupt_image = self.wait_for_status(corrupt_id, ('failed', 'ready'))
         self.assertEqual('failed', corrupt_image[glance_api.STATUS])
-        self.assertIn('not the declared qcow2', corrupt_image[glance_api.REASON])
-        iso = self.wait_for_status(iso_id, ('skipped',))
-        self.assertEqual('ISO image', iso[glance_api.REASON])
+        self.assertIn('could not be converted to raw', corrupt_image[glance_api.REASON])
+        skipped = self.wait_for_status(kernel, ('skipped', 'failed', 'ready'))
+        self.assertEqual('skipped', skipped[glance_api.STATUS])
+        self.assertEqual('kernel or ramdisk image', skipped[glance_api.REASON])
         blank_image = self.wait_for_status(blank_id, ('failed', 'ready'))
         self.assertEqual('failed', blank_image[glance_api.STATUS])
         self.assertIn('did not boot', blank_image[glance_api.REASON])
@@ -241,6 +256,9 @@ class TestBadInput(GlanceWorkerTest):
             self.glance.download(image_id, downloaded)
             self.assertEqual(path.read_bytes(), downloaded.read_bytes())
             self.assertEqual([], self.glance.boot_images_of(image_id))
+        refused_image = self.glance.get(refused)
+        self.assertNotEqual('active', refused_image['status'])
+        self.assertNotIn(glance_api.STATUS, refused_image)
 
     def test_image_deleted_mid_build(self):
         test_image = self.test_image

@@ -211,6 +211,15 @@ def test_corrupt_upload_fails_with_a_reason_and_touches_nothing_else(glance, mak
     assert glance.images[source]['file'].read_bytes() == raw_disk()
 
 
+def test_truncated_qcow2_fails_with_a_reason(glance, make_worker, test_image):
+    # The test image cut short: still qcow2 to every inspector, but qemu-img cannot read it.
+    with open(test_image, 'rb') as image:
+        source = glance.add(image.read(64 * MiB), disk_format='qcow2')
+    assert make_worker().build(source) == 'failed'
+    assert 'could not be converted to raw' in glance.images[source][glance_api.REASON]
+    assert glance.downloads == 1  # not retried
+
+
 def test_unsafe_qcow2_is_refused(glance, make_worker, tmp_path):
     qcow2 = tmp_path / 'backed.qcow2'
     subprocess.run(['qemu-img', 'create', '-f', 'qcow2', '-F', 'raw', '-b', '/etc/passwd',
