@@ -9,7 +9,8 @@
 # Tunables (see devstack/settings): YOLOFS_SOURCE (Nova's image cache, instances/_base),
 # YOLOFS_MOUNTPOINT, YOLOFS_BOOT_IMAGES, YOLOFS_CONTROL_SOCKET, YOLOFS_OPTIONS,
 # YOLO_NOVA_DRIVER (True: compute_driver = yolo.YoloLibvirtDriver), YOLO_SCHEDULER (True:
-# YoloBootFilter and YoloBootTimeWeigher in nova-scheduler).
+# YoloBootFilter and YoloBootTimeWeigher in nova-scheduler), YOLO_GLANCE_WORKER (True: Glance
+# notifications on, the yolo container format, the import plugin, yolo-glance-worker running).
 #
 # Phases: install builds yolofs (Rust >= 1.85 must be installed) into $YOLOFS_BIN and installs
 # the Python package (not editable: it ships the nova.virt.yolo driver module); post-config
@@ -52,6 +53,26 @@ function configure_yolo {
     fi
 }
 
+function configure_yolo_glance {
+    iniset $GLANCE_API_CONF oslo_messaging_notifications driver messagingv2
+    iniset $GLANCE_API_CONF image_format container_formats ami,ari,aki,bare,ovf,ova,docker,compressed,yolo
+    if [[ -n "$GLANCE_IMAGE_IMPORT_CONF" ]]; then
+        iniset $GLANCE_IMAGE_IMPORT_CONF image_import_opts image_import_plugins "['yolo_boot_image']"
+    fi
+    sudo install -d -o $STACK_USER /etc/yolo "$YOLO_WORKER_DIR"
+    local conf=/etc/yolo/yolo-glance-worker.conf
+    iniset $conf DEFAULT transport_url $(get_notification_url)
+    iniset $conf yolo_worker work_dir "$YOLO_WORKER_DIR"
+    iniset $conf yolo_worker yolofs_binary "$YOLOFS_BIN"
+    iniset $conf glance auth_type password
+    iniset $conf glance auth_url "$KEYSTONE_SERVICE_URI"
+    iniset $conf glance username admin
+    iniset $conf glance password "$ADMIN_PASSWORD"
+    iniset $conf glance user_domain_name Default
+    iniset $conf glance project_name admin
+    iniset $conf glance project_domain_name Default
+}
+
 function start_yolo {
     # yolofs mounts a FUSE filesystem and locks memory: it runs as root.
     run_process yolofs "$YOLOFS_BIN mount --source $YOLOFS_SOURCE --mountpoint $YOLOFS_MOUNTPOINT --boot-images $YOLOFS_BOOT_IMAGES --control-socket $YOLOFS_CONTROL_SOCKET $YOLOFS_OPTIONS" "" root
@@ -59,6 +80,7 @@ function start_yolo {
 
 function stop_yolo {
     stop_process yolofs
+    stop_process yolo-glance-worker
 }
 
 function cleanup_yolo {
@@ -74,6 +96,12 @@ if is_service_enabled yolofs; then
         echo_summary "Configuring and starting yolofs"
         configure_yolo
         start_yolo
+        if [[ "$YOLO_GLANCE_WORKER" == "True" ]]; then
+            configure_yolo_glance
+        fi
+    elif [[ "$1" == "stack" && "$2" == "extra" && "$YOLO_GLANCE_WORKER" == "True" ]]; then
+        # Profiling boots mount yolofs: the worker runs as root.
+        run_process yolo-glance-worker "$(which yolo-glance-worker) --config-file /etc/yolo/yolo-glance-worker.conf" "" root
     fi
     if [[ "$1" == "unstack" ]]; then
         stop_yolo

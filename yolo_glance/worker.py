@@ -231,12 +231,16 @@ class Worker:
             pattern = re.compile(options.ready_pattern.encode())
         except re.error as e:
             raise Unbootable('bad ready pattern %r: %s' % (options.ready_pattern, e))
+        LOG.info('%s: profiling boot (ends on %r, %ss idle or %ss at most)', image['id'],
+                 options.ready_pattern, options.idle_seconds, options.max_seconds)
         learned = self.learner(base, os.path.join(work, 'learn'),
                                boot_timeout=options.max_seconds,
                                idle_seconds=options.idle_seconds, ready_marker=pattern,
                                accel=options.accel, memory_mib=options.memory_mib,
                                console_log=os.path.join(work, 'console.log'))
-        # Rebuilt with the image's identity in the header; --mark verifies it against the base.
+        LOG.info('%s: profiling boot ended by %s after %.1fs', image['id'], learned.ended_by,
+                 learned.boot_seconds)
+        # Rebuilt with the image's identity in the header, then verified against the base.
         output = os.path.join(work, 'boot-image.yolo')
         started = time.monotonic()
         self._yolofs('build', '--trace', learned.trace, '--source', base, '--output', output,

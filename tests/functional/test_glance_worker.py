@@ -209,6 +209,19 @@ class TestUploadAndImport(GlanceWorkerTest):
         self.assertEqual(1, len(self.glance.boot_images_of(imported)))
 
 
+class TestScan(GlanceWorkerTest):
+
+    def test_scan_builds_images_uploaded_while_the_worker_was_not_listening(self):
+        self.listener.stop()
+        self.listener.wait()
+        image_id = self.upload(self.test_image)
+        time.sleep(2)
+        self.assertNotIn(glance_api.STATUS, self.glance.get(image_id))
+        self.assertEqual([image_id], self.dispatcher.scan())
+        self.assert_published_and_verified(image_id, self.test_image)
+        self.assertEqual([], self.dispatcher.scan())
+
+
 class TestBadInput(GlanceWorkerTest):
 
     def test_corrupt_unbootable_and_skipped_images_get_a_clear_status(self):
