@@ -109,22 +109,41 @@ Whether to download an image's published boot image (image property ``yolo_boot_
 Glance when the image is cached on this host. Images without one are learned from their first
 boot on the host when yolofs runs with ``--learn``.
 """),
+    cfg.StrOpt(
+        'calibration_file', default='/var/lib/yolo/calibration.json',
+        help="""
+This host's calibration, written by ``yolo-calibrate``: its boot-time parameters and its disk's
+capacity, reported to the scheduler. The options below override it.
+"""),
     cfg.FloatOpt(
-        'boot_time_alpha', default=5.9, min=0.0,
+        'boot_time_alpha', min=0.0,
         help="""
 The I/O part, in seconds, of a boot on this host when idle (boot-time model, see
-``docs/scheduling.md``). Reported to the scheduler. ``yolo-calibrate`` measures it.
+``docs/scheduling.md``). Unset: from ``calibration_file``, else 5.9.
 """),
     cfg.FloatOpt(
-        'boot_time_beta', default=22.7, min=0.0,
+        'boot_time_beta', min=0.0,
         help="""
-The CPU part, in seconds, of a boot on this host when idle. Reported to the scheduler.
+The CPU part, in seconds, of a boot on this host when idle. Unset: from ``calibration_file``,
+else 22.7.
 """),
     cfg.FloatOpt(
-        'boot_time_alpha_yolo', default=0.4, min=0.0,
+        'boot_time_alpha_yolo', min=0.0,
         help="""
-The I/O part, in seconds, of an idle boot served from a verified boot image. Reported to the
-scheduler.
+The I/O part, in seconds, of an idle boot served from a verified boot image. Unset: from
+``calibration_file``, else 0.4.
+"""),
+    cfg.FloatOpt(
+        'disk_iops', min=0.0,
+        help="""
+Operations per second the instance disk sustains. With it (or with ``disk_bytes_per_second``)
+the reported I/O utilisation is the thesis' throughput utilisation; without either, the fraction
+of time the disk was busy. Unset: from ``calibration_file``.
+"""),
+    cfg.FloatOpt(
+        'disk_bytes_per_second', min=0.0,
+        help="""
+Bytes per second the instance disk sustains. Unset: from ``calibration_file``.
 """),
 ]
 

@@ -1,12 +1,22 @@
 """What YOLO's filter and weigher share: options, the requested image, each host's prediction."""
 
+import dataclasses
+
+from oslo_log import log as logging
+
 import nova.conf
+from nova.scheduler.filters import utils as filter_utils
 
 from yolo_nova import conf as yolo_conf
 from yolo_nova import host_stats
 
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
+LOG = logging.getLogger(__name__)
+# Aggregate metadata keys that override the parameters hosts report (operators' settings win
+# over a host's calibration), and the parameter each sets.
+AGGREGATE_PARAMETERS = {'yolo_boot_time_alpha': 'alpha', 'yolo_boot_time_beta': 'beta',
+                        'yolo_boot_time_alpha_yolo': 'alpha_yolo'}
 
 
 def requested_image_id(spec_obj):
@@ -23,4 +33,31 @@ def predict(host_state, image_id):
     state = host_stats.from_stats(host_state.stats, CONF.yolo.stats_max_age)
     if state is None:
         return None, None
+    state = with_aggregate_parameters(host_state, state)
     return state.predict(image_id, host_state.num_io_ops), state
+
+
+def with_aggregate_parameters(host_state, state):
+    """``state`` with the parameters its host's aggregates set; the largest value if several
+    aggregates disagree (a cautious prediction)."""
+    if not host_state.aggregates:
+        return state
+    overrides = {}
+    for key, field in AGGREGATE_PARAMETERS.items():
+        values = filter_utils.aggregate_values_from_key(host_state, key)
+        try:
+            numbers = [float(v) for v in values]
+        except ValueError:
+            LOG.warning('%s: aggregate metadata %s=%s is not a number; ignored',
+                        host_state, key, sorted(values))
+            continue
+        if numbers:
+            overrides[field] = max(numbers)
+    if not overrides:
+        return state
+    try:
+        params = dataclasses.replace(state.params, **overrides)
+    except ValueError as e:
+        LOG.warning('%s: aggregate boot-time parameters ignored: %s', host_state, e)
+        return state
+    return dataclasses.replace(state, params=params)

@@ -27,6 +27,7 @@ from oslo_log import log as logging
 
 from yolo_common import yolofs
 from yolo_nova import boot_model
+from yolo_nova import calibration
 from yolo_nova import conf as yolo_conf
 from yolo_nova import host_stats
 from yolo_nova.virt import backing
@@ -36,6 +37,8 @@ from yolo_nova.virt import imagebackend
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
 LOG = logging.getLogger(__name__)
+# Parameters of an uncalibrated host: the emulated HDD of docs/boot-benchmark.md under TCG.
+UNCALIBRATED = calibration.Calibration(alpha=5.9, beta=22.7, alpha_yolo=0.4, cpus=1)
 
 
 class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
@@ -133,16 +136,34 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             LOG.warning('yolofs did not report the host load: %s', e)
             return {'yolo_active': 'false'}
         rejected = {r['name'] for r in status.get('rejected', ())}
+        known = self._calibration()
         state = host_stats.HostBootState(
-            io_utilisation=float(load['io_utilisation']),
+            io_utilisation=calibration.io_utilisation(load, known.disk_iops,
+                                                      known.disk_bytes_per_second),
             cpu_utilisation=float(load['cpu_utilisation']),
             params=boot_model.BootTimeParameters(
-                alpha=CONF.yolo.boot_time_alpha, beta=CONF.yolo.boot_time_beta,
-                alpha_yolo=CONF.yolo.boot_time_alpha_yolo,
+                alpha=known.alpha, beta=known.beta, alpha_yolo=known.alpha_yolo,
                 cpus=max(1, int(resources.get('vcpus') or os.cpu_count() or 1))),
             boot_images=frozenset(self.yolo_boot_images.verified_image_ids(rejected)),
             updated_at=time.time())
         return dict(state.to_stats(), yolo_active='true')
+
+    def _calibration(self):
+        """nova.conf's [yolo] values, else the calibration file's, else UNCALIBRATED's."""
+        try:
+            measured = calibration.load(CONF.yolo.calibration_file)
+        except ValueError as e:
+            LOG.warning('Ignoring the calibration file: %s', e)
+            measured = None
+        fields = {}
+        for option, field in (('boot_time_alpha', 'alpha'), ('boot_time_beta', 'beta'),
+                              ('boot_time_alpha_yolo', 'alpha_yolo'), ('disk_iops', 'disk_iops'),
+                              ('disk_bytes_per_second', 'disk_bytes_per_second')):
+            value = getattr(CONF.yolo, option)
+            if value is None:
+                value = getattr(measured or UNCALIBRATED, field)
+            fields[field] = value
+        return calibration.Calibration(cpus=1, **fields)
 
 
 def qcow2_file_disks(xml):

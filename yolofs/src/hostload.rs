@@ -1,11 +1,12 @@
 //! Host I/O and CPU utilisation, smoothed, for the boot-time model (`x` and `y` in
 //! `t = e^x * alpha / (1 - x) + beta / (1 - y)`).
 //!
-//! I/O utilisation is the fraction of wall time the disk holding the source directory had I/O in
-//! flight (`io_ticks`, field 13 of `/proc/diskstats`, as `iostat`'s %util); CPU utilisation is
-//! the non-idle fraction of all CPU time in `/proc/stat`. Both are sampled every interval and
-//! smoothed with an exponentially weighted moving average, so one busy second does not swing the
-//! scheduler.
+//! For the disk holding the source directory: the fraction of wall time it had I/O in flight
+//! (`io_ticks`, field 13 of `/proc/diskstats`, as `iostat`'s %util), and its read and write
+//! rates (operations and bytes per second), from which the compute driver derives the thesis'
+//! throughput utilisation once the disk's capacity is calibrated. CPU utilisation is the non-idle
+//! fraction of all CPU time in `/proc/stat`. All are sampled every interval and smoothed with an
+//! exponentially weighted moving average, so one busy second does not swing the scheduler.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -22,6 +23,9 @@ pub struct HostLoad {
     pub io_utilisation: f64,
     /// Smoothed CPU utilisation of the host, 0..1.
     pub cpu_utilisation: f64,
+    /// Smoothed operations and bytes per second of `device` (reads + writes).
+    pub iops: f64,
+    pub bytes_per_second: f64,
     /// The block device measured (the one holding the source directory).
     pub device: String,
     /// Smoothing time constant in seconds.
@@ -60,10 +64,28 @@ fn busiest_disk(diskstats: &str) -> Option<String> {
         .map(|(_, name)| name)
 }
 
-fn io_ticks_ms(diskstats: &str, device: &str) -> Option<u64> {
+/// Cumulative counters of one disk in /proc/diskstats.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct DiskCounters {
+    operations: u64,
+    sectors: u64,
+    io_ticks_ms: u64,
+}
+
+fn disk_counters(diskstats: &str, device: &str) -> Option<DiskCounters> {
     diskstats.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        (f.get(2) == Some(&device)).then(|| f.get(12)?.parse().ok()).flatten()
+        if f.get(2) != Some(&device) {
+            return None;
+        }
+        let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+        // reads completed (4), sectors read (6), writes completed (8), sectors written (10),
+        // io_ticks (13), 1-based.
+        Some(DiskCounters {
+            operations: field(3)? + field(7)?,
+            sectors: field(5)? + field(9)?,
+            io_ticks_ms: field(12)?,
+        })
     })
 }
 
@@ -80,6 +102,9 @@ fn cpu_jiffies(stat: &str) -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
+/// When, the disk's counters, the CPU's (busy, total) jiffies.
+type Sample = (Instant, Option<DiskCounters>, Option<(u64, u64)>);
+
 pub struct HostLoadSampler {
     current: Mutex<HostLoad>,
 }
@@ -89,7 +114,7 @@ impl HostLoadSampler {
     pub fn start(source: &Path, interval: Duration, smoothing: Duration) -> Arc<HostLoadSampler> {
         let stats = fs::read_to_string("/proc/diskstats").unwrap_or_default();
         let device = device_of(source)
-            .filter(|d| io_ticks_ms(&stats, d).is_some())
+            .filter(|d| disk_counters(&stats, d).is_some())
             .or_else(|| busiest_disk(&stats));
         let sampler = Arc::new(HostLoadSampler {
             current: Mutex::new(HostLoad {
@@ -106,7 +131,7 @@ impl HostLoadSampler {
                     let now = Instant::now();
                     let io = device
                         .as_deref()
-                        .and_then(|d| io_ticks_ms(&fs::read_to_string("/proc/diskstats").ok()?, d));
+                        .and_then(|d| disk_counters(&fs::read_to_string("/proc/diskstats").ok()?, d));
                     let cpu = fs::read_to_string("/proc/stat").ok().and_then(|s| cpu_jiffies(&s));
                     (now, io, cpu)
                 };
@@ -123,41 +148,39 @@ impl HostLoadSampler {
         sampler
     }
 
-    fn update(
-        &self,
-        (t0, io0, cpu0): &(Instant, Option<u64>, Option<(u64, u64)>),
-        (t1, io1, cpu1): &(Instant, Option<u64>, Option<(u64, u64)>),
-        smoothing: Duration,
-    ) {
+    fn update(&self, (t0, io0, cpu0): &Sample, (t1, io1, cpu1): &Sample, smoothing: Duration) {
         let elapsed = (*t1 - *t0).as_secs_f64();
         if elapsed <= 0.0 {
             return;
         }
+        let per_second = |a: u64, b: u64| b.saturating_sub(a) as f64 / elapsed;
         let io = match (io0, io1) {
-            (Some(a), Some(b)) => Some(((b.saturating_sub(*a)) as f64 / 1000.0 / elapsed).clamp(0.0, 1.0)),
+            (Some(a), Some(b)) => Some((
+                (per_second(a.io_ticks_ms, b.io_ticks_ms) / 1000.0).clamp(0.0, 1.0),
+                per_second(a.operations, b.operations),
+                per_second(a.sectors, b.sectors) * 512.0,
+            )),
             _ => None,
         };
         let cpu = match (cpu0, cpu1) {
             (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some(((b1 - b0) as f64 / (t1 - t0) as f64).clamp(0.0, 1.0)),
             _ => None,
         };
-        // EWMA weight for this sample given the time constant.
-        let weight = 1.0 - (-elapsed / smoothing.as_secs_f64().max(1e-3)).exp();
+        // EWMA weight for this sample given the time constant; the first sample is taken as is.
         let mut current = self.current.lock().unwrap();
-        let first = current.samples == 0;
-        if let Some(io) = io {
-            current.io_utilisation = if first {
-                io
-            } else {
-                current.io_utilisation + weight * (io - current.io_utilisation)
-            };
+        let weight = if current.samples == 0 {
+            1.0
+        } else {
+            1.0 - (-elapsed / smoothing.as_secs_f64().max(1e-3)).exp()
+        };
+        let smooth = |old: &mut f64, new: f64| *old += weight * (new - *old);
+        if let Some((utilisation, iops, bytes)) = io {
+            smooth(&mut current.io_utilisation, utilisation);
+            smooth(&mut current.iops, iops);
+            smooth(&mut current.bytes_per_second, bytes);
         }
         if let Some(cpu) = cpu {
-            current.cpu_utilisation = if first {
-                cpu
-            } else {
-                current.cpu_utilisation + weight * (cpu - current.cpu_utilisation)
-            };
+            smooth(&mut current.cpu_utilisation, cpu);
         }
         current.samples += 1;
     }
@@ -175,9 +198,17 @@ mod tests {
         254       0 vda 8000 20 900000 4000 300 10 5000 200 0 4500 4200 0 0 0 0 0 0\n";
 
     #[test]
-    fn io_ticks_are_field_13() {
-        assert_eq!(io_ticks_ms(DISKSTATS, "vda"), Some(4500));
-        assert_eq!(io_ticks_ms(DISKSTATS, "sdz"), None);
+    fn disk_counters_add_reads_and_writes() {
+        let vda = disk_counters(DISKSTATS, "vda").unwrap();
+        assert_eq!(
+            vda,
+            DiskCounters {
+                operations: 8300,
+                sectors: 905000,
+                io_ticks_ms: 4500
+            }
+        );
+        assert_eq!(disk_counters(DISKSTATS, "sdz"), None);
     }
 
     #[test]
@@ -193,21 +224,31 @@ mod tests {
         };
         let t0 = Instant::now();
         let t1 = t0 + Duration::from_secs(1);
+        let disk = |operations, sectors, io_ticks_ms| {
+            Some(DiskCounters {
+                operations,
+                sectors,
+                io_ticks_ms,
+            })
+        };
         // 2 s of io_ticks in 1 s (merged queues) clamps to 1.0.
         sampler.update(
-            &(t0, Some(0), Some((0, 100))),
-            &(t1, Some(2000), Some((50, 200))),
+            &(t0, disk(0, 0, 0), Some((0, 100))),
+            &(t1, disk(300, 2048, 2000), Some((50, 200))),
             Duration::from_secs(10),
         );
         let load = sampler.current();
         assert_eq!(load.io_utilisation, 1.0);
         assert_eq!(load.cpu_utilisation, 0.5);
+        assert_eq!(load.iops, 300.0);
+        assert_eq!(load.bytes_per_second, 1048576.0);
         sampler.update(
-            &(t0, Some(0), Some((0, 100))),
-            &(t1, Some(0), Some((0, 200))),
+            &(t0, disk(0, 0, 0), Some((0, 100))),
+            &(t1, disk(0, 0, 0), Some((0, 200))),
             Duration::from_secs(10),
         );
         let load = sampler.current();
         assert!(load.io_utilisation < 1.0 && load.io_utilisation > 0.85, "{load:?}");
+        assert!(load.iops < 300.0 && load.iops > 255.0, "{load:?}");
     }
 }

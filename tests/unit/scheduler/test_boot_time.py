@@ -22,9 +22,11 @@ def stats(io=0.0, cpu=0.0, boot_images=(), age=0.0, params=PARAMS):
                                     time.time() - age).to_stats()
 
 
-def host(name, host_stats_=None, num_io_ops=0):
+def host(name, host_stats_=None, num_io_ops=0, aggregates=()):
     return fakes.FakeHostState(name, 'node-' + name,
-                               {'stats': host_stats_ or {}, 'num_io_ops': num_io_ops})
+                               {'stats': host_stats_ or {}, 'num_io_ops': num_io_ops,
+                                'aggregates': [objects.Aggregate(id=i, metadata=m)
+                                               for i, m in enumerate(aggregates)]})
 
 
 def spec(image_id=IMAGE, rebuild=False):
@@ -106,6 +108,29 @@ class TestYoloBootFilter(NoDBTestCase):
                                           scheduler_hints={})
         hosts = [host('a', stats(io=0.8, boot_images=[IMAGE])), host('b', stats(io=0.1))]
         self.assertEqual(['b'], self.passing(hosts, volume_spec))
+
+
+class TestAggregateParameters(NoDBTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.filt = boot_time_filter.YoloBootFilter()
+
+    def test_aggregate_metadata_overrides_what_hosts_report(self):
+        self.flags(max_predicted_boot_time=40, max_boot_time_ratio=0, group='yolo')
+        # Reported: 8 + 23 = 31 s. The aggregate says this hardware boots with beta 35 s.
+        slow_hw = host('a', stats(), aggregates=[{'yolo_boot_time_beta': '35'}])
+        self.assertFalse(self.filt.host_passes(slow_hw, spec()))
+        self.assertTrue(self.filt.host_passes(host('b', stats()), spec()))
+
+    def test_disagreeing_aggregates_take_the_cautious_value_and_garbage_is_ignored(self):
+        self.flags(max_predicted_boot_time=40, max_boot_time_ratio=0, group='yolo')
+        both = host('a', stats(), aggregates=[{'yolo_boot_time_alpha': '5'},
+                                              {'yolo_boot_time_alpha': '20'}])
+        self.assertFalse(self.filt.host_passes(both, spec()))   # 20 + 23 = 43 s
+        garbage = host('b', stats(), aggregates=[{'yolo_boot_time_alpha': 'fast'},
+                                                 {'yolo_boot_time_beta': '-3'}])
+        self.assertTrue(self.filt.host_passes(garbage, spec()))  # reported 31 s stands
 
 
 class TestYoloBootTimeWeigher(NoDBTestCase):

@@ -28,6 +28,7 @@ from nova.virt.libvirt import driver as libvirt_driver
 from tests.unit import nova_base
 from yolo_common import images
 from yolo_common import yolofs
+from yolo_nova import calibration
 from yolo_nova import host_stats
 from yolo_nova.virt import backing
 from yolo_nova.virt import driver as yolo_driver
@@ -89,6 +90,7 @@ class DriverTestCase(nova_base.NoDBTestCase):
         self.flags(images_type='qcow2', virt_type='qemu', group='libvirt')
         self.flags(mount_point=str(self.mount), boot_image_dir=str(self.store),
                    control_socket=str(self.root / 'control.sock'),
+                   calibration_file=str(self.root / 'calibration.json'),
                    yolofs_binary=yolofs.binary(), group='yolo')
         self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
                                                     'yolo.YoloLibvirtDriver')
@@ -454,6 +456,32 @@ class TestHostStats(DriverTestCase):
         self.client.host_load.return_value = {'io_utilisation': 0.0, 'cpu_utilisation': 0.0}
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
         self.assertEqual(frozenset(), state.boot_images)
+
+    def test_calibration_file_gives_parameters_and_throughput_utilisation(self):
+        calibration.save(calibration.Calibration(
+            alpha=7.0, beta=20.0, alpha_yolo=0.5, cpus=2, disk_iops=300.0,
+            disk_bytes_per_second=150e6), str(self.root / 'calibration.json'))
+        self.client.status.return_value = {'rejected': []}
+        self.client.host_load.return_value = {'io_utilisation': 0.9, 'cpu_utilisation': 0.1,
+                                              'iops': 150.0, 'bytes_per_second': 15e6}
+        state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
+        self.assertEqual((7.0, 20.0, 0.5), (state.params.alpha, state.params.beta,
+                                            state.params.alpha_yolo))
+        self.assertEqual(0.5, state.io_utilisation)  # 150 of 300 IOPS, not 90 % busy
+
+        # nova.conf wins over the file.
+        self.flags(boot_time_beta=30.0, disk_iops=600.0, group='yolo')
+        state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
+        self.assertEqual((7.0, 30.0), (state.params.alpha, state.params.beta))
+        self.assertEqual(0.25, state.io_utilisation)
+
+    def test_broken_calibration_file_falls_back_to_defaults(self):
+        (self.root / 'calibration.json').write_text('{"alpha": "fast"}')
+        self.client.status.return_value = {'rejected': []}
+        self.client.host_load.return_value = {'io_utilisation': 0.3, 'cpu_utilisation': 0.1}
+        state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
+        self.assertEqual(yolo_driver.UNCALIBRATED.alpha, state.params.alpha)
+        self.assertEqual(0.3, state.io_utilisation)
 
     def test_yolofs_down_reports_inactive_and_no_load(self):
         self.yolofs_down()

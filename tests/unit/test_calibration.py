@@ -1,0 +1,38 @@
+"""The calibration file and the throughput utilisation derived from it."""
+
+import json
+
+import pytest
+
+from yolo_nova import calibration
+
+
+def test_save_then_load(tmp_path):
+    path = tmp_path / 'sub' / 'calibration.json'
+    saved = calibration.from_boots([(28.0, 22.0), (30.0, 23.0), (29.0, 22.5)],
+                                   [(23.0, 22.4), (23.4, 22.6), (23.2, 22.5)], cpus=2,
+                                   disk_iops=300.0, disk_bytes_per_second=150e6)
+    calibration.save(saved, str(path))
+    loaded = calibration.load(str(path))
+    assert loaded.params == saved.params
+    # Medians: beta 22.5, alpha 29.0 - 22.5, alpha_yolo 23.2 - 22.5.
+    assert (loaded.alpha, loaded.beta, loaded.alpha_yolo) == (6.5, 22.5, 0.7)
+    assert loaded.disk_iops == 300.0
+
+
+def test_missing_file_is_none_broken_file_is_an_error(tmp_path):
+    assert calibration.load(str(tmp_path / 'none.json')) is None
+    for text in ('{', '{"alpha": 1}', json.dumps({'alpha': -1, 'beta': 1, 'alpha_yolo': 1,
+                                                 'cpus': 1})):
+        (tmp_path / 'bad.json').write_text(text)
+        with pytest.raises(ValueError):
+            calibration.load(str(tmp_path / 'bad.json'))
+
+
+def test_io_utilisation_is_throughput_when_capacity_is_known():
+    load = {'io_utilisation': 0.9, 'iops': 60.0, 'bytes_per_second': 120e6}
+    assert calibration.io_utilisation(load) == 0.9
+    assert calibration.io_utilisation(load, disk_iops=300.0) == pytest.approx(0.2)
+    # The busier of the two limits; never above 1.
+    assert calibration.io_utilisation(load, 300.0, 150e6) == pytest.approx(0.8)
+    assert calibration.io_utilisation(load, 30.0, 150e6) == 1.0

@@ -1,0 +1,94 @@
+"""A host's calibration: its boot-time parameters and its disk's capacity, in one JSON file.
+
+``yolo-calibrate`` writes it on a compute node (``[yolo] calibration_file``); the compute driver
+reports what it holds to the scheduler. Options set in nova.conf (``[yolo] boot_time_*``,
+``disk_iops``, ``disk_bytes_per_second``) win over the file, and aggregate metadata wins over
+both at the scheduler (see :mod:`yolo_nova.scheduler.utils`).
+
+The disk's capacity turns yolofs' smoothed operation and byte rates into the thesis' I/O
+*throughput* utilisation: ``x = max(iops / disk_iops, bytes_per_second / disk_bytes_per_second)``.
+Without it, the fraction of time the disk was busy stands in for ``x``. No Nova imports.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+from yolo_nova import boot_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    alpha: float
+    beta: float
+    alpha_yolo: float
+    cpus: int
+    disk_iops: float = 0.0              # 0: unknown
+    disk_bytes_per_second: float = 0.0  # 0: unknown
+    measured_at: float = 0.0
+    details: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def params(self):
+        return boot_model.BootTimeParameters(alpha=self.alpha, beta=self.beta,
+                                             alpha_yolo=self.alpha_yolo, cpus=self.cpus)
+
+
+def load(path):
+    """The calibration in ``path``, or None if there is none; a broken file raises ValueError."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError('%s: %s' % (path, e))
+    try:
+        calibration = Calibration(**data)
+        calibration.params  # validates the numbers
+    except (TypeError, ValueError) as e:
+        raise ValueError('%s: not a calibration: %s' % (path, e))
+    return calibration
+
+
+def save(calibration, path):
+    tmp = '%s.%d.tmp' % (path, os.getpid())
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(tmp, 'w') as f:
+        json.dump(dataclasses.asdict(calibration), f, indent=2, sort_keys=True)
+        f.write('\n')
+    os.replace(tmp, path)
+
+
+def io_utilisation(host_load, disk_iops=0.0, disk_bytes_per_second=0.0):
+    """x for the model from yolofs' ``host_load`` answer: throughput utilisation when the disk's
+    capacity is known, else the fraction of time it was busy."""
+    shares = []
+    if disk_iops > 0 and 'iops' in host_load:
+        shares.append(float(host_load['iops']) / disk_iops)
+    if disk_bytes_per_second > 0 and 'bytes_per_second' in host_load:
+        shares.append(float(host_load['bytes_per_second']) / disk_bytes_per_second)
+    if shares:
+        return min(max(shares), 1.0)
+    return float(host_load['io_utilisation'])
+
+
+def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0):
+    """The parameters from idle boots, as the thesis calibrates them: beta is the CPU time a
+    boot needs (the guest's vCPU running time up to ready), alpha the rest of a normal boot,
+    alpha_yolo the rest of a boot served from its boot image. ``normal`` and ``yolo`` are lists
+    of (boot seconds, vCPU running seconds); medians are used."""
+    def median(values):
+        values = sorted(values)
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    params = boot_model.calibrate(
+        idle_boot_s=median([t for t, _ in normal]), idle_cpu_s=median([c for _, c in normal]),
+        idle_yolo_boot_s=median([t for t, _ in yolo]), cpus=cpus)
+    return Calibration(alpha=round(params.alpha, 3), beta=round(params.beta, 3),
+                       alpha_yolo=round(params.alpha_yolo, 3), cpus=cpus,
+                       disk_iops=disk_iops, disk_bytes_per_second=disk_bytes_per_second,
+                       measured_at=time.time(),
+                       details={'normal_boots': normal, 'yolo_boots': yolo})

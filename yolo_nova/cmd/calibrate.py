@@ -1,0 +1,133 @@
+"""``yolo-calibrate``: measure this host's boot-time parameters and save them for the driver.
+
+Run on an idle compute node (as root: it drops the page cache and mounts yolofs)::
+
+    yolo-calibrate --image debian12.qcow2 [--instances-path /var/lib/nova/instances]
+                   [--boots 3] [--output /var/lib/yolo/calibration.json]
+
+The image is converted to raw in a scratch directory on the instance storage (as Nova makes a
+base file), a boot image is learned from one boot, then ``--boots`` normal and YOLO boots are
+made alternately with a cold page cache. beta is the guest's vCPU running time up to ready (the
+thesis took the CPU part from its logs), alpha the rest of a normal boot, alpha_yolo the rest of a
+YOLO boot. The disk's capacity (random 4 KiB read IOPS at queue depth 32, sequential 1 MiB read
+bytes per second) is measured with fio unless given.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+
+from yolo_common import images
+from yolo_common import learning
+from yolo_common import qemu
+from yolo_common import yolofs
+from yolo_nova import calibration
+
+DEFAULT_OUTPUT = '/var/lib/yolo/calibration.json'
+
+
+def log(message):
+    print('==> %s' % message, flush=True)
+
+
+def boot(disk, console_log, timeout):
+    """(boot seconds, vCPU running seconds at ready) of one cold boot of ``disk``."""
+    with qemu.Guest(disk, console_log=console_log) as guest:
+        seconds = guest.wait_ready(timeout)
+        return round(seconds, 2), round(guest.vcpu_at_ready[0], 2)
+
+
+def fio_capacity(directory, seconds=10):
+    """(IOPS, bytes per second) of the disk holding ``directory``, reads with O_DIRECT."""
+    path = os.path.join(directory, 'fio-calibrate.dat')
+    results = []
+    try:
+        for rw, bs, depth in (('randread', '4k', 32), ('read', '1M', 8)):
+            out = subprocess.run(
+                ['fio', '--name=calibrate', '--filename=%s' % path, '--size=1G',
+                 '--rw=%s' % rw, '--bs=%s' % bs, '--iodepth=%d' % depth, '--direct=1',
+                 '--ioengine=libaio', '--time_based', '--runtime=%d' % seconds,
+                 '--output-format=json'], check=True, capture_output=True, text=True).stdout
+            job = json.loads(out)['jobs'][0]['read']
+            results.append((job['iops'], job['bw_bytes']))
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return round(results[0][0], 1), round(results[1][1], 1)
+
+
+def measure(image, scratch, boots, timeout):
+    """Learns the image's boot image, then ``boots`` normal and YOLO boots, alternately."""
+    base_dir = scratch / '_base'
+    base_dir.mkdir(parents=True)
+    base = base_dir / images.base_file_name(str(uuid.uuid4()))
+    log('converting %s to raw in %s' % (image, base_dir))
+    images.convert_to_raw(image, base)
+    log('learning its boot image from one boot')
+    learned = learning.learn_boot_image(base, scratch / 'learn', boot_timeout=timeout)
+    store = scratch / 'boot-images'
+    store.mkdir()
+    shutil.copy(learned.boot_image, store)
+    shutil.copy(str(learned.boot_image) + '.verified', store)
+    normal, yolo = [], []
+    with yolofs.Mount(source=base_dir, mountpoint=scratch / 'mnt', boot_images=store,
+                      control_socket=scratch / 'control.sock',
+                      log_path=scratch / 'yolofs.log', mlock=True) as mount:
+        for i in range(boots):
+            for policy, backing, results in (('normal', base, normal),
+                                             ('yolo', mount.mountpoint / base.name, yolo)):
+                overlay = scratch / ('%s-%d.qcow2' % (policy, i))
+                images.create_overlay(backing, overlay)
+                qemu.drop_caches()
+                if policy == 'yolo':
+                    mount.client.evict(base.name)
+                    mount.client.preload(base.name)
+                results.append(boot(overlay, scratch / ('%s-%d.log' % (policy, i)), timeout))
+                overlay.unlink()
+                log('%s boot %d: %.1f s, vCPU ran %.1f s' % (policy, i + 1, *results[-1]))
+    return normal, yolo
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='yolo-calibrate', description=__doc__.split('\n')[0])
+    parser.add_argument('--image', required=True, help='a bootable image (qcow2 or raw) that '
+                        'prints a ready marker on its serial console')
+    parser.add_argument('--instances-path', default='/var/lib/nova/instances',
+                        help='scratch space is taken here, on the instance storage')
+    parser.add_argument('--output', default=DEFAULT_OUTPUT)
+    parser.add_argument('--boots', type=int, default=3)
+    parser.add_argument('--boot-timeout', type=float, default=900)
+    parser.add_argument('--disk-iops', type=float,
+                        help='the disk\'s capacity in operations per second (else: fio)')
+    parser.add_argument('--disk-bytes-per-second', type=float,
+                        help='the disk\'s capacity in bytes per second (else: fio)')
+    args = parser.parse_args(argv)
+
+    os.makedirs(args.instances_path, exist_ok=True)
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix='yolo-calibrate-', dir=args.instances_path))
+    try:
+        if args.disk_iops is None or args.disk_bytes_per_second is None:
+            log('measuring the disk with fio')
+            iops, bps = fio_capacity(str(scratch))
+        iops = args.disk_iops if args.disk_iops is not None else iops
+        bps = args.disk_bytes_per_second if args.disk_bytes_per_second is not None else bps
+        normal, yolo = measure(args.image, scratch, args.boots, args.boot_timeout)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = calibration.from_boots(normal, yolo, cpus=os.cpu_count() or 1, disk_iops=iops,
+                                    disk_bytes_per_second=bps)
+    calibration.save(result, args.output)
+    log('alpha %.2f s, beta %.2f s, alpha_yolo %.2f s, %d CPUs, disk %.0f IOPS, %.0f MB/s: '
+        'saved in %s' % (result.alpha, result.beta, result.alpha_yolo, result.cpus, iops,
+                         bps / 1e6, args.output))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
