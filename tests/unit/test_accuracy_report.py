@@ -1,0 +1,45 @@
+"""The model-accuracy report: calibration from idle rows, predictions and errors of the rest."""
+
+import csv
+import dataclasses
+
+import pytest
+
+from yolo_bench import accuracy
+
+
+def row(kind, level, policy, x, y, boot_s, vcpu_run_s=22.0, repetition=0):
+    return accuracy.Row(kind, level, policy, repetition, x, y, boot_s, vcpu_run_s)
+
+
+ROWS = [row('idle', 0, 'normal', 0.01, 0.02, 28.0), row('idle', 0, 'yolo', 0.0, 0.02, 22.5),
+        row('io', 0.5, 'normal', 0.5, 0.05, 45.0), row('io', 0.5, 'yolo', 0.5, 0.05, 23.0),
+        row('cpu', 0.5, 'normal', 0.0, 0.5, 50.0)]
+
+
+def test_calibration_comes_from_the_idle_boots_only():
+    cal = accuracy.calibrate(ROWS)
+    assert (cal.alpha, cal.beta, cal.alpha_yolo) == (6.0, 22.0, 0.5)
+
+
+def test_predictions_and_errors():
+    pairs = dict((r.boot_s, p) for r, p in accuracy.predictions(ROWS))
+    assert set(pairs) == {45.0, 23.0, 50.0}
+    # e^0.5 * 6 / 0.5 + 22 / 0.95 for the normal boot under I/O load.
+    assert pairs[45.0] == pytest.approx(19.784 + 23.158, abs=0.01)
+    assert pairs[50.0] == pytest.approx(6.0 + 44.0, abs=0.01)
+    mean_abs, mean_rel, max_abs = accuracy.errors(accuracy.predictions(ROWS))
+    assert max_abs == pytest.approx(abs(pairs[45.0] - 45.0), abs=0.01)
+    report = accuracy.report(ROWS)
+    assert 'alpha 6.00 s, beta 22.00 s, alpha_yolo 0.50 s' in report
+    assert '| all | 3 |' in report
+
+
+def test_csv_round_trip(tmp_path):
+    path = tmp_path / 'rows.csv'
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, accuracy.FIELDS)
+        writer.writeheader()
+        for r in ROWS:
+            writer.writerow(dataclasses.asdict(r))
+    assert accuracy.read(path) == ROWS

@@ -1,0 +1,259 @@
+"""How well the boot-time model predicts real boots: ``tools/bench/model_accuracy.py``.
+
+On the emulated HDD of the boot benchmark (yolo_bench.storage.ThrottledDisk), boots are made
+idle (the calibration), under graded I/O load (fio at a fixed rate: a known share of the disk's
+IOPS) and under graded CPU load (one process per CPU busy a fixed share of each 10 ms), each as a
+normal boot and a YOLO boot. Before each boot the load runs for a settling time, then the host's
+x and y are measured over a window exactly as the driver reports them (x: throughput utilisation,
+operations per second of the disk against its capacity; y: busy share of all CPU time), and the
+model predicts the boot from them. The idle boots calibrate alpha, beta (vCPU running time) and
+alpha_yolo; the loaded boots are the evaluation.
+"""
+
+import argparse
+import csv
+import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from yolo_bench import plan as plan_mod
+from yolo_bench import runner
+from yolo_bench import storage as storage_mod
+from yolo_nova import boot_model
+from yolo_nova import calibration
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+FIELDS = ('kind', 'level', 'policy', 'repetition', 'x', 'y', 'boot_s', 'vcpu_run_s')
+SETTLE_S = 6.0
+WINDOW_S = 5.0
+
+# One per CPU: busy ``share`` of every 10 ms, asleep the rest.
+CPU_HOG = """
+import os, sys, time
+cpu, share = int(sys.argv[1]), float(sys.argv[2])
+os.sched_setaffinity(0, {cpu})
+while True:
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.01 * share:
+        pass
+    time.sleep(0.01 * (1 - share))
+"""
+
+
+@dataclasses.dataclass
+class Row:
+    kind: str        # idle, io, cpu
+    level: float     # the load's target share
+    policy: str      # normal, yolo
+    repetition: int
+    x: float
+    y: float
+    boot_s: float
+    vcpu_run_s: float
+
+
+def disk_counters(device):
+    name = os.path.basename(device)
+    with open('/proc/diskstats') as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] == name:
+                return int(fields[3]) + int(fields[7]), (int(fields[5]) + int(fields[9])) * 512
+    raise RuntimeError('%s is not in /proc/diskstats' % name)
+
+
+def cpu_jiffies():
+    with open('/proc/stat') as f:
+        values = [int(v) for v in f.readline().split()[1:9]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def measure_load(disk, seconds=WINDOW_S):
+    """(x, y) over ``seconds``: the disk's throughput utilisation and the CPUs' busy share."""
+    limits = disk.limits
+    ops0, bytes0 = disk_counters(disk.loop)
+    busy0, total0 = cpu_jiffies()
+    time.sleep(seconds)
+    ops1, bytes1 = disk_counters(disk.loop)
+    busy1, total1 = cpu_jiffies()
+    load = {'iops': (ops1 - ops0) / seconds, 'bytes_per_second': (bytes1 - bytes0) / seconds,
+            'io_utilisation': 0.0}
+    x = calibration.io_utilisation(load, limits.read_iops + limits.write_iops,
+                                   limits.read_bps + limits.write_bps)
+    return round(x, 4), round((busy1 - busy0) / max(1, total1 - total0), 4)
+
+
+def start_load(disk, kind, level):
+    """The load processes for one run (none when idle)."""
+    if kind == 'io' and level > 0:
+        rate = max(1, round(level * disk.limits.read_iops))
+        return [subprocess.Popen(
+            ['fio', '--name=load', '--filename=%s' % runner.stressor_file(disk, 0),
+             '--size=%dM' % runner.STRESSOR_FILE_MIB, '--rw=randrw', '--rwmixread=50',
+             '--bs=64k', '--ioengine=libaio', '--iodepth=8', '--direct=1',
+             '--rate_iops=%d,%d' % (rate, rate), '--time_based', '--runtime=86400'],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=disk.join_cgroup)]
+    if kind == 'cpu' and level > 0:
+        return [subprocess.Popen([sys.executable, '-c', CPU_HOG, str(cpu), str(level)])
+                for cpu in range(os.cpu_count())]
+    return []
+
+
+def stop_load(procs):
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(30)
+
+
+def run(args):
+    disk = storage_mod.ThrottledDisk(args.workdir / 'hdd')
+    work = args.workdir / 'work'
+    work.mkdir(parents=True, exist_ok=True)
+    consoles = work / 'consoles'
+    consoles.mkdir(exist_ok=True)
+    test_image = args.test_image or subprocess.run(
+        [str(REPO / 'tools' / 'build-test-image.sh')], check=True, capture_output=True,
+        text=True).stdout.strip().splitlines()[-1]
+    runner.log('learning the boot trace on the local disk')
+    trace = runner.learn_boot_image(test_image, work)
+    points = ([('idle', 0.0)] * args.idle_repetitions
+              + [('io', level) for level in args.io_levels]
+              + [('cpu', level) for level in args.cpu_levels])
+    with open(args.csv, 'w', newline='') as out, \
+            runner.StorageSession(disk, work, test_image, 1, trace, stressors=1) as session:
+        writer = csv.DictWriter(out, FIELDS)
+        writer.writeheader()
+        for repetition in range(args.repetitions):
+            for kind, level in points:
+                for policy in ('normal', 'yolo'):
+                    point = plan_mod.Point('hdd', 'contention', 0, 'same', policy)
+                    session.prepare(point)
+                    procs = start_load(disk, kind, level)
+                    try:
+                        time.sleep(SETTLE_S if procs else 0.5)
+                        x, y = measure_load(disk)
+                        times, cpu = runner.run_boots(session, point, consoles)
+                    finally:
+                        stop_load(procs)
+                    row = Row(kind, level, policy, repetition, x, y, times[0] / 1000,
+                              round(cpu[0][1], 2))
+                    writer.writerow(dataclasses.asdict(row))
+                    out.flush()
+                    runner.log('%s %.2f %s: x %.2f y %.2f, boot %.1f s (vCPU %.1f s)' % (
+                        kind, level, policy, x, y, row.boot_s, row.vcpu_run_s))
+    print(report(read(args.csv)))
+
+
+def read(path):
+    with open(path) as f:
+        return [Row(r['kind'], float(r['level']), r['policy'], int(r['repetition']),
+                    float(r['x']), float(r['y']), float(r['boot_s']), float(r['vcpu_run_s']))
+                for r in csv.DictReader(f)]
+
+
+def calibrate(rows):
+    idle = [r for r in rows if r.kind == 'idle']
+    return calibration.from_boots([(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'normal'],
+                                  [(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'yolo'],
+                                  cpus=os.cpu_count() or 1)
+
+
+def predictions(rows):
+    params = calibrate(rows).params
+    return [(r, boot_model.predict(params, r.x, r.y, boot_image=r.policy == 'yolo'))
+            for r in rows if r.kind != 'idle']
+
+
+def errors(pairs):
+    """(mean absolute error s, mean relative error, max absolute error s)."""
+    if not pairs:
+        return float('nan'), float('nan'), float('nan')
+    absolute = [abs(p - r.boot_s) for r, p in pairs]
+    return (sum(absolute) / len(absolute),
+            sum(a / r.boot_s for a, (r, _) in zip(absolute, pairs)) / len(pairs),
+            max(absolute))
+
+
+def summary_line(label, pairs):
+    mean_abs, mean_rel, max_abs = errors(pairs)
+    return '| %s | %d | %.1f | %.0f %% | %.1f |' % (
+        label, len(pairs), mean_abs, 100 * mean_rel, max_abs)
+
+
+def report(rows):
+    cal = calibrate(rows)
+    pairs = predictions(rows)
+    lines = ['Calibration (idle boots): alpha %.2f s, beta %.2f s, alpha_yolo %.2f s' % (
+        cal.alpha, cal.beta, cal.alpha_yolo), '',
+        '| load | level | policy | x | y | measured (s) | predicted (s) | error (s) |',
+        '|---|---|---|---|---|---|---|---|']
+    for r, p in sorted(pairs, key=lambda rp: (rp[0].kind, rp[0].level, rp[0].policy,
+                                              rp[0].repetition)):
+        lines.append('| %s | %.2f | %s | %.2f | %.2f | %.1f | %.1f | %+.1f |' % (
+            r.kind, r.level, r.policy, r.x, r.y, r.boot_s, p, p - r.boot_s))
+    lines += ['', '| boots | n | mean abs error (s) | mean relative error | max abs error (s) |',
+              '|---|---|---|---|---|']
+    for kind in ('io', 'cpu'):
+        for policy in ('normal', 'yolo'):
+            subset = [(r, p) for r, p in pairs if r.kind == kind and r.policy == policy]
+            lines.append(summary_line('%s, %s' % (kind, policy), subset))
+    lines.append(summary_line('all', pairs))
+    return '\n'.join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    from matplotlib import pyplot
+    pairs = predictions(rows)
+    figure, axes = pyplot.subplots(figsize=(6, 5))
+    for kind, marker in (('io', 'o'), ('cpu', 's')):
+        for policy, color in (('normal', 'tab:red'), ('yolo', 'tab:blue')):
+            subset = [(r, p) for r, p in pairs if r.kind == kind and r.policy == policy]
+            axes.scatter([r.boot_s for r, _ in subset], [p for _, p in subset], marker=marker,
+                         color=color, label='%s load, %s boot' % (kind.upper(), policy))
+    top = max([r.boot_s for r, _ in pairs] + [p for _, p in pairs]) * 1.05
+    axes.plot([0, top], [0, top], color='grey', linewidth=1, label='exact')
+    axes.set_xlabel('measured boot time (s)')
+    axes.set_ylabel('predicted boot time (s)')
+    axes.set_title('Boot-time model on the emulated HDD (TCG)')
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest='command', required=True)
+    run_parser = sub.add_parser('run')
+    run_parser.add_argument('--io-levels', type=lambda t: [float(v) for v in t.split(',')],
+                            default=[0.2, 0.4, 0.6, 0.8])
+    run_parser.add_argument('--cpu-levels', type=lambda t: [float(v) for v in t.split(',')],
+                            default=[0.25, 0.5, 0.75])
+    run_parser.add_argument('--repetitions', type=int, default=2)
+    run_parser.add_argument('--idle-repetitions', type=int, default=2,
+                            help='idle (calibration) boots per policy and repetition')
+    run_parser.add_argument('--csv', type=pathlib.Path,
+                            default=REPO / 'results' / 'model-accuracy.csv')
+    run_parser.add_argument('--workdir', type=pathlib.Path,
+                            default=pathlib.Path('/var/tmp/yolo-model-accuracy'))
+    run_parser.add_argument('--test-image')
+    report_parser = sub.add_parser('report')
+    report_parser.add_argument('csv', type=pathlib.Path)
+    report_parser.add_argument('--plot', type=pathlib.Path)
+    args = parser.parse_args(argv)
+    if args.command == 'run':
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        run(args)
+    else:
+        rows = read(args.csv)
+        print(report(rows))
+        if args.plot:
+            plot(rows, args.plot)
+    return 0
