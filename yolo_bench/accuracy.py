@@ -157,11 +157,41 @@ def read(path):
                 for r in csv.DictReader(f)]
 
 
-def calibrate(rows):
+def calibrate(rows, cpus=None):
     idle = [r for r in rows if r.kind == 'idle']
     return calibration.from_boots([(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'normal'],
                                   [(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'yolo'],
-                                  cpus=os.cpu_count() or 1)
+                                  cpus=cpus or os.cpu_count() or 1)
+
+
+def concurrency_report(multi_csv, cpus=2):
+    """The concurrency term against the boot benchmark's multi scenario: calibrated from its
+    single boots, each point predicted with n - 1 boots in progress on an otherwise idle host."""
+    with open(multi_csv) as f:
+        rows = [r for r in csv.DictReader(f) if r['policy'] in ('normal', 'yolo')]
+    single = [Row('idle', 0, r['policy'], int(r['repetition']), 0, 0, int(r['boot_ms']) / 1000,
+                  float(r['vcpu_run_s'])) for r in rows if r['size'] == '1']
+    params = calibrate(single, cpus).params
+    groups = {}
+    for r in rows:
+        groups.setdefault((int(r['size']), r['images'], r['policy']), []).append(
+            int(r['boot_ms']) / 1000)
+    lines = ['| boots | images | policy | measured, longest (s) | predicted (s) | error |',
+             '|---|---|---|---|---|---|']
+    relative = []
+    for (n, kind, policy), times in sorted(groups.items()):
+        if n == 1:
+            continue
+        measured = sorted(times)[len(times) // 2]
+        predicted = boot_model.predict(params, 0, 0, boot_image=policy == 'yolo',
+                                       concurrent_boots=n - 1)
+        relative.append(abs(predicted - measured) / measured)
+        lines.append('| %d | %s | %s | %.1f | %.1f | %+.0f %% |' % (
+            n, kind, policy, measured, predicted, 100 * (predicted - measured) / measured))
+    lines.append('')
+    lines.append('Mean relative error %.0f %%, max %.0f %%.' % (
+        100 * sum(relative) / len(relative), 100 * max(relative)))
+    return '\n'.join(lines)
 
 
 def predictions(rows):
@@ -247,7 +277,14 @@ def main(argv=None):
     report_parser = sub.add_parser('report')
     report_parser.add_argument('csv', type=pathlib.Path)
     report_parser.add_argument('--plot', type=pathlib.Path)
+    concurrency_parser = sub.add_parser(
+        'concurrency', help='the concurrency term against a boot benchmark multi CSV')
+    concurrency_parser.add_argument('csv', type=pathlib.Path)
+    concurrency_parser.add_argument('--cpus', type=int, default=2)
     args = parser.parse_args(argv)
+    if args.command == 'concurrency':
+        print(concurrency_report(args.csv, args.cpus))
+        return 0
     if args.command == 'run':
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         run(args)

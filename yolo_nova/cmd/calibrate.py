@@ -7,10 +7,10 @@ Run on an idle compute node (as root: it drops the page cache and mounts yolofs)
 
 The image is converted to raw in a scratch directory on the instance storage (as Nova makes a
 base file), a boot image is learned from one boot, then ``--boots`` normal and YOLO boots are
-made alternately with a cold page cache. beta is the guest's vCPU running time up to ready (the
-thesis took the CPU part from its logs), alpha the rest of a normal boot, alpha_yolo the rest of a
-YOLO boot. The disk's capacity (random 4 KiB read IOPS at queue depth 32, sequential 1 MiB read
-bytes per second) is measured with fio unless given.
+made alternately with a cold page cache. beta is the guest's vCPU running time up to ready in
+the YOLO boots (the thesis took the CPU part from its logs), alpha the rest of a normal boot,
+alpha_yolo the rest of a YOLO boot. The disk's capacity (random 4 KiB read IOPS at queue depth
+32, sequential 1 MiB read bytes per second) is measured with fio unless given.
 """
 
 import argparse

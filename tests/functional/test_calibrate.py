@@ -1,0 +1,21 @@
+"""yolo-calibrate for real: idle boots of the test image give parameters the driver can report."""
+
+from yolo_nova import calibration
+from yolo_nova.cmd import calibrate
+
+
+def test_calibrate_boots_and_saves(test_image, tmp_path):
+    output = tmp_path / 'calibration.json'
+    assert calibrate.main(['--image', str(test_image), '--instances-path', str(tmp_path / 'i'),
+                           '--boots', '1', '--output', str(output), '--disk-iops', '300',
+                           '--disk-bytes-per-second', '150e6']) == 0
+    result = calibration.load(str(output))
+    normal_boot, _ = result.details['normal_boots'][0]
+    yolo_boot, yolo_cpu = result.details['yolo_boots'][0]
+    # beta is the YOLO boot's vCPU running time: most of a TCG boot, never more than the boot.
+    assert 0 < result.beta == yolo_cpu <= yolo_boot
+    assert result.alpha == round(max(0.0, normal_boot - yolo_cpu), 3)
+    assert result.alpha_yolo == round(max(0.0, yolo_boot - yolo_cpu), 3)
+    assert (result.disk_iops, result.disk_bytes_per_second) == (300.0, 150e6)
+    # The scratch space on the instance storage is cleaned up.
+    assert list((tmp_path / 'i').iterdir()) == []
