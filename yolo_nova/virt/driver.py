@@ -96,11 +96,13 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                         instance=instance)
 
     # Unshelve and cross-cell resize: Nova rebases the disk from the snapshot onto the original
-    # image's base file in _base; then it can go on the mount like any other.
+    # image's base file in _base, a safe rebase that reads the old backing file: that one must
+    # be _base's too, in case yolofs is down. Then the disk is placed like any other.
     def _rebase_original_qcow2_image(self, context, instance, backend):
-        super()._rebase_original_qcow2_image(context, instance, backend)
-        if os.path.exists(backend.path):
-            self.yolo_backing.place(backend.path)
+        if not os.path.exists(backend.path):
+            return super()._rebase_original_qcow2_image(context, instance, backend)
+        with self.yolo_backing.on_base(backend.path):
+            super()._rebase_original_qcow2_image(context, instance, backend)
 
     def pre_live_migration(self, context, instance, block_device_info, network_info,
                            disk_info, migrate_data):

@@ -351,11 +351,13 @@ class TestPowerOn(DriverTestCase):
 
 class TestMoves(DriverTestCase):
 
-    def test_unshelve_rebases_onto_the_original_image_then_the_mount(self):
+    def unshelve(self, healthy):
         snapshot_base = self.base_dir / images.base_file_name('snapshot')
         write_raw_base(snapshot_base)
         os.link(snapshot_base, self.mount / snapshot_base.name)
         disk = self.create_root_disk(filename=snapshot_base.name, image_id='snapshot')
+        if not healthy:
+            self.yolofs_down()
         self.instance.system_metadata = {'image_base_image_ref': IMAGE_ID}
         self.instance.vm_state = 'shelved_offloaded'
 
@@ -366,7 +368,13 @@ class TestMoves(DriverTestCase):
                 mock.patch.object(self.drvr, '_needs_rebase_original_qcow2_image',
                                   return_value=True):
             self.drvr._rebase_original_qcow2_image(self.context, self.instance, disk)
-        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        return self.backing_of(disk.path)
+
+    def test_unshelve_rebases_onto_the_original_image_then_the_mount(self):
+        self.assertEqual(str(self.mount / self.name), self.unshelve(healthy=True))
+
+    def test_unshelve_with_yolofs_down_stays_on_base(self):
+        self.assertEqual(str(self.base), self.unshelve(healthy=False))
 
     def test_live_migration_shared_path_refused_when_yolofs_down_here(self):
         self.create_root_disk()
@@ -385,7 +393,7 @@ class TestMoves(DriverTestCase):
                                          migrate_data)
         pre.assert_called_once()
 
-    def test_block_migration_creates_the_destination_disk_on_the_mount(self):
+    def block_migrate(self):
         # Nova's own _create_images_and_backing (live block migration, hard reboot) through the
         # yolo backend: the destination disk is created over the cached base file.
         disk_info = [{'type': 'qcow2', 'path': str(self.instance_dir / 'disk'),
@@ -396,8 +404,14 @@ class TestMoves(DriverTestCase):
                 lambda context, target, image_id, trusted_certs=None: self.fetch_image(target))):
             self.drvr._create_images_and_backing(self.context, self.instance,
                                                  str(self.instance_dir), disk_info)
-        self.assertEqual(str(self.mount / self.name),
-                         self.backing_of(self.instance_dir / 'disk'))
+        return self.backing_of(self.instance_dir / 'disk')
+
+    def test_block_migration_creates_the_destination_disk_on_the_mount(self):
+        self.assertEqual(str(self.mount / self.name), self.block_migrate())
+
+    def test_block_migration_to_a_host_with_yolofs_down_uses_base(self):
+        self.yolofs_down()
+        self.assertEqual(str(self.base), self.block_migrate())
 
 
 class TestImageCache(DriverTestCase):
