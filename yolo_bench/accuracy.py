@@ -210,6 +210,18 @@ def errors(pairs):
             max(absolute))
 
 
+def rank_agreement(pairs):
+    """The share of pairs of boots (measured more than 2 s apart) the model orders as measured:
+    what the weigher needs, whatever the absolute error."""
+    agree = total = 0
+    for i, (r1, p1) in enumerate(pairs):
+        for r2, p2 in pairs[i + 1:]:
+            if abs(r1.boot_s - r2.boot_s) > 2.0:
+                total += 1
+                agree += (r1.boot_s < r2.boot_s) == (p1 < p2)
+    return agree / total if total else float('nan')
+
+
 def summary_line(label, pairs):
     mean_abs, mean_rel, max_abs = errors(pairs)
     return '| %s | %d | %.1f | %.0f %% | %.1f |' % (
@@ -234,6 +246,8 @@ def report(rows):
             subset = [(r, p) for r, p in pairs if r.kind == kind and r.policy == policy]
             lines.append(summary_line('%s, %s' % (kind, policy), subset))
     lines.append(summary_line('all', pairs))
+    lines += ['', 'Pairs of boots (> 2 s apart) the model orders as measured: %.0f %%.' % (
+        100 * rank_agreement(pairs))]
     return '\n'.join(lines)
 
 

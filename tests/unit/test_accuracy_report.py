@@ -43,3 +43,11 @@ def test_csv_round_trip(tmp_path):
         for r in ROWS:
             writer.writerow(dataclasses.asdict(r))
     assert accuracy.read(path) == ROWS
+
+
+def test_rank_agreement():
+    pairs = [(row('io', 0, 'normal', 0, 0, 30.0), 31.0), (row('io', 0, 'normal', 0, 0, 40.0), 60.0),
+             (row('io', 0, 'normal', 0, 0, 50.0), 45.0), (row('io', 0, 'normal', 0, 0, 51.0), 1.0)]
+    # Ordered pairs: (30,40) yes, (30,50) yes, (40,50) no; 51 is within 2 s of 50 only.
+    # (30,51) no, (40,51) no.
+    assert accuracy.rank_agreement(pairs) == 2 / 5
