@@ -26,7 +26,9 @@ from yolo_nova import boot_model
 from yolo_nova import calibration
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-FIELDS = ('kind', 'level', 'policy', 'repetition', 'x', 'y', 'boot_s', 'vcpu_run_s')
+FIELDS = ('kind', 'level', 'policy', 'repetition', 'x', 'y', 'boot_s', 'vcpu_run_s', 'runnable')
+# Normal boots under this I/O load measure k, the I/O part's exponent (not evaluated).
+IO_CALIBRATION_LEVEL = 0.5
 SETTLE_S = 6.0
 WINDOW_S = 5.0
 
@@ -53,6 +55,7 @@ class Row:
     y: float
     boot_s: float
     vcpu_run_s: float
+    runnable: float = None   # other runnable tasks per CPU (None: not recorded)
 
 
 def disk_counters(device):
@@ -72,24 +75,39 @@ def cpu_jiffies():
     return sum(values) - idle, sum(values)
 
 
+def runnable_per_cpu():
+    """Runnable tasks per CPU besides this reader (procs_running of /proc/stat)."""
+    with open('/proc/stat') as f:
+        for line in f:
+            if line.startswith('procs_running '):
+                return max(0, int(line.split()[1]) - 1) / (os.cpu_count() or 1)
+    return 0.0
+
+
 def measure_load(disk, seconds=WINDOW_S):
-    """(x, y) over ``seconds``: the disk's throughput utilisation and the CPUs' busy share."""
+    """(x, y, runnable) over ``seconds``: the disk's throughput utilisation, the CPUs' busy
+    share and the mean number of other runnable tasks per CPU (sampled every 50 ms)."""
     limits = disk.limits
     ops0, bytes0 = disk_counters(disk.loop)
     busy0, total0 = cpu_jiffies()
-    time.sleep(seconds)
+    samples = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        samples.append(runnable_per_cpu())
+        time.sleep(0.05)
     ops1, bytes1 = disk_counters(disk.loop)
     busy1, total1 = cpu_jiffies()
     load = {'iops': (ops1 - ops0) / seconds, 'bytes_per_second': (bytes1 - bytes0) / seconds,
             'io_utilisation': 0.0}
     x = calibration.io_utilisation(load, limits.read_iops + limits.write_iops,
                                    limits.read_bps + limits.write_bps)
-    return round(x, 4), round((busy1 - busy0) / max(1, total1 - total0), 4)
+    return (round(x, 4), round((busy1 - busy0) / max(1, total1 - total0), 4),
+            round(sum(samples) / len(samples), 3))
 
 
 def start_load(disk, kind, level):
     """The load processes for one run (none when idle)."""
-    if kind == 'io' and level > 0:
+    if kind in ('io', 'iocal') and level > 0:
         rate = max(1, round(level * disk.limits.read_iops))
         return [subprocess.Popen(
             ['fio', '--name=load', '--filename=%s' % runner.stressor_file(disk, 0),
@@ -122,7 +140,7 @@ def run(args):
         text=True).stdout.strip().splitlines()[-1]
     runner.log('learning the boot trace on the local disk')
     trace = runner.learn_boot_image(test_image, work)
-    points = ([('idle', 0.0)] * args.idle_repetitions
+    points = ([('idle', 0.0)] * args.idle_repetitions + [('iocal', IO_CALIBRATION_LEVEL)]
               + [('io', level) for level in args.io_levels]
               + [('cpu', level) for level in args.cpu_levels])
     with open(args.csv, 'w', newline='') as out, \
@@ -131,29 +149,31 @@ def run(args):
         writer.writeheader()
         for repetition in range(args.repetitions):
             for kind, level in points:
-                for policy in ('normal', 'yolo'):
+                for policy in ('normal',) if kind == 'iocal' else ('normal', 'yolo'):
                     point = plan_mod.Point('hdd', 'contention', 0, 'same', policy)
                     session.prepare(point)
                     procs = start_load(disk, kind, level)
                     try:
                         time.sleep(SETTLE_S if procs else 0.5)
-                        x, y = measure_load(disk)
+                        x, y, runnable = measure_load(disk)
                         times, cpu = runner.run_boots(session, point, consoles)
                     finally:
                         stop_load(procs)
                     row = Row(kind, level, policy, repetition, x, y, times[0] / 1000,
-                              round(cpu[0][1], 2))
+                              round(cpu[0][1], 2), runnable)
                     writer.writerow(dataclasses.asdict(row))
                     out.flush()
-                    runner.log('%s %.2f %s: x %.2f y %.2f, boot %.1f s (vCPU %.1f s)' % (
-                        kind, level, policy, x, y, row.boot_s, row.vcpu_run_s))
+                    runner.log('%s %.2f %s: x %.2f y %.2f runnable %.2f, boot %.1f s (vCPU '
+                               '%.1f s)' % (kind, level, policy, x, y, runnable, row.boot_s,
+                                            row.vcpu_run_s))
     print(report(read(args.csv)))
 
 
 def read(path):
     with open(path) as f:
         return [Row(r['kind'], float(r['level']), r['policy'], int(r['repetition']),
-                    float(r['x']), float(r['y']), float(r['boot_s']), float(r['vcpu_run_s']))
+                    float(r['x']), float(r['y']), float(r['boot_s']), float(r['vcpu_run_s']),
+                    float(r['runnable']) if r.get('runnable') else None)
                 for r in csv.DictReader(f)]
 
 
@@ -194,10 +214,27 @@ def concurrency_report(multi_csv, cpus=2):
     return '\n'.join(lines)
 
 
-def predictions(rows):
-    params = calibrate(rows).params
-    return [(r, boot_model.predict(params, r.x, r.y, boot_image=r.policy == 'yolo'))
-            for r in rows if r.kind != 'idle']
+def io_exponent(rows, cal):
+    """k from the I/O-calibration boots (median), or the thesis' 1 without any."""
+    ks = sorted(boot_model.io_exponent_from(cal.params, r.boot_s, r.x, r.y, r.runnable)
+                for r in rows if r.kind == 'iocal')
+    return ks[len(ks) // 2] if ks else 1.0
+
+
+MODELS = ('thesis', 'measured')
+
+
+def predictions(rows, model='thesis'):
+    """(row, prediction) of every evaluated boot. 'thesis': appendix A as is; 'measured': with
+    the I/O exponent from the I/O-calibration boots and the fair CPU share from the runnable
+    tasks recorded before each boot."""
+    cal = calibrate(rows)
+    params = cal.params
+    if model == 'measured':
+        params = dataclasses.replace(params, io_exponent=io_exponent(rows, cal))
+    return [(r, boot_model.predict(params, r.x, r.y, boot_image=r.policy == 'yolo',
+                                   runnable=r.runnable if model == 'measured' else None))
+            for r in rows if r.kind in ('io', 'cpu')]
 
 
 def errors(pairs):
@@ -230,32 +267,43 @@ def summary_line(label, pairs):
 
 def report(rows):
     cal = calibrate(rows)
-    pairs = predictions(rows)
-    lines = ['Calibration (idle boots): alpha %.2f s, beta %.2f s, alpha_yolo %.2f s' % (
-        cal.alpha, cal.beta, cal.alpha_yolo), '',
-        '| load | level | policy | x | y | measured (s) | predicted (s) | error (s) |',
-        '|---|---|---|---|---|---|---|---|']
-    for r, p in sorted(pairs, key=lambda rp: (rp[0].kind, rp[0].level, rp[0].policy,
-                                              rp[0].repetition)):
-        lines.append('| %s | %.2f | %s | %.2f | %.2f | %.1f | %.1f | %+.1f |' % (
-            r.kind, r.level, r.policy, r.x, r.y, r.boot_s, p, p - r.boot_s))
-    lines += ['', '| boots | n | mean abs error (s) | mean relative error | max abs error (s) |',
-              '|---|---|---|---|---|']
-    for kind in ('io', 'cpu'):
-        for policy in ('normal', 'yolo'):
-            subset = [(r, p) for r, p in pairs if r.kind == kind and r.policy == policy]
-            lines.append(summary_line('%s, %s' % (kind, policy), subset))
-    lines.append(summary_line('all', pairs))
-    lines += ['', 'Pairs of boots (> 2 s apart) the model orders as measured: %.0f %%.' % (
-        100 * rank_agreement(pairs))]
+    models = MODELS if any(r.kind == 'iocal' for r in rows) else MODELS[:1]
+    both = {model: predictions(rows, model) for model in models}
+    lines = ['Calibration (idle boots): alpha %.2f s, beta %.2f s, alpha_yolo %.2f s; '
+             'I/O exponent k %.2f (thesis: 1)' % (cal.alpha, cal.beta, cal.alpha_yolo,
+                                                  io_exponent(rows, cal)), '',
+             '| load | level | policy | x | y | runnable | measured (s) | %s |' % ' | '.join(
+                 'predicted, %s (s)' % m for m in models),
+             '|---|---|---|---|---|---|---|%s' % ('---|' * len(models))]
+    order = sorted(range(len(both['thesis'])), key=lambda i: (
+        both['thesis'][i][0].kind, both['thesis'][i][0].level, both['thesis'][i][0].policy,
+        both['thesis'][i][0].repetition))
+    for i in order:
+        r = both['thesis'][i][0]
+        lines.append('| %s | %.2f | %s | %.2f | %.2f | %s | %.1f | %s |' % (
+            r.kind, r.level, r.policy, r.x, r.y,
+            '-' if r.runnable is None else '%.2f' % r.runnable, r.boot_s,
+            ' | '.join('%.1f' % both[m][i][1] for m in models)))
+    for model in models:
+        pairs = both[model]
+        lines += ['', 'Model: %s' % model, '',
+                  '| boots | n | mean abs error (s) | mean relative error | max abs error (s) |',
+                  '|---|---|---|---|---|']
+        for kind in ('io', 'cpu'):
+            for policy in ('normal', 'yolo'):
+                subset = [(r, p) for r, p in pairs if r.kind == kind and r.policy == policy]
+                lines.append(summary_line('%s, %s' % (kind, policy), subset))
+        lines.append(summary_line('all', pairs))
+        lines += ['', 'Pairs of boots (> 2 s apart) ordered as measured: %.0f %%.' % (
+            100 * rank_agreement(pairs))]
     return '\n'.join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, model='thesis'):
     import matplotlib
     matplotlib.use('Agg')
     from matplotlib import pyplot
-    pairs = predictions(rows)
+    pairs = predictions(rows, model)
     figure, axes = pyplot.subplots(figsize=(6, 5))
     for kind, marker in (('io', 'o'), ('cpu', 's')):
         for policy, color in (('normal', 'tab:red'), ('yolo', 'tab:blue')):
@@ -266,7 +314,7 @@ def plot(rows, path):
     axes.plot([0, top], [0, top], color='grey', linewidth=1, label='exact')
     axes.set_xlabel('measured boot time (s)')
     axes.set_ylabel('predicted boot time (s)')
-    axes.set_title('Boot-time model on the emulated HDD (TCG)')
+    axes.set_title('Boot-time model (%s) on the emulated HDD (TCG)' % model)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -291,6 +339,8 @@ def main(argv=None):
     report_parser = sub.add_parser('report')
     report_parser.add_argument('csv', type=pathlib.Path)
     report_parser.add_argument('--plot', type=pathlib.Path)
+    report_parser.add_argument('--model', choices=MODELS, default='thesis',
+                               help='the model plotted')
     concurrency_parser = sub.add_parser(
         'concurrency', help='the concurrency term against a boot benchmark multi CSV')
     concurrency_parser.add_argument('csv', type=pathlib.Path)
@@ -306,5 +356,5 @@ def main(argv=None):
         rows = read(args.csv)
         print(report(rows))
         if args.plot:
-            plot(rows, args.plot)
+            plot(rows, args.plot, args.model)
     return 0

@@ -26,13 +26,15 @@ class Calibration:
     cpus: int
     disk_iops: float = 0.0              # 0: unknown
     disk_bytes_per_second: float = 0.0  # 0: unknown
+    io_exponent: float = 1.0            # k of e^(k x); the thesis' 1 until measured
     measured_at: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
 
     @property
     def params(self):
         return boot_model.BootTimeParameters(alpha=self.alpha, beta=self.beta,
-                                             alpha_yolo=self.alpha_yolo, cpus=self.cpus)
+                                             alpha_yolo=self.alpha_yolo, cpus=self.cpus,
+                                             io_exponent=self.io_exponent)
 
 
 def load(path):

@@ -134,6 +134,12 @@ The I/O part, in seconds, of an idle boot served from a verified boot image. Uns
 ``calibration_file``, else 0.4.
 """),
     cfg.FloatOpt(
+        'io_exponent', min=0.0, max=3.0,
+        help="""
+k in the model's I/O part ``e^(k x) alpha / (1 - x)``: 1 (the thesis) for a seeking HDD, near 0
+for a disk that shares its rate without seeking. Unset: from ``calibration_file``, else 1.
+"""),
+    cfg.FloatOpt(
         'disk_iops', min=0.0,
         help="""
 Operations per second the instance disk sustains. With it (or with ``disk_bytes_per_second``)

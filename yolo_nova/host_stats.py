@@ -16,6 +16,8 @@ from yolo_nova import boot_model
 PREFIX = 'yolo_'
 KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpus',
         'boot_images', 'updated_at')
+# Reported by newer hosts; a host without them gets the thesis' model.
+OPTIONAL_KEYS = ('io_exponent', 'runnable')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,9 +28,14 @@ class HostBootState:
     params: boot_model.BootTimeParameters
     boot_images: frozenset
     updated_at: float
+    runnable: float = None
 
     def to_stats(self):
+        optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent}
+        if self.runnable is not None:
+            optional[PREFIX + 'runnable'] = '%.3f' % self.runnable
         return {
+            **optional,
             PREFIX + 'io_utilisation': '%.4f' % self.io_utilisation,
             PREFIX + 'cpu_utilisation': '%.4f' % self.cpu_utilisation,
             PREFIX + 'alpha': '%.3f' % self.params.alpha,
@@ -42,7 +49,7 @@ class HostBootState:
     def predict(self, image_id, concurrent_boots):
         return boot_model.predict(self.params, self.io_utilisation, self.cpu_utilisation,
                                   boot_image=image_id in self.boot_images,
-                                  concurrent_boots=concurrent_boots)
+                                  concurrent_boots=concurrent_boots, runnable=self.runnable)
 
 
 def from_stats(stats, max_age, now=None):
@@ -52,6 +59,7 @@ def from_stats(stats, max_age, now=None):
         raw = tuple(stats[PREFIX + key] for key in KEYS)
     except KeyError:
         return None
+    raw += tuple(stats.get(PREFIX + key) for key in OPTIONAL_KEYS)
     state = _parse(raw)
     if state is None or (now if now is not None else time.time()) - state.updated_at > max_age:
         return None
@@ -62,15 +70,17 @@ def from_stats(stats, max_age, now=None):
 # report once.
 @functools.lru_cache(maxsize=4096)
 def _parse(raw):
-    value = dict(zip(KEYS, raw))
+    value = dict(zip(KEYS + OPTIONAL_KEYS, raw))
     try:
         return HostBootState(
             io_utilisation=float(value['io_utilisation']),
             cpu_utilisation=float(value['cpu_utilisation']),
             params=boot_model.BootTimeParameters(
                 alpha=float(value['alpha']), beta=float(value['beta']),
-                alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus'])),
+                alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus']),
+                io_exponent=float(value['io_exponent'] or 1.0)),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
-            updated_at=float(value['updated_at']))
+            updated_at=float(value['updated_at']),
+            runnable=None if value['runnable'] is None else float(value['runnable']))
     except (TypeError, ValueError, AttributeError):
         return None

@@ -17,5 +17,8 @@ def test_calibrate_boots_and_saves(test_image, tmp_path):
     assert result.alpha == round(max(0.0, normal_boot - yolo_cpu), 3)
     assert result.alpha_yolo == round(max(0.0, yolo_boot - yolo_cpu), 3)
     assert (result.disk_iops, result.disk_bytes_per_second) == (300.0, 150e6)
+    # k was measured by a boot under load, within its bounds.
+    assert result.details['loaded_boot'] > 0
+    assert 0.0 <= result.io_exponent <= 3.0
     # The scratch space on the instance storage is cleaned up.
     assert list((tmp_path / 'i').iterdir()) == []

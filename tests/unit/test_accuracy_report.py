@@ -51,3 +51,18 @@ def test_rank_agreement():
     # Ordered pairs: (30,40) yes, (30,50) yes, (40,50) no; 51 is within 2 s of 50 only.
     # (30,51) no, (40,51) no.
     assert accuracy.rank_agreement(pairs) == 2 / 5
+
+
+def test_the_measured_model_takes_k_from_the_io_calibration_boots_and_the_fair_share():
+    rows = ROWS + [row('iocal', 0.5, 'normal', 0.5, 0.0, 22.0 + 12.0),   # 6 / (1 - x): k = 0
+                   row('cpu', 0.75, 'yolo', 0.0, 0.75, 45.0)]
+    rows[-1].runnable = 1.0
+    cal = accuracy.calibrate(rows)
+    assert accuracy.io_exponent(rows, cal) == pytest.approx(0.0)
+    thesis = dict((r.boot_s, p) for r, p in accuracy.predictions(rows, 'thesis'))
+    measured = dict((r.boot_s, p) for r, p in accuracy.predictions(rows, 'measured'))
+    assert 34.0 not in measured  # the calibration boot is not evaluated
+    assert thesis[45.0] == pytest.approx(0.5 + 88.0)      # 22 / 0.25
+    assert measured[45.0] == pytest.approx(0.5 + 44.0)    # 22 / max(0.25, 1 / 2)
+    assert measured[50.0] == thesis[50.0]                 # no runnable recorded: as the thesis
+    assert 'Model: measured' in accuracy.report(rows)

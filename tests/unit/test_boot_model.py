@@ -1,10 +1,13 @@
 """The boot-time model: the thesis' formula, clamping, boot images, concurrent boots."""
 
+import dataclasses
 import math
+import time
 
 import pytest
 
 from yolo_nova import boot_model
+from yolo_nova import host_stats
 from yolo_nova.boot_model import BootTimeParameters
 
 PARAMS = BootTimeParameters(alpha=8.0, beta=23.0, alpha_yolo=0.5, cpus=2)
@@ -71,3 +74,40 @@ def test_bad_parameters_are_refused(kwargs):
     values.update(kwargs)
     with pytest.raises(ValueError):
         BootTimeParameters(**values)
+
+
+def test_fair_share_floors_the_cpu_part_when_runnable_tasks_are_known():
+    params = boot_model.BootTimeParameters(alpha=0.0, beta=20.0, alpha_yolo=0.0)
+    # A CPU 75 % busy with one other task: the boot still gets half of it, not a quarter.
+    assert boot_model.predict(params, 0, 0.75) == pytest.approx(80.0)
+    assert boot_model.predict(params, 0, 0.75, runnable=1.0) == pytest.approx(40.0)
+    # Lightly loaded: what the load leaves free is more than the fair share.
+    assert boot_model.predict(params, 0, 0.2, runnable=1.0) == pytest.approx(25.0)
+    # Never faster than idle.
+    assert boot_model.predict(params, 0, 0.0, runnable=0.0) == pytest.approx(20.0)
+
+
+def test_io_exponent_shapes_the_io_part_and_is_measured_back():
+    thesis = boot_model.BootTimeParameters(alpha=5.0, beta=20.0, alpha_yolo=0.5)
+    rate = dataclasses.replace(thesis, io_exponent=0.0)
+    assert boot_model.predict(rate, 0.5, 0) == pytest.approx(10.0 + 20.0)
+    assert boot_model.predict(thesis, 0.5, 0) == pytest.approx(math.exp(0.5) * 10.0 + 20.0)
+    # k from a loaded boot gives back the time measured.
+    loaded = boot_model.predict(dataclasses.replace(thesis, io_exponent=0.7), 0.5, 0.1)
+    assert boot_model.io_exponent_from(thesis, loaded, 0.5, 0.1) == pytest.approx(0.7)
+    # Faster than an idle disk would allow, or no I/O part at all: k = 0; never above the cap.
+    assert boot_model.io_exponent_from(thesis, 21.0, 0.5) == 0.0
+    assert boot_model.io_exponent_from(thesis, 500.0, 0.5) == boot_model.MAX_IO_EXPONENT
+
+
+def test_host_stats_without_the_optional_keys_give_the_thesis_model():
+    state = host_stats.HostBootState(0.5, 0.75, boot_model.BootTimeParameters(
+        alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0), frozenset(), time.time(),
+        runnable=1.0)
+    stats = state.to_stats()
+    parsed = host_stats.from_stats(stats, max_age=60)
+    assert (parsed.params.io_exponent, parsed.runnable) == (0.0, 1.0)
+    old = {k: v for k, v in stats.items()
+           if k[len(host_stats.PREFIX):] not in host_stats.OPTIONAL_KEYS}
+    parsed = host_stats.from_stats(old, max_age=60)
+    assert (parsed.params.io_exponent, parsed.runnable) == (1.0, None)

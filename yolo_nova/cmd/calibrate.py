@@ -10,10 +10,14 @@ base file), a boot image is learned from one boot, then ``--boots`` normal and Y
 made alternately with a cold page cache. beta is the guest's vCPU running time up to ready in
 the YOLO boots (the thesis took the CPU part from its logs), alpha the rest of a normal boot,
 alpha_yolo the rest of a YOLO boot. The disk's capacity (random 4 KiB read IOPS at queue depth
-32, sequential 1 MiB read bytes per second) is measured with fio unless given.
+32, sequential 1 MiB read bytes per second) is measured with fio unless given. Last, one normal
+boot runs while fio reads at half the disk's IOPS: it measures k, the exponent of the model's I/O
+part (1 for the thesis' HDD, near 0 for disks that share their rate without seeking).
 """
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -21,12 +25,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
 from yolo_common import yolofs
+from yolo_nova import boot_model
 from yolo_nova import calibration
 
 DEFAULT_OUTPUT = '/var/lib/yolo/calibration.json'
@@ -62,6 +68,26 @@ def fio_capacity(directory, seconds=10):
     return round(results[0][0], 1), round(results[1][1], 1)
 
 
+@contextlib.contextmanager
+def half_load(directory, iops):
+    """fio reading random 4 KiB blocks at half the disk's IOPS, for the duration."""
+    path = os.path.join(directory, 'fio-load.dat')
+    subprocess.run(['fio', '--name=prepare', '--filename=%s' % path, '--size=1G', '--rw=write',
+                    '--bs=1M', '--direct=1'], check=True, capture_output=True)
+    proc = subprocess.Popen(
+        ['fio', '--name=load', '--filename=%s' % path, '--size=1G', '--rw=randread',
+         '--bs=4k', '--iodepth=8', '--direct=1', '--ioengine=libaio',
+         '--rate_iops=%d' % max(1, iops // 2), '--time_based', '--runtime=86400'],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        os.unlink(path)
+
+
 def measure(image, scratch, boots, timeout):
     """Learns the image's boot image, then ``boots`` normal and YOLO boots, alternately."""
     base_dir = scratch / '_base'
@@ -91,7 +117,19 @@ def measure(image, scratch, boots, timeout):
                 results.append(boot(overlay, scratch / ('%s-%d.log' % (policy, i)), timeout))
                 overlay.unlink()
                 log('%s boot %d: %.1f s, vCPU ran %.1f s' % (policy, i + 1, *results[-1]))
-    return normal, yolo
+    return base, normal, yolo
+
+
+def loaded_boot(base, scratch, iops, timeout):
+    """One cold normal boot while the disk serves half its IOPS to fio."""
+    overlay = scratch / 'loaded.qcow2'
+    images.create_overlay(base, overlay)
+    qemu.drop_caches()
+    with half_load(str(scratch), iops):
+        seconds, _ = boot(overlay, scratch / 'loaded.log', timeout)
+    overlay.unlink()
+    log('normal boot at half the disk\'s IOPS: %.1f s' % seconds)
+    return seconds
 
 
 def main(argv=None):
@@ -107,6 +145,8 @@ def main(argv=None):
                         help='the disk\'s capacity in operations per second (else: fio)')
     parser.add_argument('--disk-bytes-per-second', type=float,
                         help='the disk\'s capacity in bytes per second (else: fio)')
+    parser.add_argument('--io-exponent', type=float,
+                        help='k of the I/O part (else: measured by a boot under load)')
     args = parser.parse_args(argv)
 
     os.makedirs(args.instances_path, exist_ok=True)
@@ -117,15 +157,22 @@ def main(argv=None):
             iops, bps = fio_capacity(str(scratch))
         iops = args.disk_iops if args.disk_iops is not None else iops
         bps = args.disk_bytes_per_second if args.disk_bytes_per_second is not None else bps
-        normal, yolo = measure(args.image, scratch, args.boots, args.boot_timeout)
+        base, normal, yolo = measure(args.image, scratch, args.boots, args.boot_timeout)
+        result = calibration.from_boots(normal, yolo, cpus=os.cpu_count() or 1, disk_iops=iops,
+                                        disk_bytes_per_second=bps)
+        k = args.io_exponent
+        if k is None:
+            loaded = loaded_boot(base, scratch, int(iops), args.boot_timeout)
+            k = boot_model.io_exponent_from(result.params, loaded, 0.5)
+            result.details['loaded_boot'] = loaded
+        result = dataclasses.replace(result, io_exponent=round(k, 3))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    result = calibration.from_boots(normal, yolo, cpus=os.cpu_count() or 1, disk_iops=iops,
-                                    disk_bytes_per_second=bps)
     calibration.save(result, args.output)
-    log('alpha %.2f s, beta %.2f s, alpha_yolo %.2f s, %d CPUs, disk %.0f IOPS, %.0f MB/s: '
-        'saved in %s' % (result.alpha, result.beta, result.alpha_yolo, result.cpus, iops,
-                         bps / 1e6, args.output))
+    log('alpha %.2f s, beta %.2f s, alpha_yolo %.2f s, k %.2f, %d CPUs, disk %.0f IOPS, '
+        '%.0f MB/s: saved in %s' % (
+            result.alpha, result.beta, result.alpha_yolo, result.io_exponent, result.cpus,
+            iops, bps / 1e6, args.output))
     return 0
 
 

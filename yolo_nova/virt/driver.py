@@ -145,9 +145,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             cpu_utilisation=float(load['cpu_utilisation']),
             params=boot_model.BootTimeParameters(
                 alpha=known.alpha, beta=known.beta, alpha_yolo=known.alpha_yolo,
-                cpus=max(1, int(resources.get('vcpus') or os.cpu_count() or 1))),
+                cpus=max(1, int(resources.get('vcpus') or os.cpu_count() or 1)),
+                io_exponent=known.io_exponent),
             boot_images=frozenset(self.yolo_boot_images.verified_image_ids(rejected)),
-            updated_at=time.time())
+            updated_at=time.time(), runnable=load.get('runnable_per_cpu'))
         return dict(state.to_stats(), yolo_active='true')
 
     def _calibration(self):
@@ -160,7 +161,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         fields = {}
         for option, field in (('boot_time_alpha', 'alpha'), ('boot_time_beta', 'beta'),
                               ('boot_time_alpha_yolo', 'alpha_yolo'), ('disk_iops', 'disk_iops'),
-                              ('disk_bytes_per_second', 'disk_bytes_per_second')):
+                              ('disk_bytes_per_second', 'disk_bytes_per_second'),
+                              ('io_exponent', 'io_exponent')):
             value = getattr(CONF.yolo, option)
             if value is None:
                 value = getattr(measured or UNCALIBRATED, field)

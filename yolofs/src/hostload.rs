@@ -26,6 +26,9 @@ pub struct HostLoad {
     /// Smoothed operations and bytes per second of `device` (reads + writes).
     pub iops: f64,
     pub bytes_per_second: f64,
+    /// Smoothed runnable tasks per CPU, not counting the sampler itself (`procs_running` of
+    /// /proc/stat): how many tasks a new boot's vCPU would share a CPU with.
+    pub runnable_per_cpu: f64,
     /// The block device measured (the one holding the source directory).
     pub device: String,
     /// Smoothing time constant in seconds.
@@ -89,8 +92,15 @@ fn disk_counters(diskstats: &str, device: &str) -> Option<DiskCounters> {
     })
 }
 
-/// (busy, total) jiffies from the first line of /proc/stat.
-fn cpu_jiffies(stat: &str) -> Option<(u64, u64)> {
+/// CPU figures of one /proc/stat reading.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct CpuCounters {
+    busy_jiffies: u64,
+    total_jiffies: u64,
+    runnable_per_cpu: f64,
+}
+
+fn cpu_counters(stat: &str) -> Option<CpuCounters> {
     let line = stat.lines().next()?;
     let values: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
     if values.len() < 4 {
@@ -99,11 +109,25 @@ fn cpu_jiffies(stat: &str) -> Option<(u64, u64)> {
     // user nice system idle iowait irq softirq steal (guest is already counted in user).
     let total: u64 = values.iter().take(8).sum();
     let idle = values[3] + values.get(4).copied().unwrap_or(0);
-    Some((total - idle, total))
+    let cpus = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count()
+        .max(1);
+    let running: f64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("procs_running "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1.0);
+    Some(CpuCounters {
+        busy_jiffies: total - idle,
+        total_jiffies: total,
+        runnable_per_cpu: (running - 1.0).max(0.0) / cpus as f64,
+    })
 }
 
-/// When, the disk's counters, the CPU's (busy, total) jiffies.
-type Sample = (Instant, Option<DiskCounters>, Option<(u64, u64)>);
+/// When, the disk's counters, the CPUs'.
+type Sample = (Instant, Option<DiskCounters>, Option<CpuCounters>);
 
 pub struct HostLoadSampler {
     current: Mutex<HostLoad>,
@@ -132,7 +156,7 @@ impl HostLoadSampler {
                     let io = device
                         .as_deref()
                         .and_then(|d| disk_counters(&fs::read_to_string("/proc/diskstats").ok()?, d));
-                    let cpu = fs::read_to_string("/proc/stat").ok().and_then(|s| cpu_jiffies(&s));
+                    let cpu = fs::read_to_string("/proc/stat").ok().and_then(|s| cpu_counters(&s));
                     (now, io, cpu)
                 };
                 let mut previous = read();
@@ -163,7 +187,10 @@ impl HostLoadSampler {
             _ => None,
         };
         let cpu = match (cpu0, cpu1) {
-            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some(((b1 - b0) as f64 / (t1 - t0) as f64).clamp(0.0, 1.0)),
+            (Some(a), Some(b)) if b.total_jiffies > a.total_jiffies => Some((
+                ((b.busy_jiffies - a.busy_jiffies) as f64 / (b.total_jiffies - a.total_jiffies) as f64).clamp(0.0, 1.0),
+                b.runnable_per_cpu,
+            )),
             _ => None,
         };
         // EWMA weight for this sample given the time constant; the first sample is taken as is.
@@ -179,8 +206,9 @@ impl HostLoadSampler {
             smooth(&mut current.iops, iops);
             smooth(&mut current.bytes_per_second, bytes);
         }
-        if let Some(cpu) = cpu {
-            smooth(&mut current.cpu_utilisation, cpu);
+        if let Some((utilisation, runnable)) = cpu {
+            smooth(&mut current.cpu_utilisation, utilisation);
+            smooth(&mut current.runnable_per_cpu, runnable);
         }
         current.samples += 1;
     }
@@ -212,9 +240,16 @@ mod tests {
     }
 
     #[test]
-    fn cpu_busy_excludes_idle_and_iowait() {
-        let stat = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n";
-        assert_eq!(cpu_jiffies(stat), Some((150, 1000)));
+    fn cpu_busy_excludes_idle_and_iowait_and_runnable_excludes_the_reader() {
+        let stat = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\ncpu1 1 2 3 4\nprocs_running 4\n";
+        assert_eq!(
+            cpu_counters(stat),
+            Some(CpuCounters {
+                busy_jiffies: 150,
+                total_jiffies: 1000,
+                runnable_per_cpu: 1.5
+            })
+        );
     }
 
     #[test]
@@ -224,6 +259,13 @@ mod tests {
         };
         let t0 = Instant::now();
         let t1 = t0 + Duration::from_secs(1);
+        let cpu = |busy_jiffies, total_jiffies| {
+            Some(CpuCounters {
+                busy_jiffies,
+                total_jiffies,
+                runnable_per_cpu: 0.5,
+            })
+        };
         let disk = |operations, sectors, io_ticks_ms| {
             Some(DiskCounters {
                 operations,
@@ -233,8 +275,8 @@ mod tests {
         };
         // 2 s of io_ticks in 1 s (merged queues) clamps to 1.0.
         sampler.update(
-            &(t0, disk(0, 0, 0), Some((0, 100))),
-            &(t1, disk(300, 2048, 2000), Some((50, 200))),
+            &(t0, disk(0, 0, 0), cpu(0, 100)),
+            &(t1, disk(300, 2048, 2000), cpu(50, 200)),
             Duration::from_secs(10),
         );
         let load = sampler.current();
@@ -242,9 +284,10 @@ mod tests {
         assert_eq!(load.cpu_utilisation, 0.5);
         assert_eq!(load.iops, 300.0);
         assert_eq!(load.bytes_per_second, 1048576.0);
+        assert_eq!(load.runnable_per_cpu, 0.5);
         sampler.update(
-            &(t0, disk(0, 0, 0), Some((0, 100))),
-            &(t1, disk(0, 0, 0), Some((0, 200))),
+            &(t0, disk(0, 0, 0), cpu(0, 100)),
+            &(t1, disk(0, 0, 0), cpu(0, 200)),
             Duration::from_secs(10),
         );
         let load = sampler.current();

@@ -474,14 +474,17 @@ class TestHostStats(DriverTestCase):
     def test_calibration_file_gives_parameters_and_throughput_utilisation(self):
         calibration.save(calibration.Calibration(
             alpha=7.0, beta=20.0, alpha_yolo=0.5, cpus=2, disk_iops=300.0,
-            disk_bytes_per_second=150e6), str(self.root / 'calibration.json'))
+            disk_bytes_per_second=150e6, io_exponent=0.2), str(self.root / 'calibration.json'))
         self.client.status.return_value = {'rejected': []}
         self.client.host_load.return_value = {'io_utilisation': 0.9, 'cpu_utilisation': 0.1,
-                                              'iops': 150.0, 'bytes_per_second': 15e6}
+                                              'iops': 150.0, 'bytes_per_second': 15e6,
+                                              'runnable_per_cpu': 0.75}
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
-        self.assertEqual((7.0, 20.0, 0.5), (state.params.alpha, state.params.beta,
-                                            state.params.alpha_yolo))
+        self.assertEqual((7.0, 20.0, 0.5, 0.2), (state.params.alpha, state.params.beta,
+                                                 state.params.alpha_yolo,
+                                                 state.params.io_exponent))
         self.assertEqual(0.5, state.io_utilisation)  # 150 of 300 IOPS, not 90 % busy
+        self.assertEqual(0.75, state.runnable)
 
         # nova.conf wins over the file.
         self.flags(boot_time_beta=30.0, disk_iops=600.0, group='yolo')
