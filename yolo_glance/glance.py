@@ -5,7 +5,9 @@ import time
 
 import glanceclient
 from glanceclient import exc as glance_exc
+from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
+import tenacity
 
 from yolo_glance import conf as yolo_conf
 
@@ -20,6 +22,15 @@ CLAIM = 'yolo_boot_image_claim'          # "<worker id> <unix time>" while a bui
 SOURCE_IMAGE_ID = 'yolo_source_image_id'
 
 NotFound = glance_exc.HTTPNotFound
+# Glance busy, restarting or briefly unreachable: worth a few quick retries of one API call
+# before a build counts the call as failed.
+TRANSIENT = (glance_exc.HTTPInternalServerError, glance_exc.HTTPBadGateway,
+             glance_exc.HTTPServiceUnavailable, glance_exc.CommunicationError,
+             ks_exc.ConnectionError)
+retry_transient = tenacity.retry(
+    retry=tenacity.retry_if_exception_type(TRANSIENT), stop=tenacity.stop_after_attempt(5),
+    wait=tenacity.wait_exponential(multiplier=0.5, max=8), reraise=True,
+    before_sleep=tenacity.before_sleep_log(LOG, logging.WARNING))
 
 
 class Glance:
@@ -39,6 +50,7 @@ class Glance:
                                        region_name=group.region_name,
                                        interface=(group.valid_interfaces or ['public'])[0]))
 
+    @retry_transient
     def get(self, image_id):
         return dict(self.client.images.get(image_id))
 
@@ -49,6 +61,7 @@ class Glance:
                     filters={'status': 'active', 'visibility': 'all', 'os_hidden': hidden}):
                 yield dict(image)
 
+    @retry_transient
     def boot_images_of(self, source_image_id):
         return [dict(i) for i in self.client.images.list(
             filters={SOURCE_IMAGE_ID: source_image_id, 'os_hidden': True})]
@@ -67,6 +80,7 @@ class Glance:
                     last_log = time.monotonic()
         return done
 
+    @retry_transient
     def set_properties(self, image_id, remove=(), **properties):
         present = self.get(image_id)
         self.client.images.update(image_id, remove_props=[p for p in remove if p in present],
@@ -87,6 +101,7 @@ class Glance:
             raise
         return image['id']
 
+    @retry_transient
     def delete(self, image_id):
         try:
             self.client.images.delete(image_id)

@@ -372,3 +372,15 @@ class TestImportPlugin:
         wrapper = mock.MagicMock()
         wrapper.__enter__.side_effect = RuntimeError('image is locked')
         self.run_flow(wrapper)
+
+
+def test_transient_glance_errors_are_retried_per_call():
+    from glanceclient import exc as glance_exc
+    client = mock.Mock()
+    client.images.get.side_effect = [glance_exc.HTTPInternalServerError('database is locked'),
+                                     {'id': 'i1', 'status': 'active'}]
+    assert glance_api.Glance(client).get('i1') == {'id': 'i1', 'status': 'active'}
+    assert client.images.get.call_count == 2
+    client.images.get.side_effect = glance_api.NotFound()
+    with pytest.raises(glance_api.NotFound):
+        glance_api.Glance(client).get('i2')   # not transient: not retried
