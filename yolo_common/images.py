@@ -17,11 +17,12 @@ def info(path):
     return json.loads(out)
 
 
-def convert_to_raw(source, dest):
-    """Converts an image to a raw file as Nova's ``force_raw_images`` does."""
-    fmt = info(source)['format']
+def convert_to_raw(source, dest, fmt=None):
+    """Converts an image to a raw file as Nova's ``force_raw_images`` does. ``fmt``: the
+    source's format, as declared (else detected by qemu-img)."""
+    fmt = fmt or info(source)['format']
     subprocess.run(['qemu-img', 'convert', '-t', 'none', '-O', 'raw', '-f', fmt,
-                    str(source), str(dest)], check=True, capture_output=True)
+                    str(source), str(dest)], check=True, capture_output=True, text=True)
 
 
 def create_overlay(backing, overlay, backing_format='raw'):

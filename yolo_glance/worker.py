@@ -215,9 +215,7 @@ class Worker:
         os.makedirs(base_dir)
         base = os.path.join(base_dir, images.base_file_name(image['id']))
         try:
-            subprocess.run(['qemu-img', 'convert', '-t', 'none', '-O', 'raw',
-                            '-f', QEMU_FORMATS[declared], download, base],
-                           check=True, capture_output=True, text=True)
+            images.convert_to_raw(download, base, fmt=QEMU_FORMATS[declared])
         except subprocess.CalledProcessError as e:
             # A truncated or damaged upload that still looks like its format.
             raise Unbootable('image data could not be converted to raw: %s'
