@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -202,7 +203,7 @@ def concurrency_report(multi_csv, cpus=2):
     for (n, kind, policy), times in sorted(groups.items()):
         if n == 1:
             continue
-        measured = sorted(times)[len(times) // 2]
+        measured = statistics.median(times)
         predicted = boot_model.predict(params, 0, 0, boot_image=policy == 'yolo',
                                        concurrent_boots=n - 1)
         relative.append(abs(predicted - measured) / measured)
@@ -216,9 +217,9 @@ def concurrency_report(multi_csv, cpus=2):
 
 def io_exponent(rows, cal):
     """k from the I/O-calibration boots (median), or the thesis' 1 without any."""
-    ks = sorted(boot_model.io_exponent_from(cal.params, r.boot_s, r.x, r.y, r.runnable)
-                for r in rows if r.kind == 'iocal')
-    return ks[len(ks) // 2] if ks else 1.0
+    ks = [boot_model.io_exponent_from(cal.params, r.boot_s, r.x, r.y, r.runnable)
+          for r in rows if r.kind == 'iocal']
+    return statistics.median(ks) if ks else 1.0
 
 
 MODELS = ('thesis', 'measured')

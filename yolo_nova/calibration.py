@@ -13,6 +13,7 @@ Without it, the fraction of time the disk was busy stands in for ``x``. No Nova 
 import dataclasses
 import json
 import os
+import statistics
 import time
 
 from yolo_nova import boot_model
@@ -86,14 +87,10 @@ def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0):
     a 28-30 s normal boot on the emulated HDD, 22-24 s for a boot served from memory), so a
     normal boot's vCPU time would count part of its I/O as CPU.
     """
-    def median(values):
-        values = sorted(values)
-        middle = len(values) // 2
-        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
     params = boot_model.calibrate(
-        idle_boot_s=median([t for t, _ in normal]), idle_cpu_s=median([c for _, c in yolo]),
-        idle_yolo_boot_s=median([t for t, _ in yolo]), cpus=cpus)
+        idle_boot_s=statistics.median(t for t, _ in normal),
+        idle_cpu_s=statistics.median(c for _, c in yolo),
+        idle_yolo_boot_s=statistics.median(t for t, _ in yolo), cpus=cpus)
     return Calibration(alpha=round(params.alpha, 3), beta=round(params.beta, 3),
                        alpha_yolo=round(params.alpha_yolo, 3), cpus=cpus,
                        disk_iops=disk_iops, disk_bytes_per_second=disk_bytes_per_second,

@@ -30,17 +30,23 @@ class BackingFiles:
         self.client = yolofs.ControlClient(control_socket, timeout=control_timeout)
         self.enabled = enabled
 
-    def yolofs_healthy(self):
-        """yolofs is mounted on the mount point and answers on its control socket."""
-        if not self.enabled or not yolofs.is_mounted(self.mount_point):
-            return False
+    def mounted(self):
+        return yolofs.is_mounted(self.mount_point)
+
+    def status(self):
+        """yolofs' status answer if it is enabled, mounted on the mount point and answering on
+        its control socket; else None."""
+        if not self.enabled or not self.mounted():
+            return None
         try:
-            self.client.status()
+            return self.client.status()
         except (OSError, ValueError, yolofs.YolofsError) as e:
             LOG.warning('yolofs is mounted on %s but does not answer on %s: %s',
                         self.mount_point, self.client.path, e)
-            return False
-        return True
+            return None
+
+    def yolofs_healthy(self):
+        return self.status() is not None
 
     def is_image_base(self, name):
         """A Glance image's base file (``sha1(image id)``), as opposed to ephemeral and swap."""
@@ -116,7 +122,7 @@ def backing_info(disk_path):
     info = images.qemu_img_info(disk_path)
     if info.file_format != 'qcow2' or not info.backing_file:
         return None
-    fmt = getattr(info, 'backing_file_format', None) or 'raw'
+    fmt = info.backing_file_format or 'raw'
     return info.backing_file, fmt
 
 

@@ -129,10 +129,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
 
     def _yolo_stats(self, resources):
         """The host_stats keys, or only ``yolo_active: false`` if yolofs is not serving."""
-        if not self.yolo_backing.yolofs_healthy():
+        status = self.yolo_backing.status()
+        if status is None:
             return {'yolo_active': 'false'}
         try:
-            status = self.yolo_backing.client.status()
             load = self.yolo_backing.client.host_load()
         except (OSError, ValueError, yolofs.YolofsError) as e:
             LOG.warning('yolofs did not report the host load: %s', e)

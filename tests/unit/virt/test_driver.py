@@ -2,7 +2,7 @@
 
 Disks, base files and boot images are real (``qemu-img``, ``yolofs build``/``verify``); what is
 faked: libvirt (Nova's fakelibvirt), Glance (a small in-memory image API), and yolofs' mount
-(``yolofs_healthy`` is set, and the "mount" is a plain directory holding the base files while
+(whether yolofs is mounted is set, and the "mount" is a plain directory holding the base files while
 yolofs is "up" and empty while it is "down"). tests/functional/test_nova_driver.py does the same
 with a real mount, real boots and real libvirt.
 """
@@ -36,7 +36,6 @@ from yolo_nova.virt import driver as yolo_driver
 IMAGE_ID = 'c0ffee00-0000-4000-8000-000000000001'
 BOOT_IMAGE_ID = 'b0070000-0000-4000-8000-000000000002'
 MiB = 1024 * 1024
-REAL_HEALTH_CHECK = backing.BackingFiles.yolofs_healthy
 
 
 class FakeImageAPI:
@@ -118,7 +117,7 @@ class DriverTestCase(nova_base.NoDBTestCase):
             if not (self.mount / base.name).exists():
                 os.link(base, self.mount / base.name)
         self.useFixture(nova_fixtures.fixtures.MockPatchObject(
-            backing.BackingFiles, 'yolofs_healthy', lambda _: self.healthy))
+            backing.BackingFiles, 'mounted', lambda _: self.healthy))
 
     def yolofs_down(self):
         self.healthy = False
@@ -187,8 +186,6 @@ class TestRootDiskCreation(DriverTestCase):
 
     def test_disabled_keeps_the_base_backing_file(self):
         self.drvr.yolo_backing.enabled = False
-        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
-            backing.BackingFiles, 'yolofs_healthy', REAL_HEALTH_CHECK))
         disk = self.create_root_disk()
         self.assertEqual(str(self.base), self.backing_of(disk.path))
 
