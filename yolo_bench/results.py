@@ -7,9 +7,10 @@ import statistics
 from yolo_bench.plan import Point
 
 FIELDS = ('storage', 'scenario', 'size', 'images', 'policy', 'repetition',
-          'boot_ms', 'boot_ms_each', 'guest_cpu_s', 'vcpu_run_s', 'vcpu_runqueue_s')
+          'boot_ms', 'boot_ms_each', 'guest_cpu_s', 'vcpu_run_s', 'vcpu_runqueue_s',
+          'swapped_in_mib')
 # Columns added later; older files without them read as zero.
-OPTIONAL_FIELDS = ('vcpu_run_s', 'vcpu_runqueue_s')
+OPTIONAL_FIELDS = ('vcpu_run_s', 'vcpu_runqueue_s', 'swapped_in_mib')
 
 
 @dataclasses.dataclass
@@ -21,6 +22,7 @@ class Result:
     guest_cpu_s: float = 0.0     # QEMU CPU time up to ready, the longest boot's
     vcpu_run_s: float = 0.0      # its vCPU thread: time running ...
     vcpu_runqueue_s: float = 0.0  # ... and time runnable, waiting for a CPU
+    swapped_in_mib: float = 0.0  # read back from swap on the whole host while the run booted
 
     @property
     def blocked_s(self):
@@ -35,7 +37,8 @@ class Result:
                 'boot_ms_each': ' '.join(str(ms) for ms in self.boot_ms_each),
                 'guest_cpu_s': '%.2f' % self.guest_cpu_s,
                 'vcpu_run_s': '%.2f' % self.vcpu_run_s,
-                'vcpu_runqueue_s': '%.2f' % self.vcpu_runqueue_s}
+                'vcpu_runqueue_s': '%.2f' % self.vcpu_runqueue_s,
+                'swapped_in_mib': '%.1f' % self.swapped_in_mib}
 
 
 def write_csv(path, results):
@@ -83,6 +86,7 @@ class Summary:
     run_s: float = 0.0
     runqueue_s: float = 0.0
     blocked_s: float = 0.0
+    swapped_in_mib: float = 0.0
 
 
 def summarise(results):
@@ -97,20 +101,25 @@ def summarise(results):
             point, len(runs), statistics.median(times), min(times), max(times),
             statistics.median(r.vcpu_run_s for r in runs),
             statistics.median(r.vcpu_runqueue_s for r in runs),
-            statistics.median(r.blocked_s for r in runs)))
+            statistics.median(r.blocked_s for r in runs),
+            statistics.median(r.swapped_in_mib for r in runs)))
     return summaries
 
 
 def profile_table(summaries):
-    """Where the longest boot's time went, per point (medians, seconds)."""
+    """Where the longest boot's time went, per point (medians, seconds); under memory pressure,
+    also how much was read back from swap meanwhile."""
+    swap = any(s.point.scenario == 'memory' for s in summaries)
     lines = ['| storage | scenario | size | images | policy | boot | vCPU running | '
-             'waiting for a CPU | blocked (I/O, timers) |',
-             '|---|---|---|---|---|---:|---:|---:|---:|']
+             'waiting for a CPU | blocked (I/O, timers) |' + (' swapped in (MiB) |' if swap else ''),
+             '|---|---|---|---|---|---:|---:|---:|---:|' + ('---:|' if swap else '')]
     for s in summaries:
         p = s.point
         # A boot never runs for 0 s: no profile was recorded (files from before it was).
         profile = ('%.1f | %.1f | %.1f' % (s.run_s, s.runqueue_s, s.blocked_s) if s.run_s
                    else '- | - | -')
+        if swap:
+            profile += ' | %.1f' % s.swapped_in_mib
         lines.append('| %s | %s | %s | %s | %s | %.1f | %s |' % (
             p.storage, p.scenario, p.size, p.images, p.policy, s.median_ms / 1000, profile))
     return '\n'.join(lines)

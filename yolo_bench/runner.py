@@ -16,6 +16,7 @@ cache mode, so the page cache is on the read path as it was there.
 """
 
 import contextlib
+import os
 import pathlib
 import shutil
 import subprocess
@@ -56,7 +57,9 @@ class StorageSession:
         self.mount = None
         self.unlocked_mount = None
         self.stressors = stressors
-        self.swap = self.work / 'swapfile' if memory_pressure else None
+        # Swap lives on the storage under test: on the emulated HDD, what is paged out comes back
+        # at that disk's speed, sharing its budget.
+        self.swap = disk.root / 'swapfile' if memory_pressure else None
 
     def __enter__(self):
         self.disk.setup()
@@ -160,6 +163,19 @@ sys.stdin.read()
 """
 
 
+PAGE_SIZE = os.sysconf('SC_PAGE_SIZE')
+
+
+def _pages_swapped_in():
+    """The host's count of pages read back from swap (/proc/vmstat pswpin)."""
+    with open('/proc/vmstat') as f:
+        for line in f:
+            name, value = line.split()
+            if name == 'pswpin':
+                return int(value)
+    raise RuntimeError('no pswpin in /proc/vmstat')
+
+
 def _mem_available_mib():
     with open('/proc/meminfo') as f:
         for line in f:
@@ -243,9 +259,12 @@ def measure(session, run, console_dir):
     with pinned_qemu(point.policy == 'yolo+pin'), \
             io_stressors(session.disk, point.size if point.scenario == 'contention' else 0), \
             memory_pressure(point.size if point.scenario == 'memory' else None):
+        swapped_in = _pages_swapped_in()
         times, cpu = run_boots(session, point, console_dir)
+        swapped_in = (_pages_swapped_in() - swapped_in) * PAGE_SIZE / (1 << 20)
     longest = max(range(len(times)), key=times.__getitem__)
-    return Result(point, run.repetition, times[longest], tuple(times), *cpu[longest])
+    return Result(point, run.repetition, times[longest], tuple(times), *cpu[longest],
+                  swapped_in_mib=swapped_in)
 
 
 def learn_boot_image(test_image, work):

@@ -106,6 +106,23 @@ def test_summaries_take_median_min_max_of_the_longest_boots():
         results.profile_table(summaries)
 
 
+def test_memory_profiles_show_what_was_swapped_in(tmp_path):
+    point = Point('hdd', 'memory', 256, 'same', 'yolo-unlocked')
+    measured = [Result(point, rep, 40000, (40000,), 25.0, 24.0, 0.5, mib)
+                for rep, mib in enumerate([60.0, 70.5, 10.0])]
+    path = tmp_path / 'boot.csv'
+    for r in measured:
+        results.append_csv(path, r)
+    assert results.read_csv(path) == measured
+    (summary,) = results.summarise(measured)
+    assert summary.swapped_in_mib == 60.0
+    table = results.profile_table([summary])
+    assert table.splitlines()[0].endswith('| swapped in (MiB) |')
+    assert '| hdd | memory | 256 | same | yolo-unlocked | 40.0 | 24.0 | 0.5 | 15.5 | 60.0 |' in table
+    # Other scenarios keep the table without it.
+    assert 'swapped' not in results.profile_table(results.summarise([result('yolo', 1, 1000)]))
+
+
 def test_plots_are_written(tmp_path):
     from yolo_bench import plots
     measured = [result(p, n, 1000 * n * (3 if p == 'normal' else 1), rep)
