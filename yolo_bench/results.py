@@ -110,9 +110,10 @@ def profile_table(summaries):
     """Where the longest boot's time went, per point (medians, seconds); under memory pressure,
     also how much was read back from swap meanwhile."""
     swap = any(s.point.scenario == 'memory' for s in summaries)
-    lines = ['| storage | scenario | size | images | policy | boot | vCPU running | '
-             'waiting for a CPU | blocked (I/O, timers) |' + (' swapped in (MiB) |' if swap else ''),
-             '|---|---|---|---|---|---:|---:|---:|---:|' + ('---:|' if swap else '')]
+    head = ('| storage | scenario | size | images | policy | boot | vCPU running | '
+            'waiting for a CPU | blocked (I/O, timers) |')
+    rule = '|---|---|---|---|---|---:|---:|---:|---:|'
+    lines = [head + ' swapped in (MiB) |', rule + '---:|'] if swap else [head, rule]
     for s in summaries:
         p = s.point
         # A boot never runs for 0 s: no profile was recorded (files from before it was).

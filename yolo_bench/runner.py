@@ -166,22 +166,22 @@ sys.stdin.read()
 PAGE_SIZE = os.sysconf('SC_PAGE_SIZE')
 
 
-def _pages_swapped_in():
-    """The host's count of pages read back from swap (/proc/vmstat pswpin)."""
-    with open('/proc/vmstat') as f:
+def _proc_number(path, name):
+    """The number after ``name`` in a /proc key-value file (/proc/meminfo, /proc/vmstat)."""
+    with open(path) as f:
         for line in f:
-            name, value = line.split()
-            if name == 'pswpin':
-                return int(value)
-    raise RuntimeError('no pswpin in /proc/vmstat')
+            fields = line.split()
+            if fields[0].rstrip(':') == name:
+                return int(fields[1])
+    raise RuntimeError('no %s in %s' % (name, path))
+
+
+def _pages_swapped_in():
+    return _proc_number('/proc/vmstat', 'pswpin')
 
 
 def _mem_available_mib():
-    with open('/proc/meminfo') as f:
-        for line in f:
-            if line.startswith('MemAvailable:'):
-                return int(line.split()[1]) // 1024
-    raise RuntimeError('no MemAvailable in /proc/meminfo')
+    return _proc_number('/proc/meminfo', 'MemAvailable') // 1024
 
 
 @contextlib.contextmanager
