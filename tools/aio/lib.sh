@@ -1,0 +1,526 @@
+# Functions of the all-in-one cloud (sourced by tools/aio/aio after settings).
+
+progress() { printf '==> aio: %s\n' "$*"; }
+die() { printf 'aio: %s\n' "$*" >&2; exit 1; }
+
+# --- processes -----------------------------------------------------------------------------
+# Daemons are started with start-stop-daemon: a pid file in $AIO_RUN_DIR, output appended to
+# $AIO_LOG_DIR/<name>.log, the user's supplementary groups set (libvirt for nova), and a clean
+# environment.
+
+service_running() {
+    local pidfile=$AIO_RUN_DIR/$1.pid
+    [[ -s $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+}
+
+start_service() {  # NAME USER COMMAND [ARG...]
+    local name=$1 user=$2 home
+    shift 2
+    if service_running "$name"; then
+        return 0
+    fi
+    home=$(getent passwd "$user" | cut -d: -f6)
+    install -d -m 0755 "$AIO_RUN_DIR" "$AIO_LOG_DIR"
+    install -m 0640 -o "$user" -g adm /dev/null "$AIO_LOG_DIR/$name.log.new"
+    [[ -e $AIO_LOG_DIR/$name.log ]] || mv "$AIO_LOG_DIR/$name.log.new" "$AIO_LOG_DIR/$name.log"
+    rm -f "$AIO_LOG_DIR/$name.log.new"
+    start-stop-daemon --start --quiet --background --make-pidfile \
+        --pidfile "$AIO_RUN_DIR/$name.pid" --chuid "$user" --chdir "$home" \
+        --output "$AIO_LOG_DIR/$name.log" \
+        --startas /usr/bin/env -- -i HOME="$home" LANG=C.UTF-8 \
+        PATH="$AIO_VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+        OS_NOVA_DISABLE_EVENTLET_PATCHING=1 "$@"
+}
+
+stop_service() {  # NAME
+    local pidfile=$AIO_RUN_DIR/$1.pid
+    [[ -e $pidfile ]] || return 0
+    start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry TERM/20/KILL/5 \
+        --remove-pidfile >/dev/null || true
+    rm -f "$pidfile"
+}
+
+wait_for() {  # DESCRIPTION TIMEOUT COMMAND...
+    local what=$1 timeout=$2 deadline
+    shift 2
+    deadline=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || die "$what did not come up within ${timeout} s (logs: $AIO_LOG_DIR)"
+        sleep 1
+    done
+}
+
+http_up() { curl -s -o /dev/null --max-time 5 "$1"; }
+
+start_wsgi() {  # NAME USER PORT MODULE:APP
+    start_service "$1" "$2" "$AIO_VENV/bin/gunicorn" --config "$AIO_HOME/gunicorn.conf.py" \
+        --bind "$AIO_HOST:$3" --name "$1" "$4"
+    wait_for "$1" 120 http_up "http://$AIO_HOST:$3/"
+}
+
+# --- packages, users, venv -----------------------------------------------------------------
+
+install_packages() {
+    local packages=(
+        mariadb-server rabbitmq-server memcached sudo curl kmod
+        python3-venv python3-dev build-essential pkg-config libvirt-dev
+        libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
+        qemu-system-x86 qemu-utils fuse3
+    ) missing=() pkg
+    for pkg in "${packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$pkg")
+    done
+    if ((${#missing[@]})); then
+        progress "installing Debian packages: ${missing[*]}"
+        apt-get update -q
+        # Debian's packages start their daemons where an init system does; here we do.
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            "${missing[@]}" >/dev/null
+    fi
+    [[ -e /dev/fuse ]] || modprobe fuse
+}
+
+create_users() {
+    local user
+    for user in keystone glance placement nova neutron yolo; do
+        if ! getent passwd "$user" >/dev/null; then
+            useradd --system --user-group --home-dir "/var/lib/$user" --create-home \
+                --shell /usr/sbin/nologin "$user"
+        fi
+    done
+    # nova-compute talks to libvirtd; glance's and nova's logs are readable by adm.
+    usermod -a -G libvirt,kvm nova
+    chmod 0755 /var/lib/nova
+}
+
+install_venv() {
+    if [[ ! -x $AIO_VENV/bin/nova-compute ]]; then
+        progress "installing OpenStack from PyPI into $AIO_VENV (about a minute)"
+        install -d -m 0755 "$AIO_HOME"
+        "$AIO_PYTHON" -m venv "$AIO_VENV"
+        "$AIO_VENV/bin/pip" install -q --upgrade pip
+        # shellcheck disable=SC2086 # the list is word-split on purpose
+        "$AIO_VENV/bin/pip" install -q $AIO_OPENSTACK_PACKAGES
+    fi
+    install -m 0644 "$AIO_REPO/tools/aio/gunicorn.conf.py" "$AIO_HOME/gunicorn.conf.py"
+    progress "installing YOLO into $AIO_VENV"
+    # Not editable: an operator's install, and the wheel carries the nova.virt.yolo module.
+    "$AIO_VENV/bin/pip" install -q "$AIO_REPO"
+}
+
+install_yolofs() {
+    progress "building yolofs"
+    "$AIO_REPO/tools/build-yolofs.sh" >/dev/null
+    install -m 0755 "$AIO_REPO/yolofs/target/release/yolofs" "$YOLOFS_BIN"
+}
+
+# --- secrets -------------------------------------------------------------------------------
+
+secret() {  # NAME: a random password made once and kept in $AIO_SECRETS
+    local file=$AIO_SECRETS/$1
+    if [[ ! -s $file ]]; then
+        install -d -m 0700 "$AIO_SECRETS"
+        (umask 077; "$AIO_PYTHON" -c 'import secrets; print(secrets.token_hex(16))' >"$file")
+    fi
+    cat "$file"
+}
+
+load_secrets() {
+    ADMIN_PASSWORD=$(secret admin)
+    DEMO_PASSWORD=$(secret demo)
+}
+
+db_url() { echo "mysql+pymysql://$1:$(secret "db-$1")@$AIO_HOST/$2?charset=utf8"; }
+rabbit_url() { echo "rabbit://$1:$(secret "rabbit-$1")@$AIO_HOST:5672/"; }
+
+# --- infrastructure ------------------------------------------------------------------------
+
+start_infrastructure() {
+    progress "starting MariaDB, RabbitMQ, memcached, libvirtd"
+    service mariadb status >/dev/null 2>&1 || service mariadb start >/dev/null
+    service memcached status >/dev/null 2>&1 || service memcached start >/dev/null
+    service rabbitmq-server status >/dev/null 2>&1 || service rabbitmq-server start >/dev/null
+    wait_for "RabbitMQ" 120 rabbitmqctl -q status
+    configure_libvirtd
+    if ! pgrep -x virtlogd >/dev/null; then virtlogd -d; fi
+    if ! pgrep -x libvirtd >/dev/null; then libvirtd -d; fi
+    wait_for "libvirtd" 30 virsh -c qemu:///system version
+}
+
+stop_infrastructure() {
+    progress "stopping MariaDB, RabbitMQ, memcached"
+    service rabbitmq-server stop >/dev/null 2>&1 || true
+    service memcached stop >/dev/null 2>&1 || true
+    service mariadb stop >/dev/null 2>&1 || true
+}
+
+configure_libvirtd() {
+    # The libvirt group's members (nova) may use the system daemon, as Debian's packaging intends.
+    local conf=/etc/libvirt/libvirtd.conf key value changed=0
+    for key in unix_sock_group unix_sock_rw_perms auth_unix_rw; do
+        case $key in
+            unix_sock_group) value='"libvirt"' ;;
+            unix_sock_rw_perms) value='"0770"' ;;
+            auth_unix_rw) value='"none"' ;;
+        esac
+        if ! grep -qx "$key = $value" "$conf"; then
+            sed -i "/^#\?$key = /d" "$conf"
+            echo "$key = $value" >>"$conf"
+            changed=1
+        fi
+    done
+    if ((changed)) && pgrep -x libvirtd >/dev/null; then
+        pkill -x libvirtd
+        wait_for "libvirtd to stop" 30 bash -c '! pgrep -x libvirtd'
+    fi
+}
+
+create_database() {  # USER DATABASE...
+    local user=$1 password db
+    password=$(secret "db-$user")
+    shift
+    for db in "$@"; do
+        mysql -e "CREATE DATABASE IF NOT EXISTS $db CHARACTER SET utf8mb4"
+        mysql -e "GRANT ALL PRIVILEGES ON $db.* TO '$user'@'localhost' IDENTIFIED BY '$password';
+                  GRANT ALL PRIVILEGES ON $db.* TO '$user'@'%' IDENTIFIED BY '$password'"
+    done
+}
+
+create_rabbit_user() {  # USER
+    local password
+    password=$(secret "rabbit-$1")
+    if rabbitmqctl -q list_users | awk '{print $1}' | grep -qx "$1"; then
+        rabbitmqctl -q change_password "$1" "$password" >/dev/null
+    else
+        rabbitmqctl -q add_user "$1" "$password" >/dev/null
+    fi
+    rabbitmqctl -q set_permissions "$1" '.*' '.*' '.*' >/dev/null
+}
+
+# --- configuration -------------------------------------------------------------------------
+
+config_file() {  # PATH OWNER-GROUP: content from stdin, readable by root and the service
+    install -d -m 0755 "$(dirname "$1")"
+    install -m 0640 -o root -g "$2" /dev/stdin "$1"
+}
+
+authtoken_section() {  # SERVICE-USER
+    cat <<EOF
+[keystone_authtoken]
+www_authenticate_uri = http://$AIO_HOST:$KEYSTONE_PORT
+auth_url = http://$AIO_HOST:$KEYSTONE_PORT
+memcached_servers = $AIO_HOST:11211
+auth_type = password
+username = $1
+password = $(secret "keystone-$1")
+user_domain_name = Default
+project_name = service
+project_domain_name = Default
+service_token_roles_required = true
+EOF
+}
+
+service_auth_section() {  # SECTION SERVICE-USER
+    cat <<EOF
+[$1]
+auth_type = password
+auth_url = http://$AIO_HOST:$KEYSTONE_PORT
+username = $2
+password = $(secret "keystone-$2")
+user_domain_name = Default
+project_name = service
+project_domain_name = Default
+region_name = $AIO_REGION
+EOF
+}
+
+as_user() {  # USER COMMAND...: a one-off command of a service, as its user
+    local user=$1
+    shift
+    runuser -u "$user" -- env -i HOME="/var/lib/$user" LANG=C.UTF-8 \
+        PATH="$AIO_VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" OS_NOVA_DISABLE_EVENTLET_PATCHING=1 "$@"
+}
+
+# --- keystone ------------------------------------------------------------------------------
+
+setup_keystone() {
+    progress "keystone"
+    create_database keystone keystone
+    config_file /etc/keystone/keystone.conf keystone <<EOF
+[DEFAULT]
+use_stderr = true
+[database]
+connection = $(db_url keystone keystone)
+[token]
+provider = fernet
+[cache]
+enabled = true
+backend = dogpile.cache.pymemcache
+memcache_servers = $AIO_HOST:11211
+EOF
+    as_user keystone keystone-manage db_sync
+    if [[ ! -d /etc/keystone/fernet-keys ]]; then
+        keystone-manage() { "$AIO_VENV/bin/keystone-manage" "$@"; }
+        keystone-manage fernet_setup --keystone-user keystone --keystone-group keystone
+        keystone-manage credential_setup --keystone-user keystone --keystone-group keystone
+    fi
+    as_user keystone keystone-manage bootstrap --bootstrap-password "$ADMIN_PASSWORD" \
+        --bootstrap-admin-url "http://$AIO_HOST:$KEYSTONE_PORT/v3/" \
+        --bootstrap-internal-url "http://$AIO_HOST:$KEYSTONE_PORT/v3/" \
+        --bootstrap-public-url "http://$AIO_HOST:$KEYSTONE_PORT/v3/" \
+        --bootstrap-region-id "$AIO_REGION" >/dev/null
+    start_wsgi keystone keystone "$KEYSTONE_PORT" keystone.wsgi.api:application
+    local user
+    for user in glance placement nova neutron yolo; do
+        secret "keystone-$user" >/dev/null
+    done
+    secret alt >/dev/null
+    # Projects, users, roles, services and endpoints (idempotent).
+    AIO_SECRETS=$AIO_SECRETS AIO_HOST=$AIO_HOST AIO_REGION=$AIO_REGION \
+        "$AIO_VENV/bin/python" "$AIO_REPO/tools/aio/identity.py"
+}
+
+# --- placement -----------------------------------------------------------------------------
+
+setup_placement() {
+    progress "placement"
+    create_database placement placement
+    config_file /etc/placement/placement.conf placement <<EOF
+[placement_database]
+connection = $(db_url placement placement)
+[api]
+auth_strategy = keystone
+$(authtoken_section placement)
+EOF
+    as_user placement placement-manage db sync
+    start_wsgi placement-api placement "$PLACEMENT_PORT" placement.wsgi.api:application
+}
+
+# --- glance --------------------------------------------------------------------------------
+
+setup_glance() {
+    progress "glance"
+    create_database glance glance
+    create_rabbit_user glance
+    install -d -o glance -g glance -m 0750 "$GLANCE_STATE/images" "$GLANCE_STATE/staging" \
+        "$GLANCE_STATE/tasks" "$GLANCE_STATE/locks"
+    config_file /etc/glance/glance-api.conf glance <<EOF
+[DEFAULT]
+enabled_backends = fs:file
+transport_url = $(rabbit_url glance)
+[database]
+connection = $(db_url glance glance)
+[glance_store]
+default_backend = fs
+[fs]
+filesystem_store_datadir = $GLANCE_STATE/images
+[os_glance_staging_store]
+filesystem_store_datadir = $GLANCE_STATE/staging
+[os_glance_tasks_store]
+filesystem_store_datadir = $GLANCE_STATE/tasks
+[paste_deploy]
+flavor = keystone
+[oslo_concurrency]
+lock_path = $GLANCE_STATE/locks
+$(authtoken_section glance)
+EOF
+    config_file /etc/glance/glance-image-import.conf glance </dev/null
+    install -m 0644 "$AIO_VENV/etc/glance/glance-api-paste.ini" /etc/glance/glance-api-paste.ini
+    "$AIO_VENV/bin/yolo-configure" glance-api --config-file /etc/glance/glance-api.conf \
+        --import-config-file /etc/glance/glance-image-import.conf
+    as_user glance glance-manage db_sync >/dev/null
+    start_wsgi glance-api glance "$GLANCE_PORT" glance.wsgi.api:application
+}
+
+# --- neutron -------------------------------------------------------------------------------
+
+setup_neutron() {
+    progress "neutron"
+    create_database neutron neutron
+    create_rabbit_user neutron
+    install -d -o neutron -g neutron -m 0750 /var/lib/neutron/locks
+    config_file /etc/neutron/neutron.conf neutron <<EOF
+[DEFAULT]
+core_plugin = ml2
+service_plugins =
+auth_strategy = keystone
+transport_url = $(rabbit_url neutron)
+api_workers = 1
+rpc_workers = 0
+notify_nova_on_port_status_changes = false
+notify_nova_on_port_data_changes = false
+[database]
+connection = $(db_url neutron neutron)
+[oslo_concurrency]
+lock_path = /var/lib/neutron/locks
+$(authtoken_section neutron)
+EOF
+    config_file /etc/neutron/plugins/ml2/ml2_conf.ini neutron <<EOF
+[ml2]
+type_drivers = flat
+tenant_network_types =
+mechanism_drivers =
+extension_drivers =
+EOF
+    install -m 0644 "$AIO_VENV/etc/neutron/api-paste.ini" /etc/neutron/api-paste.ini
+    as_user neutron neutron-db-manage --config-file /etc/neutron/neutron.conf \
+        --config-file /etc/neutron/plugins/ml2/ml2_conf.ini upgrade heads >/dev/null
+    OS_NEUTRON_CONFIG_FILES="/etc/neutron/neutron.conf;/etc/neutron/plugins/ml2/ml2_conf.ini" \
+        start_wsgi neutron-api neutron "$NEUTRON_PORT" neutron.wsgi.api:application
+}
+
+# --- nova ----------------------------------------------------------------------------------
+
+setup_nova() {
+    progress "nova"
+    create_database nova nova_api nova nova_cell0
+    create_rabbit_user nova
+    install -d -o nova -g nova -m 0755 "$NOVA_STATE" "$NOVA_INSTANCES" "$YOLOFS_SOURCE"
+    install -d -o nova -g nova -m 0750 "$NOVA_STATE/tmp"
+    config_file /etc/nova/nova.conf nova <<EOF
+[DEFAULT]
+host = $AIO_COMPUTE_HOST
+my_ip = $AIO_HOST
+state_path = $NOVA_STATE
+instances_path = $NOVA_INSTANCES
+transport_url = $(rabbit_url nova)
+rootwrap_config = /etc/nova/rootwrap.conf
+compute_driver = libvirt.LibvirtDriver
+allow_resize_to_same_host = true
+[api]
+auth_strategy = keystone
+[wsgi]
+api_paste_config = /etc/nova/api-paste.ini
+[api_database]
+connection = $(db_url nova nova_api)
+[database]
+connection = $(db_url nova nova)
+[conductor]
+workers = 1
+[scheduler]
+workers = 1
+discover_hosts_in_cells_interval = 60
+[libvirt]
+virt_type = qemu
+connection_uri = qemu:///system
+[vnc]
+enabled = false
+[oslo_concurrency]
+lock_path = $NOVA_STATE/tmp
+[oslo_messaging_notifications]
+driver = noop
+$(authtoken_section nova)
+$(service_auth_section service_user nova)
+send_service_user_token = true
+$(service_auth_section placement nova)
+$(service_auth_section neutron nova)
+[glance]
+region_name = $AIO_REGION
+EOF
+    install -m 0644 "$AIO_VENV/etc/nova/api-paste.ini" /etc/nova/api-paste.ini
+    install_nova_rootwrap
+    "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova.conf \
+        --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET" \
+        --yolofs-binary "$YOLOFS_BIN"
+    "$AIO_VENV/bin/yolo-configure" nova-scheduler --config-file /etc/nova/nova.conf
+
+    as_user nova nova-manage api_db sync
+    as_user nova nova-manage cell_v2 map_cell0 >/dev/null
+    as_user nova nova-manage cell_v2 list_cells | grep -q ' cell1 ' ||
+        as_user nova nova-manage cell_v2 create_cell --name cell1 >/dev/null
+    as_user nova nova-manage db sync
+    start_wsgi nova-api nova "$NOVA_API_PORT" nova.wsgi.osapi_compute:application
+    start_service nova-conductor nova "$AIO_VENV/bin/nova-conductor" --config-file /etc/nova/nova.conf
+    start_service nova-scheduler nova "$AIO_VENV/bin/nova-scheduler" --config-file /etc/nova/nova.conf
+    start_yolofs
+    start_service nova-compute nova "$AIO_VENV/bin/nova-compute" --config-file /etc/nova/nova.conf
+    wait_for "nova-compute in placement" 180 compute_registered
+    as_user nova nova-manage cell_v2 discover_hosts >/dev/null
+}
+
+install_nova_rootwrap() {
+    # nova-compute reaches root through sudo and rootwrap, which starts privsep-helper, as in
+    # production; the venv's bin is where rootwrap finds privsep-helper.
+    install -d -m 0755 /etc/nova/rootwrap.d
+    install -m 0644 "$AIO_VENV"/etc/nova/rootwrap.d/*.filters /etc/nova/rootwrap.d/
+    sed -e "s|^filters_path=.*|filters_path=/etc/nova/rootwrap.d|" \
+        -e "s|^exec_dirs=.*|exec_dirs=$AIO_VENV/bin,/sbin,/usr/sbin,/bin,/usr/bin,/usr/local/sbin,/usr/local/bin|" \
+        "$AIO_VENV/etc/nova/rootwrap.conf" | install -m 0644 /dev/stdin /etc/nova/rootwrap.conf
+    install -m 0440 /dev/stdin /etc/sudoers.d/yolo-aio-nova <<EOF
+Defaults:nova !requiretty
+Defaults:nova secure_path="$AIO_VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+nova ALL = (root) NOPASSWD: $AIO_VENV/bin/nova-rootwrap /etc/nova/rootwrap.conf *
+EOF
+    visudo -c -q -f /etc/sudoers.d/yolo-aio-nova
+}
+
+compute_registered() {
+    # The resource provider carries the hypervisor's name (the machine's host name).
+    [[ -n $(admin_openstack resource provider list -f value -c uuid 2>/dev/null) ]]
+}
+
+admin_openstack() {
+    OS_CLOUD=aio-admin OS_CLIENT_CONFIG_FILE=$AIO_HOME/clouds.yaml "$AIO_VENV/bin/openstack" "$@"
+}
+
+# --- yolofs and the worker -----------------------------------------------------------------
+
+start_yolofs() {
+    # yolofs mounts a FUSE filesystem and locks memory: it runs as root. nova-compute (group
+    # nova) uses its control socket.
+    mountpoint -q "$YOLOFS_MOUNTPOINT" || install -d -m 0755 "$YOLOFS_MOUNTPOINT"
+    install -d -m 0755 "$(dirname "$YOLOFS_BOOT_IMAGES")"
+    # shellcheck disable=SC2086 # the options are word-split on purpose
+    start_service yolofs root "$YOLOFS_BIN" mount --source "$YOLOFS_SOURCE" \
+        --mountpoint "$YOLOFS_MOUNTPOINT" --boot-images "$YOLOFS_BOOT_IMAGES" \
+        --control-socket "$YOLOFS_CONTROL_SOCKET" --control-socket-group nova \
+        --control-socket-mode 0660 $YOLOFS_OPTIONS
+    wait_for "yolofs" 30 "$YOLOFS_BIN" ctl --socket "$YOLOFS_CONTROL_SOCKET" status
+}
+
+stop_yolofs() {
+    stop_service yolofs
+    if mountpoint -q "$YOLOFS_MOUNTPOINT" 2>/dev/null; then
+        fusermount3 -uz "$YOLOFS_MOUNTPOINT" || true
+    fi
+}
+
+setup_yolo_worker() {
+    progress "yolo-glance-worker"
+    create_rabbit_user yolo
+    install -d -o yolo -g yolo -m 0750 "$YOLO_WORKER_DIR"
+    [[ -e /etc/yolo/yolo-glance-worker.conf ]] || config_file /etc/yolo/yolo-glance-worker.conf yolo </dev/null
+    "$AIO_VENV/bin/yolo-configure" worker --config-file /etc/yolo/yolo-glance-worker.conf \
+        --transport-url "$(rabbit_url yolo)" --auth-url "http://$AIO_HOST:$KEYSTONE_PORT" \
+        --username yolo --password "$(secret keystone-yolo)" --region-name "$AIO_REGION" \
+        --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$YOLOFS_BIN"
+    # Glance's notifications are published to the glance exchange with the worker's user.
+    start_service yolo-glance-worker yolo "$AIO_VENV/bin/yolo-glance-worker" \
+        --config-file /etc/yolo/yolo-glance-worker.conf
+}
+
+# --- tenants, flavors, client configuration -------------------------------------------------
+
+setup_tenants() {
+    progress "flavors"
+    admin_openstack flavor show m1.yolo >/dev/null 2>&1 ||
+        admin_openstack flavor create --ram 1024 --disk 4 --vcpus 1 m1.yolo >/dev/null
+    admin_openstack flavor show m1.yolo-large >/dev/null 2>&1 ||
+        admin_openstack flavor create --ram 1024 --disk 6 --vcpus 1 m1.yolo-large >/dev/null
+}
+
+write_clouds_yaml() {
+    install -d -m 0755 /etc/openstack
+    install -m 0600 "$AIO_HOME/clouds.yaml" /etc/openstack/clouds.yaml
+}
+
+libvirt_cleanup_domains() {
+    # Guests of the cloud die with it: their disks go with `clean`, and a later `up` starts over.
+    local domain
+    command -v virsh >/dev/null && pgrep -x libvirtd >/dev/null || return 0
+    for domain in $(virsh -c qemu:///system list --all --name 2>/dev/null | grep '^instance-' || true); do
+        virsh -c qemu:///system destroy "$domain" >/dev/null 2>&1 || true
+        virsh -c qemu:///system undefine --nvram "$domain" >/dev/null 2>&1 || true
+    done
+}

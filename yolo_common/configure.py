@@ -1,0 +1,260 @@
+"""``yolo-configure``: the one place that knows how YOLO is wired into Nova and Glance.
+
+The devstack plugin and the all-in-one cloud (tools/aio) both call this, role by role, on
+configuration files that the deployment already wrote for Nova, Glance and the worker. Only YOLO's
+settings are touched; everything else in the file (comments, order, repeated keys such as
+``available_filters``) is kept, and running it twice changes nothing.
+
+    yolo-configure nova-compute --config-file /etc/nova/nova.conf --mount-point ... \\
+        --control-socket ... --yolofs-binary ...
+    yolo-configure nova-scheduler --config-file /etc/nova/nova.conf
+    yolo-configure glance-api --config-file /etc/glance/glance-api.conf \\
+        [--import-config-file /etc/glance/glance-image-import.conf]
+    yolo-configure worker --config-file /etc/yolo/yolo-glance-worker.conf --transport-url ... \\
+        --auth-url ... --username ... --password ... [--project-name service]
+"""
+
+import argparse
+import os
+import re
+import sys
+
+DRIVER = 'yolo.YoloLibvirtDriver'
+NOVA_ALL_FILTERS = 'nova.scheduler.filters.all_filters'
+FILTER_CLASS = 'yolo_nova.scheduler.filters.boot_time_filter.YoloBootFilter'
+FILTER_NAME = 'YoloBootFilter'
+NOVA_ALL_WEIGHERS = 'nova.scheduler.weights.all_weighers'
+WEIGHER_CLASS = 'yolo_nova.scheduler.weights.boot_time.YoloBootTimeWeigher'
+CONTAINER_FORMAT = 'yolo'
+IMPORT_PLUGIN = 'yolo_boot_image'
+# The worker's own notification topic: glance-api's default topic ("notifications") would fill
+# a queue nobody reads where no other consumer (ceilometer) runs.
+NOTIFICATION_TOPIC = 'yolo_notifications'
+
+
+class ConfigFile:
+    """An oslo.config ini file edited in place, line by line, keeping what YOLO does not own.
+
+    configparser (and libraries built on it) cannot keep a key that repeats in a section, which
+    is how oslo.config spells a multi-valued option (``available_filters``).
+    """
+
+    SECTION = re.compile(r'^\[(?P<name>[^\]]+)\]\s*$')
+    OPTION = re.compile(r'^(?P<key>[A-Za-z0-9_.-]+)\s*=\s?(?P<value>.*)$')
+
+    def __init__(self, path):
+        self.path = path
+        self.lines = []
+        if os.path.exists(path):
+            with open(path) as f:
+                self.lines = f.read().splitlines()
+
+    def _options(self, section):
+        """(line index, key, value) of each option of a section, and the section's last line."""
+        current, found, end = None, [], None
+        for index, line in enumerate(self.lines):
+            header = self.SECTION.match(line)
+            if header:
+                current = header.group('name')
+                if current == section:
+                    end = index
+                continue
+            if current == section:
+                if line.strip():
+                    end = index
+                option = self.OPTION.match(line)
+                if option:
+                    found.append((index, option.group('key'), option.group('value').strip()))
+        return found, end
+
+    def _insert_at_section_end(self, section, line):
+        _, end = self._options(section)
+        if end is None:
+            if self.lines and self.lines[-1].strip():
+                self.lines.append('')
+            self.lines += ['[%s]' % section, line]
+        else:
+            self.lines.insert(end + 1, line)
+
+    def get_all(self, section, key):
+        return [value for _, k, value in self._options(section)[0] if k == key]
+
+    def get(self, section, key):
+        """The value of a single-valued key (its last occurrence, as oslo.config reads it)."""
+        values = self.get_all(section, key)
+        return values[-1] if values else None
+
+    def set(self, section, key, value):
+        indexes = [index for index, k, _ in self._options(section)[0] if k == key]
+        line = '%s = %s' % (key, value)
+        if not indexes:
+            self._insert_at_section_end(section, line)
+            return
+        self.lines[indexes[-1]] = line
+        for index in reversed(indexes[:-1]):
+            del self.lines[index]
+
+    def add(self, section, key, value):
+        """Adds a value to a multi-valued key unless it is already one of its values."""
+        options = [(index, v) for index, k, v in self._options(section)[0] if k == key]
+        if any(v == value for _, v in options):
+            return
+        line = '%s = %s' % (key, value)
+        if options:
+            self.lines.insert(options[-1][0] + 1, line)
+        else:
+            self._insert_at_section_end(section, line)
+
+    def add_to_list(self, section, key, item, default):
+        """Adds an item to a comma-separated list option, starting from its default if unset."""
+        current = self.get(section, key)
+        items = [i.strip() for i in (current.split(',') if current is not None else default)]
+        items = [i for i in items if i]
+        if item not in items:
+            items.append(item)
+        self.set(section, key, ','.join(items))
+
+    def save(self):
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        tmp = self.path + '.yolo-configure.tmp'
+        with open(tmp, 'w') as f:
+            f.write('\n'.join(self.lines) + '\n')
+        if os.path.exists(self.path):
+            st = os.stat(self.path)
+            os.chmod(tmp, st.st_mode & 0o7777)
+            os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, self.path)
+
+
+def _nova_default(group, name, fallback):
+    """Nova's own default of an option, so that adding to a list keeps Nova's entries."""
+    try:
+        import nova.conf
+        return list(nova.conf.CONF[group][name])
+    except Exception:
+        return list(fallback)
+
+
+def nova_compute(conf, args):
+    conf.set('DEFAULT', 'compute_driver', DRIVER)
+    conf.set('yolo', 'enabled', 'True')
+    conf.set('yolo', 'mount_point', args.mount_point)
+    conf.set('yolo', 'control_socket', args.control_socket)
+    conf.set('yolo', 'yolofs_binary', args.yolofs_binary)
+    if args.boot_image_dir:
+        conf.set('yolo', 'boot_image_dir', args.boot_image_dir)
+
+
+def nova_scheduler(conf, args):
+    # A first available_filters line replaces Nova's default: keep Nova's filters.
+    if not conf.get_all('filter_scheduler', 'available_filters'):
+        conf.add('filter_scheduler', 'available_filters', NOVA_ALL_FILTERS)
+    conf.add('filter_scheduler', 'available_filters', FILTER_CLASS)
+    conf.add_to_list('filter_scheduler', 'enabled_filters', FILTER_NAME,
+                     _nova_default('filter_scheduler', 'enabled_filters',
+                                   ['ComputeFilter', 'ComputeCapabilitiesFilter',
+                                    'ImagePropertiesFilter', 'ServerGroupAntiAffinityFilter',
+                                    'ServerGroupAffinityFilter']))
+    conf.add_to_list('filter_scheduler', 'weight_classes', WEIGHER_CLASS, [NOVA_ALL_WEIGHERS])
+
+
+def glance_api(conf, args):
+    conf.set('oslo_messaging_notifications', 'driver', 'messagingv2')
+    conf.add_to_list('oslo_messaging_notifications', 'topics', NOTIFICATION_TOPIC, [])
+    conf.add_to_list('image_format', 'container_formats', CONTAINER_FORMAT,
+                     ['ami', 'ari', 'aki', 'bare', 'ovf', 'ova', 'docker', 'compressed'])
+    if args.import_config_file:
+        import_conf = ConfigFile(args.import_config_file)
+        plugins = import_conf.get('image_import_opts', 'image_import_plugins') or '[]'
+        names = [p.strip(" '\"") for p in plugins.strip('[]').split(',') if p.strip(" '\"")]
+        if IMPORT_PLUGIN not in names:
+            names.append(IMPORT_PLUGIN)
+        import_conf.set('image_import_opts', 'image_import_plugins',
+                        '[%s]' % ', '.join("'%s'" % n for n in names))
+        import_conf.save()
+
+
+def worker(conf, args):
+    conf.set('DEFAULT', 'transport_url', args.transport_url)
+    conf.set('yolo_worker', 'notification_topics', NOTIFICATION_TOPIC)
+    if args.work_dir:
+        conf.set('yolo_worker', 'work_dir', args.work_dir)
+    if args.yolofs_binary:
+        conf.set('yolo_worker', 'yolofs_binary', args.yolofs_binary)
+    glance = {
+        'auth_type': 'password',
+        'auth_url': args.auth_url,
+        'username': args.username,
+        'password': args.password,
+        'user_domain_name': 'Default',
+        'project_name': args.project_name,
+        'project_domain_name': 'Default',
+    }
+    if args.region_name:
+        glance['region_name'] = args.region_name
+    for key, value in glance.items():
+        conf.set('glance', key, value)
+
+
+ROLES = {
+    'nova-compute': nova_compute,
+    'nova-scheduler': nova_scheduler,
+    'glance-api': glance_api,
+    'worker': worker,
+}
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog='yolo-configure',
+        description="Write YOLO's settings into an existing Nova, Glance or worker "
+                    "configuration file, keeping everything else.")
+    roles = parser.add_subparsers(dest='role', required=True, metavar='ROLE')
+
+    def role(name, help_text):
+        sub = roles.add_parser(name, help=help_text)
+        sub.add_argument('--config-file', required=True, help='The file to edit in place.')
+        return sub
+
+    compute = role('nova-compute', "nova.conf of a compute node: the driver and [yolo]")
+    compute.add_argument('--mount-point', default='/var/lib/nova/yolofs',
+                         help='yolofs mount point (default: %(default)s)')
+    compute.add_argument('--control-socket', default='/run/yolofs/control.sock',
+                         help="yolofs' control socket (default: %(default)s)")
+    compute.add_argument('--yolofs-binary', default='yolofs',
+                         help='The yolofs command (default: %(default)s)')
+    compute.add_argument('--boot-image-dir', default=None,
+                         help="yolofs' boot image store (default: the [yolo] option's default)")
+    role('nova-scheduler', 'nova.conf of nova-scheduler: YoloBootFilter and the weigher')
+    api = role('glance-api', 'glance-api.conf: notifications and the yolo container format')
+    api.add_argument('--import-config-file', default=None,
+                     help='glance-image-import.conf, to add the import plugin (optional)')
+    work = role('worker', 'yolo-glance-worker.conf: transport and service identity')
+    work.add_argument('--transport-url', required=True,
+                      help="The transport_url of glance-api's notifications")
+    work.add_argument('--auth-url', required=True, help="Keystone's URL")
+    work.add_argument('--username', required=True, help="The worker's service user")
+    work.add_argument('--password', required=True, help="The service user's password")
+    work.add_argument('--project-name', default='service',
+                      help="The service user's project (default: %(default)s)")
+    work.add_argument('--region-name', default=None, help='Region of the Glance endpoint')
+    work.add_argument('--work-dir', default=None, help="The worker's scratch directory")
+    work.add_argument('--yolofs-binary', default=None, help='The yolofs command')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    conf = ConfigFile(args.config_file)
+    ROLES[args.role](conf, args)
+    try:
+        conf.save()
+    except OSError as e:
+        print('yolo-configure: cannot write %s: %s' % (args.config_file, e.strerror),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
