@@ -18,13 +18,18 @@ worker_opts = [
                help='Scratch space: downloads, raw conversions, learning mounts.'),
     cfg.IntOpt('max_concurrent_builds', default=1, min=1,
                help='Boot images built at once (each one downloads, converts and boots).'),
-    cfg.StrOpt('notification_pool', default='yolo-glance-worker',
+    cfg.StrOpt('notification_pool',
                help="""
-oslo.messaging pool of the notification listener: workers in the same pool share Glance's
-notifications, other consumers of the same topic keep receiving all of them.
+oslo.messaging pool of the notification listener. Unset (the default), workers consume the
+topic's own queue and share its notifications. Set it only where the worker shares a topic with
+other consumers (Glance's default ``notifications``): a pool gets its own queue, and the topic's
+queue, which RabbitMQ keeps for its other consumers, then fills if nobody else reads it.
 """),
-    cfg.ListOpt('notification_topics', default=['notifications'],
-                help='Topics Glance sends notifications on.'),
+    cfg.ListOpt('notification_topics', default=['yolo_notifications'],
+                help="""
+Topics Glance sends notifications on. A topic of the worker's own, added to glance-api's
+``[oslo_messaging_notifications] topics``, so that no queue fills for want of a consumer.
+"""),
     cfg.StrOpt('notification_exchange', default='glance',
                help="Glance's notification exchange."),
     cfg.IntOpt('scan_interval', default=600, min=0,

@@ -1,7 +1,7 @@
 """``yolo-glance-worker``: Glance notifications and a periodic scan feed the worker.
 
-Notifications arrive through oslo.messaging in a pool of their own (other consumers of Glance's
-notifications still get all of them). Builds run on a bounded thread pool, at most one per image
+Notifications arrive through oslo.messaging on a topic of the worker's own, which glance-api
+publishes to beside any other. Builds run on a bounded thread pool, at most one per image
 at a time; a periodic scan of active images catches whatever notifications were lost and the
 images uploaded before the worker ran.
 """
@@ -149,7 +149,8 @@ def main(argv=None):
     listener = notification_listener(conf, dispatcher)
     listener.start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    LOG.info('yolo-glance-worker listening (pool %s)', conf.yolo_worker.notification_pool)
+    LOG.info('yolo-glance-worker listening on %s (pool %s)',
+             ', '.join(conf.yolo_worker.notification_topics), conf.yolo_worker.notification_pool)
     try:
         while True:
             if conf.yolo_worker.scan_interval:

@@ -14,3 +14,11 @@ def post_fork(server, worker):
     # The OpenStack WSGI applications parse sys.argv with oslo.config when they are loaded,
     # which happens after this in the worker: gunicorn's own arguments are not theirs.
     del sys.argv[1:]
+
+
+def post_worker_init(worker):
+    # Neutron 29's get_port(s) reads Port.port_forwardings, a backref that exists only once
+    # SQLAlchemy has configured its mappers, which the first query does. Without agents nothing
+    # queries before Nova's first list_ports, which then fails with AttributeError.
+    from sqlalchemy import orm
+    orm.configure_mappers()

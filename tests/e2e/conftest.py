@@ -1,0 +1,182 @@
+"""The all-in-one cloud for the end-to-end tests: one per test run, shared by every test.
+
+The session fixture stands it up with ``tools/aio/aio up`` (idempotent: a cloud that already runs
+is kept) and the tests use it as its users do, with the ``openstack`` client and clouds.yaml's
+clouds ``aio-admin`` and ``aio-demo`` (a non-admin user of another project). Host-side checks
+(instance disks, yolofs statistics) read what a compute node's operator would.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+AIO = REPO / 'tools' / 'aio' / 'aio'
+VENV = pathlib.Path(os.environ.get('AIO_VENV', '/opt/yolo-aio/venv'))
+CLOUDS_YAML = pathlib.Path('/etc/openstack/clouds.yaml')
+INSTANCES = pathlib.Path('/var/lib/nova/instances')
+BASE_DIR = INSTANCES / '_base'
+MOUNT_POINT = pathlib.Path('/var/lib/nova/yolofs')
+CONTROL_SOCKET = '/run/yolofs/control.sock'
+YOLOFS = '/usr/local/bin/yolofs'
+READY_MARKER = 'YOLO-GUEST-READY'
+FLAVOR = 'm1.yolo'
+RESIZE_FLAVOR = 'm1.yolo-large'
+# A TCG boot of the test image takes 25-60 s on this 2-core machine, longer beside another.
+BOOT_TIMEOUT = 600
+BOOT_IMAGE_TIMEOUT = 900
+
+
+class OpenStackError(Exception):
+    pass
+
+
+def openstack(cloud, *args, parse=True, check=True, timeout=900):
+    """Runs the ``openstack`` client as the given cloud's user; JSON output parsed."""
+    command = [str(VENV / 'bin' / 'openstack'), '--os-cloud', cloud, *map(str, args)]
+    if parse:
+        command += ['-f', 'json']
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, 'OS_CLIENT_CONFIG_FILE': str(CLOUDS_YAML)})
+    if check and proc.returncode != 0:
+        raise OpenStackError('openstack %s failed (%d): %s' % (
+            ' '.join(map(str, args)), proc.returncode, proc.stderr.strip()))
+    if not parse or proc.returncode != 0:
+        return proc
+    return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+def admin(*args, **kwargs):
+    return openstack('aio-admin', *args, **kwargs)
+
+
+def demo(*args, **kwargs):
+    return openstack('aio-demo', *args, **kwargs)
+
+
+def wait_until(what, timeout, probe, interval=2.0):
+    """Calls ``probe`` until it returns something true; returns that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError('%s: not within %d s' % (what, timeout))
+        time.sleep(interval)
+
+
+def yolofs_ctl(*args):
+    proc = subprocess.run([YOLOFS, 'ctl', '--socket', CONTROL_SOCKET, *args],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def image_property(image, name):
+    return image.get(name, (image.get('properties') or {}).get(name))
+
+
+def server_status(cloud, server_id):
+    return openstack(cloud, 'server', 'show', server_id)['status']
+
+
+def wait_for_status(cloud, server_id, status, timeout=BOOT_TIMEOUT):
+    def probe():
+        current = server_status(cloud, server_id)
+        if current == 'ERROR':
+            fault = openstack('aio-admin', 'server', 'show', server_id).get('fault')
+            raise AssertionError('server %s went to ERROR: %s' % (server_id, fault))
+        return current == status
+    wait_until('server %s %s' % (server_id, status), timeout, probe)
+
+
+def console_log(cloud, server_id):
+    return openstack(cloud, 'console', 'log', 'show', server_id, parse=False).stdout
+
+
+def wait_for_ready(cloud, server_id, since=0, timeout=BOOT_TIMEOUT):
+    """Waits for the guest's ready marker beyond the ``since``-th one in its console log."""
+    def probe():
+        return console_log(cloud, server_id).count(READY_MARKER) > since
+    wait_until('guest of %s ready' % server_id, timeout, probe, interval=3.0)
+    return console_log(cloud, server_id).count(READY_MARKER)
+
+
+def instance_disk(server_id):
+    return INSTANCES / server_id / 'disk'
+
+
+def backing_file(server_id):
+    info = json.loads(subprocess.run(
+        ['qemu-img', 'info', '-U', '--output=json', str(instance_disk(server_id))],
+        capture_output=True, text=True, check=True).stdout)
+    return info.get('full-backing-filename') or info.get('backing-filename')
+
+
+def base_file_name(image_id):
+    import hashlib
+    return hashlib.sha1(image_id.encode()).hexdigest()
+
+
+@pytest.fixture(scope='session')
+def cloud():
+    """The all-in-one cloud, stood up once per test run."""
+    if os.geteuid() != 0:
+        pytest.fail('the end-to-end tests stand up the all-in-one cloud: run them as root')
+    subprocess.run([str(AIO), 'up'], check=True)
+    return 'aio-admin'
+
+
+@pytest.fixture(scope='session')
+def test_image_file():
+    path = os.environ.get('YOLO_TEST_IMAGE')
+    if not path:
+        path = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], check=True,
+                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return pathlib.Path(path)
+
+
+@pytest.fixture(scope='session')
+def public_image(cloud, test_image_file):
+    """The test image, uploaded by the admin as a public image, as a plain upload."""
+    name = 'e2e-public-%d' % os.getpid()
+    image = admin('image', 'create', '--public', '--disk-format', 'qcow2',
+                  '--container-format', 'bare', '--file', test_image_file, name)
+    yield image
+    admin('image', 'delete', image['id'], parse=False, check=False)
+
+
+@pytest.fixture(scope='session')
+def published_boot_image(public_image):
+    """The boot image the worker publishes for the public image: (source, boot image id)."""
+    def linked():
+        image = admin('image', 'show', public_image['id'])
+        status = image_property(image, 'yolo_boot_image_status')
+        if status in ('failed', 'skipped'):
+            raise AssertionError('boot image of the public image %s: %s (%s)' % (
+                public_image['id'], status, image_property(image, 'yolo_boot_image_reason')))
+        return image if image_property(image, 'yolo_boot_image_id') else None
+    image = wait_until('boot image of the public image', BOOT_IMAGE_TIMEOUT, linked, 5.0)
+    return image, image_property(image, 'yolo_boot_image_id')
+
+
+def create_server(cloud, image_id, name, flavor=FLAVOR, wait=True):
+    server = openstack(cloud, 'server', 'create', '--nic', 'none', '--image', image_id,
+                       '--flavor', flavor, name)
+    if wait:
+        wait_for_status(cloud, server['id'], 'ACTIVE')
+    return server
+
+
+def delete_server(cloud, server_id):
+    openstack(cloud, 'server', 'delete', '--wait', server_id, parse=False, check=False)
+
+
+def pytest_collection_modifyitems(items):
+    # Tests marked "last" look at what the whole run left behind.
+    items.sort(key=lambda item: item.get_closest_marker('last') is not None)

@@ -1,0 +1,43 @@
+"""A public image, its boot image, and a non-admin user of another project booting from it."""
+
+import subprocess
+
+from tests.e2e.conftest import (
+    MOUNT_POINT, admin, backing_file, base_file_name, create_server, delete_server, demo,
+    image_property, wait_for_ready, yolofs_ctl)
+
+
+def test_plain_upload_publishes_a_hidden_linked_boot_image(published_boot_image):
+    source, boot_image_id = published_boot_image
+    assert image_property(source, 'yolo_boot_image_status') == 'ready'
+    boot_image = admin('image', 'show', boot_image_id)
+    assert boot_image['container_format'] == 'yolo'
+    assert image_property(boot_image, 'os_hidden') is True
+    assert image_property(boot_image, 'yolo_source_image_id') == source['id']
+    # Published by the worker's service identity, not by the image's owner.
+    service = admin('project', 'show', 'service')
+    assert boot_image['owner'] == service['id'] != source['owner']
+    # The tenants who boot the public image see neither the boot image nor its data.
+    assert demo('image', 'show', boot_image_id, check=False).returncode != 0
+
+
+def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(published_boot_image):
+    source, boot_image_id = published_boot_image
+    server = create_server('aio-demo', source['id'], 'e2e-boot')
+    try:
+        name = base_file_name(source['id'])
+        assert backing_file(server['id']) == str(MOUNT_POINT / name)
+        wait_for_ready('aio-demo', server['id'])
+        status = yolofs_ctl('status')
+        served = {b['file']: b for b in status['boot_images']}
+        assert served[name]['image_id'] == source['id']
+        assert served[name]['verified'] is True
+        stats = yolofs_ctl('stats', name)['files'][name]
+        assert stats['bytes_memory'] > 0, stats
+        # The compute node fetched the published boot image and installed it through yolofs.
+        log = subprocess.run(['grep', '-c', 'Installed verified boot image %s' % boot_image_id,
+                              '/var/log/yolo-aio/nova-compute.log'],
+                             capture_output=True, text=True).stdout.strip()
+        assert int(log or 0) >= 1
+    finally:
+        delete_server('aio-demo', server['id'])

@@ -1,0 +1,107 @@
+"""A server's life through Nova with YOLO on, as a non-admin user: every path that restarts the
+guest ends with the guest ready again. The tests run in order on one server."""
+
+import pytest
+
+from tests.e2e.conftest import (
+    INSTANCES, MOUNT_POINT, RESIZE_FLAVOR, admin, backing_file, base_file_name, create_server,
+    delete_server, demo, wait_for_ready, wait_for_status, wait_until)
+
+CLOUD = 'aio-demo'
+
+
+class Guest:
+    def __init__(self, server_id):
+        self.id = server_id
+        self.ready_count = 0
+
+    def wait_ready(self):
+        self.ready_count = wait_for_ready(CLOUD, self.id, since=self.ready_count)
+
+
+@pytest.fixture(scope='module')
+def guest(published_boot_image):
+    source, _ = published_boot_image
+    server = create_server(CLOUD, source['id'], 'e2e-lifecycle')
+    guest = Guest(server['id'])
+    guest.wait_ready()
+    yield guest
+    delete_server(CLOUD, guest.id)
+
+
+def test_disk_is_backed_by_the_mount(guest, published_boot_image):
+    source, _ = published_boot_image
+    assert backing_file(guest.id) == str(MOUNT_POINT / base_file_name(source['id']))
+
+
+def test_stop_and_start(guest):
+    demo('server', 'stop', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'SHUTOFF')
+    demo('server', 'start', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.wait_ready()
+
+
+@pytest.mark.parametrize('kind', ['--soft', '--hard'])
+def test_reboot(guest, kind):
+    demo('server', 'reboot', kind, '--wait', guest.id, parse=False)
+    guest.wait_ready()
+
+
+def test_rescue_and_unrescue(guest):
+    demo('server', 'rescue', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'RESCUE')
+    guest.wait_ready()      # the rescue image is the server's own image: it boots too
+    demo('server', 'unrescue', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.wait_ready()
+
+
+def snapshot_boots(guest, name):
+    snapshot = demo('server', 'image', 'create', '--wait', '--name', name, guest.id)
+    try:
+        server = create_server(CLOUD, snapshot['id'], name + '-server')
+        try:
+            wait_for_ready(CLOUD, server['id'])
+        finally:
+            delete_server(CLOUD, server['id'])
+    finally:
+        demo('image', 'delete', snapshot['id'], parse=False, check=False)
+
+
+def test_live_snapshot_boots(guest):
+    snapshot_boots(guest, 'e2e-live-snapshot')
+
+
+def test_cold_snapshot_boots(guest):
+    demo('server', 'stop', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'SHUTOFF')
+    snapshot_boots(guest, 'e2e-cold-snapshot')
+    demo('server', 'start', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.wait_ready()
+
+
+def test_shelve_offload_and_unshelve(guest):
+    demo('server', 'shelve', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'SHELVED_OFFLOADED')
+    demo('server', 'unshelve', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.wait_ready()
+
+
+def test_resize_to_the_same_host(guest):
+    host = admin('server', 'show', guest.id)['OS-EXT-SRV-ATTR:host']
+    demo('server', 'resize', '--flavor', RESIZE_FLAVOR, guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'VERIFY_RESIZE')
+    demo('server', 'resize', 'confirm', guest.id, parse=False)
+    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    assert admin('server', 'show', guest.id)['OS-EXT-SRV-ATTR:host'] == host
+    guest.wait_ready()
+
+
+def test_delete(guest):
+    demo('server', 'delete', '--wait', guest.id, parse=False)
+    wait_until('server %s gone' % guest.id, 120,
+               lambda: demo('server', 'show', guest.id, parse=False, check=False).returncode)
+    assert not (INSTANCES / guest.id).exists()
