@@ -36,8 +36,15 @@ retry_transient = tenacity.retry(
 class Glance:
     """Images by id, as plain dicts (properties are top-level keys, as in the v2 API)."""
 
-    def __init__(self, client):
+    def __init__(self, client, session=None):
         self.client = client
+        self._session = session
+
+    @property
+    def project_id(self):
+        """The worker's own project, which owns every boot image it publishes (None without
+        Keystone, as in tests against Glance's in-process API)."""
+        return self._session.get_project_id() if self._session is not None else None
 
     @classmethod
     def from_conf(cls, conf):
@@ -48,7 +55,8 @@ class Glance:
         return cls(glanceclient.Client('2', session=session,
                                        endpoint_override=group.endpoint_override,
                                        region_name=group.region_name,
-                                       interface=(group.valid_interfaces or ['public'])[0]))
+                                       interface=(group.valid_interfaces or ['public'])[0]),
+                   session=session)
 
     @retry_transient
     def get(self, image_id):
@@ -62,9 +70,14 @@ class Glance:
                 yield dict(image)
 
     @retry_transient
-    def boot_images_of(self, source_image_id):
-        return [dict(i) for i in self.client.images.list(
-            filters={SOURCE_IMAGE_ID: source_image_id, 'os_hidden': True})]
+    def boot_images_of(self, source_image_id, container_format):
+        """The boot images this worker's identity published for an image. Anyone can upload a
+        hidden image that names a source image: only the worker's own are ever adopted."""
+        filters = {SOURCE_IMAGE_ID: source_image_id, 'os_hidden': True,
+                   'container_format': container_format}
+        if self.project_id:
+            filters['owner'] = self.project_id
+        return [dict(i) for i in self.client.images.list(filters=filters)]
 
     def download(self, image_id, path, progress_interval=30.0):
         """Writes the image's data to ``path``, logging progress of long downloads; glanceclient
@@ -87,11 +100,12 @@ class Glance:
                                   **properties)
 
     def publish(self, source, path, container_format, properties):
-        """Uploads ``path`` as a hidden image owned like ``source``; returns its id."""
+        """Uploads ``path`` as a hidden, private image of the worker's own project; returns its
+        id. Compute nodes fetch it with their service identity, whatever project boots the
+        source image; tenants never see it."""
         image = self.client.images.create(
             name='yolo-boot-image-%s' % source['id'], disk_format='raw',
             container_format=container_format, visibility='private', os_hidden=True,
-            owner=source.get('owner'),
             **{SOURCE_IMAGE_ID: source['id']}, **properties)
         try:
             with open(path, 'rb') as data:

@@ -275,7 +275,7 @@ class Worker:
 
     def _keep_one(self, image_id):
         """The oldest published boot image of ``image_id``; the others are deleted."""
-        published = [i for i in self.glance.boot_images_of(image_id)
+        published = [i for i in self.glance.boot_images_of(image_id, self.container_format)
                      if i.get('status') == 'active']
         published.sort(key=lambda i: (i.get('created_at', ''), i['id']))
         for extra in published[1:]:
@@ -301,7 +301,7 @@ class Worker:
 
     def delete(self, image_id):
         """Deletes the boot images published for a deleted source image; returns how many."""
-        boot_images = self.glance.boot_images_of(image_id)
+        boot_images = self.glance.boot_images_of(image_id, self.container_format)
         for boot_image in boot_images:
             self.glance.delete(boot_image['id'])
         if boot_images:

@@ -212,10 +212,10 @@ class TestUploadAndImport(GlanceWorkerTest):
         # image.delete removes the boot image.
         self.client.images.delete(uploaded)
         deadline = time.monotonic() + 60
-        while self.glance.boot_images_of(uploaded) and time.monotonic() < deadline:
+        while self.glance.boot_images_of(uploaded, 'yolo') and time.monotonic() < deadline:
             time.sleep(0.5)
-        self.assertEqual([], self.glance.boot_images_of(uploaded))
-        self.assertEqual(1, len(self.glance.boot_images_of(imported)))
+        self.assertEqual([], self.glance.boot_images_of(uploaded, 'yolo'))
+        self.assertEqual(1, len(self.glance.boot_images_of(imported, 'yolo')))
 
 
 class TestScan(GlanceWorkerTest):
@@ -274,7 +274,7 @@ class TestBadInput(GlanceWorkerTest):
             downloaded = scratch / 'check'
             self.glance.download(image_id, downloaded)
             self.assertEqual(path.read_bytes(), downloaded.read_bytes())
-            self.assertEqual([], self.glance.boot_images_of(image_id))
+            self.assertEqual([], self.glance.boot_images_of(image_id, 'yolo'))
         refused_image = self.glance.get(refused)
         self.assertNotEqual('active', refused_image['status'])
         self.assertNotIn(glance_api.STATUS, refused_image)
@@ -288,6 +288,6 @@ class TestBadInput(GlanceWorkerTest):
         while self.dispatcher.in_flight and time.monotonic() < deadline:
             time.sleep(1)
         self.assertEqual({}, self.dispatcher.in_flight)
-        self.assertEqual([], self.glance.boot_images_of(image_id))
+        self.assertEqual([], self.glance.boot_images_of(image_id, 'yolo'))
         self.assertEqual([], [i for i in self.glance.active_images()
                               if i.get(glance_api.SOURCE_IMAGE_ID) == image_id])

@@ -435,7 +435,15 @@ fn mount(args: MountArgs) -> Result<()> {
         fuser::MountOption::DefaultPermissions,
     ];
     // QEMU runs as its own user under libvirt: every user may read, the kernel checks modes.
-    config.acl = fuser::SessionACL::All;
+    // An unprivileged yolofs (the Glance worker's learning mount, whose QEMU runs as the same
+    // user) serves only its own user: fusermount3 refuses allow_other to users without
+    // /etc/fuse.conf's user_allow_other.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    config.acl = if unsafe { libc::geteuid() } == 0 {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
     let session = fuser::spawn_mount(adapter, &args.mountpoint, &config)

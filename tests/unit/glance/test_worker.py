@@ -54,9 +54,10 @@ class FakeGlance:
     def active_images(self):
         return [copy.deepcopy(i) for i in self.images.values() if i['status'] == 'active']
 
-    def boot_images_of(self, source_id):
+    def boot_images_of(self, source_id, container_format):
         return [copy.deepcopy(i) for i in self.images.values()
-                if i.get(glance_api.SOURCE_IMAGE_ID) == source_id]
+                if i.get(glance_api.SOURCE_IMAGE_ID) == source_id
+                and i['container_format'] == container_format]
 
     def download(self, image_id, path):
         self.downloads += 1
@@ -279,7 +280,7 @@ def test_racing_workers_converge_on_one_boot_image(glance, make_worker):
                          **{glance_api.SOURCE_IMAGE_ID: source})
     assert make_worker().build(source) == 'present'
     assert glance.images[source][glance_api.BOOT_IMAGE_ID] == earlier
-    assert [i['id'] for i in glance.boot_images_of(source)] == [earlier]
+    assert [i['id'] for i in glance.boot_images_of(source, 'yolo')] == [earlier]
 
 
 def test_deleting_the_source_deletes_its_boot_images(glance, make_worker):
@@ -290,7 +291,8 @@ def test_deleting_the_source_deletes_its_boot_images(glance, make_worker):
     worker.build(other)
     glance.delete(source)
     assert worker.delete(source) == 1
-    assert glance.boot_images_of(source) == [] and len(glance.boot_images_of(other)) == 1
+    assert glance.boot_images_of(source, 'yolo') == []
+    assert len(glance.boot_images_of(other, 'yolo')) == 1
 
 
 def test_per_image_profiling_overrides(glance, make_worker):
