@@ -2,10 +2,19 @@
 //!
 //! Each line a client writes is one [`Request`], tagged by `"op"`; each answer is one JSON line,
 //! `{"ok": true, ...}` or `{"ok": false, "error": "..."}`. This is the only interface Nova's and
-//! Glance's Python code use to talk to a running yolofs.
+//! Glance's Python code use to talk to a running yolofs, and the only way a boot image from
+//! elsewhere enters the store (`install`).
+//!
+//! Who may connect is decided by the socket file's group and mode ([`SocketAccess`]): yolofs runs
+//! as root, Nova as its own user in the socket's group. The socket is bound in a private
+//! directory, given its group and mode there, and renamed into place, so no client can connect
+//! while it still has the mode the umask gave it.
 
-use std::fs::File;
+use std::ffi::CString;
+use std::fs::{self, DirBuilder, File};
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,7 +29,7 @@ use crate::fs::MirrorFs;
 use crate::hostload::HostLoadSampler;
 use crate::recorder::Recorder;
 use crate::stats::StatsRegistry;
-use crate::store::BootImageStore;
+use crate::store::{self, BootImageStore};
 
 /// Every request the control socket understands (also the subcommands of `yolofs ctl`).
 #[derive(Debug, Deserialize, Serialize, PartialEq, clap::Subcommand)]
@@ -38,6 +47,99 @@ pub enum Request {
     HostLoad,
     /// End the recording window of a file now and build its boot image.
     RecordStop { file: String },
+    /// Verify a boot image (a file yolofs can read, owned by the client) against base file FILE
+    /// in full and install it in the store as the boot image of Glance image IMAGE_ID.
+    Install {
+        file: String,
+        boot_image: PathBuf,
+        image_id: String,
+    },
+    /// Record the Glance image id base file FILE belongs to (learned boot images carry it).
+    Remember { file: String, image_id: String },
+    /// Delete the store's files of base files that are gone from the source directory.
+    Prune,
+}
+
+/// Who may connect to the control socket: its mode bits and, if set, its group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketAccess {
+    pub mode: u32,
+    pub group: Option<u32>,
+}
+
+impl Default for SocketAccess {
+    fn default() -> SocketAccess {
+        SocketAccess {
+            mode: 0o660,
+            group: None,
+        }
+    }
+}
+
+/// Parses a file mode given in octal (`0660`, `660` or `0o660`).
+pub fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if mode <= 0o777 && !digits.is_empty() => Ok(mode),
+        _ => Err(format!("{text:?} is not an octal file mode between 0 and 0777")),
+    }
+}
+
+/// The id of group `name` (getgrnam), or of a numeric group id.
+pub fn group_id(name: &str) -> Result<u32, String> {
+    let c_name = CString::new(name).map_err(|_| format!("invalid group name {name:?}"))?;
+    let mut buffer = vec![0 as libc::c_char; 1024];
+    loop {
+        // SAFETY: all-zero bytes are a valid `group` (null pointers, zero id).
+        let mut group: libc::group = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the duration of the call and `buffer.len()` is the
+        // size of `buffer`; getgrnam_r writes only into `group`, `buffer` and `found`.
+        let rc = unsafe {
+            libc::getgrnam_r(
+                c_name.as_ptr(),
+                &mut group,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+                &mut found,
+            )
+        };
+        if rc == libc::ERANGE && buffer.len() < 1 << 20 {
+            buffer.resize(buffer.len() * 2, 0);
+            continue;
+        }
+        if rc == 0 && !found.is_null() {
+            return Ok(group.gr_gid);
+        }
+        if let Ok(gid) = name.parse::<u32>() {
+            return Ok(gid);
+        }
+        return Err(if rc == 0 {
+            format!("unknown group {name:?}")
+        } else {
+            format!("looking up group {name:?}: {}", std::io::Error::from_raw_os_error(rc))
+        });
+    }
+}
+
+/// The uid of the process at the other end of a Unix socket (SO_PEERCRED).
+fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred and `len` its size, as SO_PEERCRED requires.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }
 
 /// What the control socket serves requests from.
@@ -54,14 +156,50 @@ pub struct Daemon {
 }
 
 fn base_file_name(file: &str) -> Result<&str, String> {
-    if file.is_empty() || file.contains('/') || file == "." || file == ".." {
+    if file.is_empty() || file.contains(['/', '\0']) || file == "." || file == ".." {
         return Err(format!("invalid base file name {file:?}"));
     }
     Ok(file)
 }
 
+/// The `install` request: `file` is checked and opened in `source_dir` (not through a symbolic
+/// link), then [`BootImageStore::install`] does the rest. `client_uid` is the uid of the client
+/// (root's requests may name any file; others' only files they own).
+pub fn install(
+    source_dir: &Path,
+    store: &BootImageStore,
+    file: &str,
+    boot_image: &Path,
+    image_id: &str,
+    client_uid: u32,
+) -> Result<Value, String> {
+    let name = base_file_name(file)?;
+    let base = store::open_regular_file(&source_dir.join(name)).map_err(|e| format!("base file {name}: {e}"))?;
+    let owner = (client_uid != 0).then_some(client_uid);
+    let installed = store
+        .install(name, &base, boot_image, image_id, owner)
+        .map_err(|e| e.to_string())?;
+    Ok(json!({ "installed": installed }))
+}
+
+/// The `remember` request: the base file must exist in `source_dir`.
+pub fn remember(source_dir: &Path, store: &BootImageStore, file: &str, image_id: &str) -> Result<Value, String> {
+    let name = base_file_name(file)?;
+    let image_id = store::check_image_id(image_id)?;
+    match fs::symlink_metadata(source_dir.join(name)) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => return Err(format!("base file {name} is not a regular file")),
+        Err(e) => return Err(format!("base file {name}: {e}")),
+    }
+    let changed = store
+        .remember_image_id(name, image_id)
+        .map_err(|e| format!("recording the image id of {name}: {e}"))?;
+    Ok(json!({ "file": name, "image_id": image_id, "changed": changed }))
+}
+
 impl Daemon {
-    pub fn handle(&self, request: Request) -> Result<Value, String> {
+    /// Answers one request of a client with uid `client_uid`.
+    pub fn handle(&self, request: Request, client_uid: u32) -> Result<Value, String> {
         match request {
             Request::Status => Ok(json!({
                 "version": env!("CARGO_PKG_VERSION"),
@@ -74,6 +212,7 @@ impl Daemon {
                 "lock_in_memory": self.store.config().lock_in_memory,
                 "loaded": self.store.loaded(),
                 "rejected": self.store.rejected().into_iter().map(|(n, r)| json!({"name": n, "reason": r})).collect::<Vec<_>>(),
+                "boot_images": self.store.boot_images(&self.source),
                 "learning": self.recorder.is_some(),
                 "recording": self.recorder.as_ref().map(|r| r.active()).unwrap_or_default(),
                 "open_files": self.fs.open_handles(),
@@ -106,13 +245,31 @@ impl Daemon {
                 recorder.wait_idle();
                 Ok(json!({ "file": name, "built": self.store.path_for(name).exists() }))
             }
+            Request::Install {
+                file,
+                boot_image,
+                image_id,
+            } => install(&self.source, &self.store, &file, &boot_image, &image_id, client_uid),
+            Request::Remember { file, image_id } => remember(&self.source, &self.store, &file, &image_id),
+            Request::Prune => {
+                let recording: Vec<String> = self
+                    .recorder
+                    .as_ref()
+                    .map(|r| r.active().into_iter().map(|r| r.name).collect())
+                    .unwrap_or_default();
+                let removed = self
+                    .store
+                    .prune(&self.source, |name| recording.iter().any(|r| r == name))
+                    .map_err(|e| format!("pruning the store: {e}"))?;
+                Ok(json!({ "removed": removed }))
+            }
         }
     }
 
-    fn answer(&self, line: &str) -> Value {
+    fn answer(&self, line: &str, client_uid: u32) -> Value {
         let result = serde_json::from_str::<Request>(line)
             .map_err(|e| format!("bad request: {e}"))
-            .and_then(|r| self.handle(r));
+            .and_then(|r| self.handle(r, client_uid));
         match result {
             Ok(Value::Object(mut fields)) => {
                 fields.insert("ok".into(), Value::Bool(true));
@@ -124,13 +281,15 @@ impl Daemon {
     }
 
     fn serve_client(&self, stream: UnixStream) -> std::io::Result<()> {
+        // A client whose uid cannot be known is nobody's: it may install only files nobody owns.
+        let client_uid = peer_uid(&stream).unwrap_or(u32::MAX);
         let mut writer = stream.try_clone()?;
         for line in BufReader::new(stream).lines() {
             let line = line?;
             if line.trim().is_empty() {
                 continue;
             }
-            let answer = self.answer(&line);
+            let answer = self.answer(&line, client_uid);
             debug!("control: {line} -> ok={}", answer["ok"]);
             writeln!(writer, "{answer}")?;
         }
@@ -138,13 +297,39 @@ impl Daemon {
     }
 }
 
-/// Listens on `path` (replacing a stale socket) and serves each client in its own thread.
-pub fn serve(path: &Path, daemon: Arc<Daemon>) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+/// Creates the listening socket at `path` (replacing a stale one) with `access`'s group and mode.
+/// A missing parent directory is created with mode 0755.
+pub fn bind(path: &Path, access: SocketAccess) -> std::io::Result<UnixListener> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    if !dir.exists() {
+        DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+        // Whatever the umask: clients must reach the socket.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
     }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
+    // Bound where only we can reach it, given its group and mode, then renamed into place.
+    let private = dir.join(format!(".ys{}", std::process::id()));
+    let _ = fs::remove_dir_all(&private);
+    DirBuilder::new().mode(0o700).create(&private)?;
+    let bound = (|| {
+        let staged = private.join("s");
+        let listener = UnixListener::bind(&staged)?;
+        if let Some(gid) = access.group {
+            std::os::unix::fs::chown(&staged, None, Some(gid))?;
+        }
+        fs::set_permissions(&staged, fs::Permissions::from_mode(access.mode))?;
+        fs::rename(&staged, path)?;
+        Ok(listener)
+    })();
+    let _ = fs::remove_dir_all(&private);
+    bound
+}
+
+/// Listens on `path` (see [`bind`]) and serves each client in its own thread.
+pub fn serve(path: &Path, access: SocketAccess, daemon: Arc<Daemon>) -> std::io::Result<()> {
+    let listener = bind(path, access)?;
     thread::Builder::new().name("yolofs-control".into()).spawn(move || {
         for stream in listener.incoming() {
             match stream {
@@ -189,6 +374,23 @@ mod tests {
             parse(r#"{"op":"record_stop","file":"abc"}"#).unwrap(),
             Request::RecordStop { file: "abc".into() }
         );
+        assert_eq!(
+            parse(r#"{"op":"install","file":"abc","boot_image":"/tmp/b.yolo","image_id":"id"}"#).unwrap(),
+            Request::Install {
+                file: "abc".into(),
+                boot_image: "/tmp/b.yolo".into(),
+                image_id: "id".into()
+            }
+        );
+        assert_eq!(
+            parse(r#"{"op":"remember","file":"abc","image_id":"id"}"#).unwrap(),
+            Request::Remember {
+                file: "abc".into(),
+                image_id: "id".into()
+            }
+        );
+        assert_eq!(parse(r#"{"op":"prune"}"#).unwrap(), Request::Prune);
+        assert!(parse(r#"{"op":"install","file":"abc","boot_image":"/b"}"#).is_err());
         assert!(parse(r#"{"op":"format_disk"}"#).is_err());
         assert!(parse(r#"{"op":"evict"}"#).is_err());
     }
@@ -216,6 +418,103 @@ mod tests {
         assert!(base_file_name("../etc/passwd").is_err());
         assert!(base_file_name("..").is_err());
         assert!(base_file_name("").is_err());
+        assert!(base_file_name("a\0b").is_err());
         assert_eq!(base_file_name("0123abcd"), Ok("0123abcd"));
+    }
+
+    fn store_with_base(dir: &Path) -> BootImageStore {
+        fs::create_dir(dir.join("base")).unwrap();
+        fs::write(dir.join("base/disk"), vec![7u8; 65536]).unwrap();
+        BootImageStore::new(crate::store::StoreConfig {
+            dir: dir.join("store"),
+            memory_budget: 1 << 20,
+            lock_in_memory: false,
+            max_boot_image_bytes: 1 << 20,
+        })
+    }
+
+    #[test]
+    fn install_and_remember_check_the_base_file_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_base(dir.path());
+        let base = dir.path().join("base");
+        let candidate = dir.path().join("candidate.yolo");
+        for name in ["../base/disk", "", "..", "a/b"] {
+            let err = install(&base, &store, name, &candidate, "id", 0).unwrap_err();
+            assert!(err.contains("invalid base file name"), "{err}");
+            let err = remember(&base, &store, name, "id").unwrap_err();
+            assert!(err.contains("invalid base file name"), "{err}");
+        }
+        let err = install(&base, &store, "missing", &candidate, "id", 0).unwrap_err();
+        assert!(err.contains("base file missing"), "{err}");
+        // A base file that is a symbolic link (to anything the daemon could read) is not used.
+        std::os::unix::fs::symlink("/etc/hostname", base.join("link")).unwrap();
+        let err = install(&base, &store, "link", &candidate, "id", 0).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(remember(&base, &store, "link", "id").is_err());
+        assert!(remember(&base, &store, "disk", "bad id").is_err());
+        assert_eq!(remember(&base, &store, "disk", "id").unwrap()["changed"], true);
+        assert_eq!(store.image_id("disk").as_deref(), Some("id"));
+    }
+
+    #[test]
+    fn modes_are_octal() {
+        assert_eq!(parse_mode("0660"), Ok(0o660));
+        assert_eq!(parse_mode("660"), Ok(0o660));
+        assert_eq!(parse_mode("0o600"), Ok(0o600));
+        for bad in ["", "0o", "8", "01777", "rw-rw----"] {
+            assert!(parse_mode(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn groups_resolve_by_name_or_number() {
+        assert_eq!(group_id("root"), Ok(0));
+        assert_eq!(group_id("12345"), Ok(12345));
+        let err = group_id("no-such-group-yolofs").unwrap_err();
+        assert!(err.contains("unknown group"), "{err}");
+    }
+
+    #[test]
+    fn the_socket_gets_its_group_and_mode_and_its_directory() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/yolofs/control.sock");
+        // SAFETY: getegid has no preconditions.
+        let gid = unsafe { libc::getegid() };
+        let listener = bind(
+            &path,
+            SocketAccess {
+                mode: 0o660,
+                group: Some(gid),
+            },
+        )
+        .unwrap();
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o660);
+        assert_eq!(meta.gid(), gid);
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+        assert_eq!(fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o7777, 0o755);
+        // Nothing left of the private directory it was bound in.
+        let entries: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().collect();
+        assert_eq!(entries.len(), 1);
+        // It listens, and a stale socket is replaced by the next bind.
+        let _client = UnixStream::connect(&path).unwrap();
+        drop(listener);
+        let _listener = bind(
+            &path,
+            SocketAccess {
+                mode: 0o600,
+                group: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+        assert_eq!(peer_uid(&UnixStream::connect(&path).unwrap()).ok(), Some(unsafe_uid()));
+    }
+
+    fn unsafe_uid() -> u32 {
+        // SAFETY: getuid has no preconditions.
+        unsafe { libc::getuid() }
     }
 }

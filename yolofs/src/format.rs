@@ -240,6 +240,57 @@ fn header_crc(header: &Header) -> u32 {
     crc32c::crc32c(copy.as_bytes())
 }
 
+/// What the header alone says about a boot image: enough to match it with its verification stamp
+/// and name its image without reading the whole file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderSummary {
+    pub image_id: String,
+    pub source_size: u64,
+    pub header_crc32c: u32,
+    pub index_crc32c: u32,
+}
+
+/// Reads and checks only the header of the boot image at `path` (magic, version, header CRC).
+pub fn read_header(path: &Path) -> Result<HeaderSummary, FormatError> {
+    let mut bytes = [0u8; HEADER_SIZE];
+    let mut file = File::open(path)?;
+    let mut filled = 0;
+    while filled < HEADER_SIZE {
+        match file.read(&mut bytes[filled..])? {
+            0 => {
+                return Err(FormatError::Truncated {
+                    what: "header",
+                    needed: HEADER_SIZE as u64,
+                    available: filled as u64,
+                })
+            }
+            n => filled += n,
+        }
+    }
+    let (header, _) = Header::read_from_prefix(&bytes[..]).map_err(|_| invalid("header", "unreadable"))?;
+    if header.magic != MAGIC {
+        return Err(FormatError::BadMagic(header.magic));
+    }
+    if header.version.get() != VERSION {
+        return Err(FormatError::UnsupportedVersion(header.version.get()));
+    }
+    let stored = header.header_crc32c.get();
+    let computed = header_crc(&header);
+    if stored != computed {
+        return Err(FormatError::ChecksumMismatch {
+            what: "header".into(),
+            stored,
+            computed,
+        });
+    }
+    Ok(HeaderSummary {
+        image_id: str_field("image_id", &header.image_id)?,
+        source_size: header.source_size.get(),
+        header_crc32c: stored,
+        index_crc32c: header.index_crc32c.get(),
+    })
+}
+
 impl BootImage {
     /// Reads and validates the boot image at `path`.
     pub fn open(path: &Path) -> Result<BootImage, FormatError> {
@@ -667,6 +718,27 @@ mod tests {
             image.verify_against(&source),
             Err(VerifyError::SizeMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn the_header_alone_names_the_image_and_its_checksums() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.yolo");
+        std::fs::write(&path, sample()).unwrap();
+        let image = BootImage::parse(&sample()).unwrap();
+        let summary = read_header(&path).unwrap();
+        assert_eq!(summary.image_id, image.identity.image_id);
+        assert_eq!(summary.source_size, 1 << 20);
+        assert_eq!(
+            (summary.header_crc32c, summary.index_crc32c),
+            (image.header_crc32c, image.index_crc32c)
+        );
+        let mut corrupt = sample();
+        corrupt[100] ^= 1;
+        std::fs::write(&path, &corrupt).unwrap();
+        assert!(read_header(&path).is_err());
+        std::fs::write(&path, &sample()[..100]).unwrap();
+        assert!(matches!(read_header(&path), Err(FormatError::Truncated { .. })));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use yolofs::build::{self, BuildSummary};
-use yolofs::control::{self, Daemon};
+use yolofs::control::{self, Daemon, SocketAccess};
 use yolofs::format::{BootImage, SourceIdentity};
 use yolofs::fs::MirrorFs;
 use yolofs::fuse::FuseAdapter;
@@ -91,11 +91,23 @@ struct MountArgs {
     /// Where to mount the mirror.
     #[arg(long)]
     mountpoint: PathBuf,
-    /// Boot image store: <base file name>.yolo files.
+    /// Boot image store, private to yolofs: boot images come in learned (--learn) or through the
+    /// control socket's `install` request.
     #[arg(long, default_value = "/var/lib/yolo/boot-images")]
     boot_images: PathBuf,
+    /// Control socket (its directory is created, mode 0755, if missing).
     #[arg(long, default_value = DEFAULT_SOCKET)]
     control_socket: PathBuf,
+    /// Group of the control socket (name or id): with --control-socket-mode 0660, its members
+    /// (nova-compute's user) may talk to yolofs.
+    #[arg(long)]
+    control_socket_group: Option<String>,
+    /// Mode of the control socket, in octal.
+    #[arg(long, default_value = "0660", value_parser = control::parse_mode)]
+    control_socket_mode: u32,
+    /// Largest boot image file an `install` request may hand in, in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_boot_image_bytes: u64,
     /// Most MiB of boot image data kept in memory (least recently used evicted first).
     #[arg(long, default_value_t = 2048)]
     memory_budget_mib: u64,
@@ -320,11 +332,17 @@ fn verify(path: &Path, source_path: &Path, mark: bool, as_json: bool) -> Result<
     let image = open_boot_image(path)?;
     let source = File::open(source_path).with_context(|| format!("opening source {}", source_path.display()))?;
     let started = Instant::now();
-    image
-        .verify_against(&source)
-        .with_context(|| format!("{} does not match {}", path.display(), source_path.display()))?;
-    if mark {
-        store::write_stamp(path, &image, &source).context("writing the verification stamp")?;
+    let verified = if mark {
+        store::verify_and_stamp(path, &image, &source)
+    } else {
+        image.verify_against(&source).map_err(store::StampError::from)
+    };
+    match verified {
+        Ok(()) => {}
+        Err(store::StampError::Write(e)) => return Err(e).context("writing the verification stamp"),
+        Err(e) => {
+            return Err(e).with_context(|| format!("{} does not match {}", path.display(), source_path.display()))
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     if as_json {
@@ -343,7 +361,11 @@ fn verify(path: &Path, source_path: &Path, mark: bool, as_json: bool) -> Result<
     Ok(())
 }
 
-fn ctl(socket: &Path, request: control::Request) -> Result<()> {
+fn ctl(socket: &Path, mut request: control::Request) -> Result<()> {
+    // The daemon resolves paths from its own working directory: send an absolute one.
+    if let control::Request::Install { boot_image, .. } = &mut request {
+        *boot_image = std::path::absolute(&*boot_image)?;
+    }
     let request = serde_json::to_value(&request)?;
     let answer = control::call(socket, &request).with_context(|| format!("talking to {}", socket.display()))?;
     println!("{}", serde_json::to_string_pretty(&answer)?);
@@ -392,6 +414,17 @@ fn clear_stale_mount(mountpoint: &Path) {
 
 fn mount(args: MountArgs) -> Result<()> {
     let source = std::fs::canonicalize(&args.source).with_context(|| format!("source {}", args.source.display()))?;
+    let socket_access = SocketAccess {
+        mode: args.control_socket_mode,
+        group: match &args.control_socket_group {
+            Some(name) => Some(
+                control::group_id(name)
+                    .map_err(anyhow::Error::msg)
+                    .context("--control-socket-group")?,
+            ),
+            None => None,
+        },
+    };
     clear_stale_mount(&args.mountpoint);
     std::fs::create_dir_all(&args.mountpoint).with_context(|| format!("mount point {}", args.mountpoint.display()))?;
     std::fs::create_dir_all(&args.boot_images)
@@ -400,7 +433,11 @@ fn mount(args: MountArgs) -> Result<()> {
         dir: args.boot_images.clone(),
         memory_budget: args.memory_budget_mib << 20,
         lock_in_memory: args.mlock,
+        max_boot_image_bytes: args.max_boot_image_bytes,
     }));
+    if let Err(e) = store.clear_incoming() {
+        warn!("could not empty the store's staging directory: {e}");
+    }
     let stats = Arc::new(StatsRegistry::default());
     let recorder = args.learn.then(|| {
         Recorder::new(
@@ -460,7 +497,7 @@ fn mount(args: MountArgs) -> Result<()> {
         pinned_bytes: pinned.as_ref().map_or(0, |p| p.bytes()),
         started: Instant::now(),
     });
-    control::serve(&args.control_socket, daemon)
+    control::serve(&args.control_socket, socket_access, daemon)
         .with_context(|| format!("control socket {}", args.control_socket.display()))?;
     info!(
         "mounted {} on {} (boot images in {}, control socket {}, learning {})",

@@ -6,6 +6,8 @@
 //! written next to the boot images and a boot image is built from it and the base file (through
 //! the file descriptor the recording holds, so it is the file that was traced). A boot image built
 //! from the file itself matches it by construction, so its verification stamp is written at once.
+//! Its header names the Glance image the base file belongs to when the store knows it (the
+//! `remember` control request, made by Nova before the boot).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -205,12 +207,13 @@ impl Recorder {
         let started = Instant::now();
         let dir = &self.store.config().dir;
         std::fs::create_dir_all(dir)?;
-        let trace_path: PathBuf = dir.join(format!("{}.trace", recording.name));
+        let trace_path: PathBuf = dir.join(format!("{}{}", recording.name, store::TRACE_SUFFIX));
         let mut trace = std::io::BufWriter::new(File::create(&trace_path)?);
         let header = format!("yolofs trace v1\nfile {}\nreads {}", recording.name, reads.len());
         build::write_trace(&mut trace, &header, &reads)?;
         drop(trace);
         let identity = SourceIdentity {
+            image_id: self.store.image_id(&recording.name).unwrap_or_default(),
             source_size: recording.source.metadata()?.len(),
             rendition: "raw".into(),
             ..Default::default()
@@ -219,10 +222,16 @@ impl Recorder {
         let summary = build::build_boot_image(&reads, &recording.source, &identity, self.config.block_size, &output)?;
         let image = BootImage::open(&output)?;
         store::write_stamp(&output, &image, &recording.source)?;
-        self.store.forget_rejection(&recording.name);
+        // Whatever was known of an earlier boot image of this file (refused, or in memory).
+        self.store.evict(&recording.name);
         info!(
-            "{}: learned a boot image from {} reads: {} bytes in {} extents, built in {:.2}s",
+            "{}: learned a boot image{} from {} reads: {} bytes in {} extents, built in {:.2}s",
             recording.name,
+            if identity.image_id.is_empty() {
+                String::new()
+            } else {
+                format!(" for image {}", identity.image_id)
+            },
             summary.reads,
             summary.covered_bytes,
             summary.extents,

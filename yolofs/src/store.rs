@@ -1,14 +1,20 @@
 //! The local boot image store and its in-memory cache.
 //!
-//! Boot images live in a directory as `<base file name>.yolo`. A boot image is served only after
-//! it has been verified against the base file it claims to describe: every extent compared with
-//! the file. Verifying reads the boot's ranges from the base file, which is exactly the I/O YOLO
-//! exists to avoid at boot, so the result is remembered in a stamp file (`<name>.yolo.verified`)
-//! naming both sides: the boot image by its header and index CRCs, the base file by device, inode,
-//! size and birth time. Nova's base files are immutable once renamed into place, so a stamp that
-//! still matches both sides means the comparison still holds; anything else is verified again.
-//! `yolofs verify --mark` writes the stamp right after Nova downloads a base (while it is still in
-//! page cache); the daemon verifies by itself when no valid stamp exists.
+//! The store is yolofs' private directory; nothing else writes to it. For a base file `name` it
+//! holds the boot image `<name>.yolo`, its verification stamp `<name>.yolo.verified`, the Glance
+//! image id the base file belongs to (`<name>.image-id`, see [`BootImageStore::remember_image_id`])
+//! and, for learned boot images, the trace they were built from (`<name>.trace`). Boot images
+//! come in two ways: learned from a boot ([`crate::recorder`]) or installed through the control
+//! socket ([`BootImageStore::install`]), which verifies the candidate in full in a staging
+//! directory (`.incoming/`) before renaming it into place.
+//!
+//! A boot image is served only after it has been verified against the base file it claims to
+//! describe: every extent compared with the file. Verifying reads the boot's ranges from the base
+//! file, which is exactly the I/O YOLO exists to avoid at boot, so the result is remembered in the
+//! stamp, naming both sides: the boot image by its header and index CRCs, the base file by
+//! device, inode, size and birth time. Nova's base files are immutable once renamed into place, so
+//! a stamp that still matches both sides means the comparison still holds; anything else is
+//! verified again when the boot image is loaded.
 //!
 //! Loaded boot images stay in memory under a byte budget, least recently used evicted first, and
 //! are optionally locked with `mlock` so memory pressure cannot page them out (the thesis' point
@@ -16,18 +22,44 @@
 //! remembered as rejected (with why) until its file changes, and its base file is passed through.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
-use std::os::unix::fs::MetadataExt;
+use std::fs::{self, File, Metadata};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::UNIX_EPOCH;
+use std::time::{Instant, UNIX_EPOCH};
 
 use log::{debug, info, warn};
 use lru::LruCache;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::format::{BootImage, FormatError, VerifyError};
+use crate::format::{self, BootImage, FormatError, VerifyError};
+
+/// Suffix of a boot image file in the store.
+pub const BOOT_IMAGE_SUFFIX: &str = ".yolo";
+/// Suffix of a boot image's verification stamp.
+pub const STAMP_SUFFIX: &str = ".yolo.verified";
+/// Suffix of the record of the Glance image id a base file belongs to.
+pub const IMAGE_ID_SUFFIX: &str = ".image-id";
+/// Suffix of the trace a learned boot image was built from.
+pub const TRACE_SUFFIX: &str = ".trace";
+/// The staging directory of installs, inside the store.
+pub const INCOMING_DIR: &str = ".incoming";
+/// Every file the store may hold for one base file, temporary ones included (longest first, so
+/// the base file name is what is left after the first suffix that matches).
+const STORE_SUFFIXES: [&str; 7] = [
+    ".yolo.verified.tmp",
+    STAMP_SUFFIX,
+    ".yolo.tmp",
+    BOOT_IMAGE_SUFFIX,
+    ".image-id.tmp",
+    IMAGE_ID_SUFFIX,
+    TRACE_SUFFIX,
+];
+/// Longest image id kept (a boot image header holds 63 bytes; Glance ids are 36).
+pub const MAX_IMAGE_ID_LEN: usize = 63;
 
 /// Identity of a base file: what a verification stamp is valid for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,8 +74,11 @@ pub struct SourceKey {
 
 impl SourceKey {
     pub fn of(file: &File) -> std::io::Result<SourceKey> {
-        let meta = file.metadata()?;
-        Ok(SourceKey {
+        Ok(SourceKey::from_metadata(&file.metadata()?))
+    }
+
+    pub fn from_metadata(meta: &Metadata) -> SourceKey {
+        SourceKey {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.len(),
@@ -52,7 +87,7 @@ impl SourceKey {
                 .ok()
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map(|d| d.as_nanos()),
-        })
+        }
     }
 }
 
@@ -98,14 +133,113 @@ pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> 
     fs::rename(tmp, path)
 }
 
-fn stamp_matches(boot_image_path: &Path, image: &BootImage, source: &SourceKey) -> bool {
+/// Compares every extent of `image` (read from `boot_image_path`) with `source` and, if each byte
+/// matches, writes the verification stamp next to the boot image: what `yolofs verify --mark`
+/// does, and what an install does in the staging directory.
+pub fn verify_and_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> Result<(), StampError> {
+    image.verify_against(source)?;
+    write_stamp(boot_image_path, image, source).map_err(StampError::Write)
+}
+
+/// Why [`verify_and_stamp`] did not stamp.
+#[derive(Debug, Error)]
+pub enum StampError {
+    #[error(transparent)]
+    Mismatch(#[from] VerifyError),
+    #[error("writing the verification stamp: {0}")]
+    Write(std::io::Error),
+}
+
+fn stamp_matches(boot_image_path: &Path, image: BootImageKey, source: &SourceKey) -> bool {
     let Ok(bytes) = fs::read(stamp_path(boot_image_path)) else {
         return false;
     };
     let Ok(stamp) = serde_json::from_slice::<Stamp>(&bytes) else {
         return false;
     };
-    stamp.boot_image == BootImageKey::of(image) && stamp.source == *source
+    stamp.boot_image == image && stamp.source == *source
+}
+
+/// Opens `path` for reading without following a symbolic link in its last component and without
+/// blocking (a FIFO), and requires a regular file.
+pub fn open_regular_file(path: &Path) -> std::io::Result<File> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::new(std::io::ErrorKind::InvalidInput, "is a symbolic link"),
+            _ => e,
+        })?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "is not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+/// A Glance image id as the store keeps it: 1 to [`MAX_IMAGE_ID_LEN`] printable ASCII characters.
+pub fn check_image_id(image_id: &str) -> Result<&str, String> {
+    if image_id.is_empty() || image_id.len() > MAX_IMAGE_ID_LEN || !image_id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "invalid image id {image_id:?}: 1 to {MAX_IMAGE_ID_LEN} printable ASCII characters"
+        ));
+    }
+    Ok(image_id)
+}
+
+/// Why a boot image was not installed.
+#[derive(Debug, Error)]
+pub enum InstallError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("base file {name}: {source}")]
+    Base { name: String, source: std::io::Error },
+    #[error("boot image {path}: {reason}")]
+    Candidate { path: PathBuf, reason: String },
+    #[error("boot image {path} is {size} bytes, more than the {limit}-byte limit (--max-boot-image-bytes)")]
+    TooLarge { path: PathBuf, size: u64, limit: u64 },
+    #[error("boot image {path} is not a valid boot image: {source}")]
+    Invalid { path: PathBuf, source: FormatError },
+    #[error("boot image {path} does not match base file {name}: {source}")]
+    Mismatch {
+        path: PathBuf,
+        name: String,
+        source: VerifyError,
+    },
+    #[error("boot image {path} is for image {found}, not {expected}")]
+    ForeignImage {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("installing into the store {dir}: {source}")]
+    Store { dir: PathBuf, source: std::io::Error },
+}
+
+/// An installed boot image, for the `install` answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Installed {
+    pub file: String,
+    pub image_id: String,
+    pub extents: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// One boot image of the store, for `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BootImageInfo {
+    /// The base file it is for.
+    pub file: String,
+    /// The Glance image the base file belongs to: the id recorded for it, else the boot image's own.
+    pub image_id: Option<String>,
+    /// Loaded in memory (so verified), or with a stamp that matches the boot image and the base file.
+    pub verified: bool,
+    /// Why it was refused, if it was (and has not changed since).
+    pub rejected: Option<String>,
 }
 
 #[derive(Debug, Error)]
@@ -132,6 +266,8 @@ pub struct StoreConfig {
     pub memory_budget: u64,
     /// Lock loaded boot images in RAM.
     pub lock_in_memory: bool,
+    /// Largest boot image file [`BootImageStore::install`] reads.
+    pub max_boot_image_bytes: u64,
 }
 
 struct Loaded {
@@ -159,6 +295,9 @@ pub struct LoadedInfo {
 pub struct BootImageStore {
     config: StoreConfig,
     state: Mutex<StoreState>,
+    /// Held by installs and prunes: one at a time, so the staging directory holds only theirs.
+    install_lock: Mutex<()>,
+    staged: AtomicU64,
 }
 
 struct StoreState {
@@ -181,6 +320,8 @@ impl BootImageStore {
                 used_bytes: 0,
                 rejected: HashMap::new(),
             }),
+            install_lock: Mutex::new(()),
+            staged: AtomicU64::new(0),
         }
     }
 
@@ -190,7 +331,287 @@ impl BootImageStore {
 
     /// Path of the boot image for base file `name`.
     pub fn path_for(&self, name: &str) -> PathBuf {
-        self.config.dir.join(format!("{name}.yolo"))
+        self.config.dir.join(format!("{name}{BOOT_IMAGE_SUFFIX}"))
+    }
+
+    fn image_id_path(&self, name: &str) -> PathBuf {
+        self.config.dir.join(format!("{name}{IMAGE_ID_SUFFIX}"))
+    }
+
+    fn incoming_dir(&self) -> PathBuf {
+        self.config.dir.join(INCOMING_DIR)
+    }
+
+    /// The Glance image id recorded for base file `name`, if any.
+    pub fn image_id(&self, name: &str) -> Option<String> {
+        let mut text = String::new();
+        File::open(self.image_id_path(name))
+            .ok()?
+            .take(MAX_IMAGE_ID_LEN as u64 + 1)
+            .read_to_string(&mut text)
+            .ok()?;
+        check_image_id(text.trim()).ok().map(str::to_string)
+    }
+
+    /// Records the Glance image id base file `name` belongs to (base file names are a hash of it
+    /// in Nova, which cannot be reversed, and the scheduler asks by image id). Returns whether the
+    /// record changed.
+    pub fn remember_image_id(&self, name: &str, image_id: &str) -> std::io::Result<bool> {
+        if self.image_id(name).as_deref() == Some(image_id) {
+            return Ok(false);
+        }
+        fs::create_dir_all(&self.config.dir)?;
+        let path = self.image_id_path(name);
+        let tmp = self.config.dir.join(format!("{name}{IMAGE_ID_SUFFIX}.tmp"));
+        fs::write(&tmp, image_id)?;
+        fs::rename(tmp, path)?;
+        Ok(true)
+    }
+
+    /// Empties the staging directory (at start, when no install can be under way).
+    pub fn clear_incoming(&self) -> std::io::Result<()> {
+        let _installing = self.install_lock.lock().unwrap();
+        match fs::remove_dir_all(self.incoming_dir()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Installs `candidate` as the boot image of base file `name` (`base`, opened from the source
+    /// directory), for Glance image `image_id`: the only way a boot image from elsewhere enters
+    /// the store.
+    ///
+    /// The candidate is opened without following a symbolic link and must be a regular file, owned
+    /// by `owner` when given (the uid of an unprivileged client: yolofs runs as root and must not
+    /// read for it what it could not read itself), of at most `max_boot_image_bytes`, and is read
+    /// once, never beyond that bound. It must be a valid boot image whose every extent equals the
+    /// base file's bytes and whose header names `image_id` or no image. It is then written to the
+    /// staging directory with its stamp and image id record, and those are renamed into place
+    /// before the boot image itself, so the boot image is never visible unverified. Whatever was
+    /// known of an earlier boot image of `name` (loaded, refused) is dropped: the next open uses
+    /// the new one.
+    pub fn install(
+        &self,
+        name: &str,
+        base: &File,
+        candidate: &Path,
+        image_id: &str,
+        owner: Option<u32>,
+    ) -> Result<Installed, InstallError> {
+        let started = Instant::now();
+        check_image_id(image_id).map_err(InstallError::BadRequest)?;
+        if !candidate.is_absolute() {
+            return Err(InstallError::BadRequest(format!(
+                "boot image path {} is not absolute",
+                candidate.display()
+            )));
+        }
+        let bytes = self.read_candidate(candidate, owner)?;
+        let image = BootImage::parse(&bytes).map_err(|source| InstallError::Invalid {
+            path: candidate.into(),
+            source,
+        })?;
+        let found = &image.identity.image_id;
+        if !found.is_empty() && found != image_id {
+            return Err(InstallError::ForeignImage {
+                path: candidate.into(),
+                found: found.clone(),
+                expected: image_id.into(),
+            });
+        }
+        let _installing = self.install_lock.lock().unwrap();
+        let store_error = |source| InstallError::Store {
+            dir: self.config.dir.clone(),
+            source,
+        };
+        let incoming = self.incoming_dir();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&incoming)
+            .map_err(store_error)?;
+        let staged = incoming.join(format!(
+            "{name}.{}.{}{BOOT_IMAGE_SUFFIX}",
+            std::process::id(),
+            self.staged.fetch_add(1, Ordering::Relaxed)
+        ));
+        let staged_stamp = stamp_path(&staged);
+        let staged_id = staged.with_extension("image-id");
+        let result = (|| {
+            let mut file = File::create(&staged).map_err(store_error)?;
+            file.write_all(&bytes)
+                .and_then(|()| file.sync_all())
+                .map_err(store_error)?;
+            drop(file);
+            verify_and_stamp(&staged, &image, base).map_err(|e| match e {
+                StampError::Mismatch(source) => InstallError::Mismatch {
+                    path: candidate.into(),
+                    name: name.into(),
+                    source,
+                },
+                StampError::Write(e) => store_error(e),
+            })?;
+            fs::write(&staged_id, image_id).map_err(store_error)?;
+            fs::rename(&staged_stamp, stamp_path(&self.path_for(name))).map_err(store_error)?;
+            fs::rename(&staged_id, self.image_id_path(name)).map_err(store_error)?;
+            fs::rename(&staged, self.path_for(name)).map_err(store_error)?;
+            Ok(())
+        })();
+        if result.is_err() {
+            for leftover in [&staged, &staged_stamp, &staged_id] {
+                let _ = fs::remove_file(leftover);
+            }
+        }
+        result?;
+        self.evict(name);
+        info!(
+            "{name}: installed a verified boot image for image {image_id}: {} bytes in {} extents",
+            image.data_len(),
+            image.extents.len()
+        );
+        Ok(Installed {
+            file: name.into(),
+            image_id: image_id.into(),
+            extents: image.extents.len(),
+            bytes: image.data_len(),
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The whole candidate file, read once through one descriptor and never past the size bound.
+    fn read_candidate(&self, path: &Path, owner: Option<u32>) -> Result<Vec<u8>, InstallError> {
+        let refused = |reason: String| InstallError::Candidate {
+            path: path.into(),
+            reason,
+        };
+        let file = open_regular_file(path).map_err(|e| refused(e.to_string()))?;
+        let meta = file.metadata().map_err(|e| refused(e.to_string()))?;
+        if let Some(uid) = owner {
+            if meta.uid() != uid {
+                return Err(refused(format!(
+                    "is owned by uid {}, not by the requesting user (uid {uid})",
+                    meta.uid()
+                )));
+            }
+        }
+        let limit = self.config.max_boot_image_bytes;
+        let too_large = |size| InstallError::TooLarge {
+            path: path.into(),
+            size,
+            limit,
+        };
+        if meta.len() > limit {
+            return Err(too_large(meta.len()));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.take(limit.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|e| refused(e.to_string()))?;
+        if bytes.len() as u64 > limit {
+            return Err(too_large(bytes.len() as u64));
+        }
+        Ok(bytes)
+    }
+
+    /// Every boot image in the store, with the image it serves and whether it is usable.
+    pub fn boot_images(&self, source_dir: &Path) -> Vec<BootImageInfo> {
+        let Ok(entries) = fs::read_dir(&self.config.dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .filter_map(|n| n.strip_suffix(BOOT_IMAGE_SUFFIX).map(str::to_string))
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|name| self.boot_image_info(source_dir, name))
+            .collect()
+    }
+
+    fn boot_image_info(&self, source_dir: &Path, name: String) -> BootImageInfo {
+        let path = self.path_for(&name);
+        let header = format::read_header(&path).ok();
+        let base = fs::metadata(source_dir.join(&name)).ok();
+        let (loaded, rejected) = {
+            let state = self.state.lock().unwrap();
+            let loaded = match (state.loaded.peek(&name), &base) {
+                (Some(loaded), Some(meta)) => loaded.source == SourceKey::from_metadata(meta),
+                _ => false,
+            };
+            let rejected = state
+                .rejected
+                .get(&name)
+                .and_then(|r| (boot_image_file_key(&path).ok() == Some(r.file_key)).then(|| r.reason.clone()));
+            (loaded, rejected)
+        };
+        let stamped = match (&header, &base) {
+            (Some(header), Some(meta)) => {
+                let key = BootImageKey {
+                    header_crc32c: header.header_crc32c,
+                    index_crc32c: header.index_crc32c,
+                };
+                stamp_matches(&path, key, &SourceKey::from_metadata(meta))
+            }
+            _ => false,
+        };
+        let image_id = self
+            .image_id(&name)
+            .or_else(|| header.map(|h| h.image_id).filter(|id| !id.is_empty()));
+        BootImageInfo {
+            file: name,
+            image_id,
+            verified: rejected.is_none() && (loaded || stamped),
+            rejected,
+        }
+    }
+
+    /// Deletes the store's files of base files that are no longer in `source_dir` (Nova's image
+    /// cache manager removed them), except those `keep` names (recordings under way), and empties
+    /// the staging directory. Returns the files deleted.
+    pub fn prune(&self, source_dir: &Path, keep: impl Fn(&str) -> bool) -> std::io::Result<Vec<String>> {
+        let _installing = self.install_lock.lock().unwrap();
+        let mut removed = Vec::new();
+        let entries = match fs::read_dir(&self.config.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let Ok(file_name) = entry?.file_name().into_string() else {
+                continue;
+            };
+            if file_name.starts_with('.') {
+                continue;
+            }
+            let Some(name) = STORE_SUFFIXES.iter().find_map(|s| file_name.strip_suffix(s)) else {
+                continue;
+            };
+            if name.is_empty() || keep(name) {
+                continue;
+            }
+            match fs::symlink_metadata(source_dir.join(name)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                _ => continue,
+            }
+            fs::remove_file(self.config.dir.join(&file_name))?;
+            self.evict(name);
+            removed.push(file_name);
+        }
+        match fs::remove_dir_all(self.incoming_dir()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        removed.sort();
+        if !removed.is_empty() {
+            info!(
+                "removed the boot image files of deleted base files: {}",
+                removed.join(", ")
+            );
+        }
+        Ok(removed)
     }
 
     /// The verified boot image for base file `name`, opened as `source`, loading it if needed.
@@ -273,7 +694,7 @@ impl BootImageStore {
                 actual: key.size,
             });
         }
-        if !stamp_matches(path, &image, key) {
+        if !stamp_matches(path, BootImageKey::of(&image), key) {
             info!(
                 "{name}: verifying boot image against the base file ({} bytes in {} extents)",
                 image.covered_bytes(),
@@ -347,11 +768,6 @@ impl BootImageStore {
         }
     }
 
-    /// Forgets a remembered rejection, e.g. after a new boot image was installed.
-    pub fn forget_rejection(&self, name: &str) {
-        self.state.lock().unwrap().rejected.remove(name);
-    }
-
     /// Bytes of boot image data held in memory.
     pub fn used_bytes(&self) -> u64 {
         self.state.lock().unwrap().used_bytes
@@ -380,5 +796,265 @@ impl BootImageStore {
             .iter()
             .map(|(n, r)| (n.clone(), r.reason.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::{build_boot_image, TraceRead};
+    use crate::format::SourceIdentity;
+
+    const IMAGE: &str = "c0ffee00-0000-4000-8000-000000000001";
+    const SIZE: usize = 1 << 20;
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        store: BootImageStore,
+    }
+
+    fn content(seed: u32) -> Vec<u8> {
+        (0..SIZE as u32)
+            .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+            .collect()
+    }
+
+    impl Fixture {
+        fn new(max_boot_image_bytes: u64) -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            for sub in ["base", "store", "nova"] {
+                fs::create_dir(dir.path().join(sub)).unwrap();
+            }
+            fs::write(dir.path().join("base/disk"), content(0)).unwrap();
+            let store = BootImageStore::new(StoreConfig {
+                dir: dir.path().join("store"),
+                memory_budget: 64 << 20,
+                lock_in_memory: false,
+                max_boot_image_bytes,
+            });
+            Fixture { dir, store }
+        }
+
+        fn base_dir(&self) -> PathBuf {
+            self.dir.path().join("base")
+        }
+
+        fn base(&self) -> File {
+            File::open(self.base_dir().join("disk")).unwrap()
+        }
+
+        /// A candidate boot image in "nova's" directory, built from `data` with `image_id` in its header.
+        fn candidate(&self, data: &[u8], image_id: &str) -> PathBuf {
+            let source = self.dir.path().join("nova/source");
+            fs::write(&source, data).unwrap();
+            let reads = [
+                TraceRead {
+                    offset: 0,
+                    length: 8192,
+                },
+                TraceRead {
+                    offset: 500_000,
+                    length: 10_000,
+                },
+            ];
+            let identity = SourceIdentity {
+                image_id: image_id.into(),
+                source_size: SIZE as u64,
+                rendition: "raw".into(),
+                ..Default::default()
+            };
+            let path = self.dir.path().join("nova/candidate.yolo");
+            build_boot_image(&reads, &File::open(&source).unwrap(), &identity, 4096, &path).unwrap();
+            path
+        }
+
+        fn install(&self, candidate: &Path, image_id: &str) -> Result<Installed, InstallError> {
+            self.store.install("disk", &self.base(), candidate, image_id, None)
+        }
+
+        fn store_files(&self) -> Vec<String> {
+            let mut names: Vec<String> = fs::read_dir(self.dir.path().join("store"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            names
+        }
+
+        fn incoming_is_empty(&self) -> bool {
+            fs::read_dir(self.store.incoming_dir()).map_or(true, |mut d| d.next().is_none())
+        }
+    }
+
+    #[test]
+    fn a_matching_boot_image_is_installed_stamped_and_attributed() {
+        let f = Fixture::new(1 << 30);
+        let candidate = f.candidate(&content(0), IMAGE);
+        let installed = f.install(&candidate, IMAGE).unwrap();
+        assert_eq!((installed.file.as_str(), installed.image_id.as_str()), ("disk", IMAGE));
+        assert_eq!(installed.extents, 2);
+        assert_eq!(
+            f.store_files(),
+            [".incoming", "disk.image-id", "disk.yolo", "disk.yolo.verified"]
+        );
+        assert!(f.incoming_is_empty());
+        assert_eq!(
+            fs::read(&candidate).unwrap(),
+            fs::read(f.store.path_for("disk")).unwrap()
+        );
+        assert_eq!(
+            f.store.boot_images(&f.base_dir()),
+            [BootImageInfo {
+                file: "disk".into(),
+                image_id: Some(IMAGE.into()),
+                verified: true,
+                rejected: None,
+            }]
+        );
+        // The stamp is valid: loading does not verify again, and the image is served.
+        let image = f.store.load("disk", &f.base()).unwrap();
+        assert_eq!(image.identity.image_id, IMAGE);
+        // A boot image without an image id in its header is taken for the image named.
+        let anonymous = f.candidate(&content(0), "");
+        f.install(&anonymous, IMAGE).unwrap();
+        assert_eq!(f.store.image_id("disk").as_deref(), Some(IMAGE));
+    }
+
+    #[test]
+    fn installing_replaces_a_refused_or_loaded_boot_image() {
+        let f = Fixture::new(1 << 30);
+        fs::write(f.store.path_for("disk"), b"not a boot image").unwrap();
+        assert!(f.store.load("disk", &f.base()).is_err());
+        let listed = f.store.boot_images(&f.base_dir());
+        assert!(listed[0].rejected.as_deref().unwrap().contains("invalid"), "{listed:?}");
+        assert!(!listed[0].verified);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        assert!(f.store.load("disk", &f.base()).is_ok());
+        assert_eq!(f.store.boot_images(&f.base_dir())[0].rejected, None);
+        assert!(f.store.boot_images(&f.base_dir())[0].verified);
+    }
+
+    #[test]
+    fn a_boot_image_of_other_bytes_is_not_installed() {
+        let f = Fixture::new(1 << 30);
+        let err = f.install(&f.candidate(&content(1), IMAGE), IMAGE).unwrap_err();
+        assert!(matches!(err, InstallError::Mismatch { .. }), "{err}");
+        assert!(err.to_string().contains("does not match base file disk"), "{err}");
+        assert_eq!(f.store_files(), [".incoming"]);
+        assert!(f.incoming_is_empty());
+    }
+
+    #[test]
+    fn a_boot_image_for_another_image_is_not_installed() {
+        let f = Fixture::new(1 << 30);
+        let err = f
+            .install(&f.candidate(&content(0), "another-image"), IMAGE)
+            .unwrap_err();
+        assert!(matches!(err, InstallError::ForeignImage { .. }), "{err}");
+        assert!(err.to_string().contains("for image another-image, not"), "{err}");
+        assert!(f.store_files().is_empty());
+    }
+
+    #[test]
+    fn symbolic_links_and_special_files_are_not_read() {
+        let f = Fixture::new(1 << 30);
+        let candidate = f.candidate(&content(0), IMAGE);
+        let link = f.dir.path().join("nova/link.yolo");
+        std::os::unix::fs::symlink(&candidate, &link).unwrap();
+        let err = f.install(&link, IMAGE).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let err = f.install(&f.dir.path().join("nova"), IMAGE).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        let fifo = f.dir.path().join("nova/fifo");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c_path` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let err = f.install(&fifo, IMAGE).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert!(f.store_files().is_empty());
+    }
+
+    #[test]
+    fn a_file_of_another_owner_is_not_read_for_an_unprivileged_client() {
+        let f = Fixture::new(1 << 30);
+        let candidate = f.candidate(&content(0), IMAGE);
+        let owner = fs::metadata(&candidate).unwrap().uid();
+        let err = f
+            .store
+            .install("disk", &f.base(), &candidate, IMAGE, Some(owner.wrapping_add(1)))
+            .unwrap_err();
+        assert!(err.to_string().contains("not by the requesting user"), "{err}");
+        f.store
+            .install("disk", &f.base(), &candidate, IMAGE, Some(owner))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_boot_image_over_the_size_bound_is_not_read() {
+        let f = Fixture::new(16 << 10);
+        let candidate = f.candidate(&content(0), IMAGE);
+        let err = f.install(&candidate, IMAGE).unwrap_err();
+        assert!(matches!(err, InstallError::TooLarge { limit: 16384, .. }), "{err}");
+        assert!(f.store_files().is_empty());
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        let f = Fixture::new(1 << 30);
+        let candidate = f.candidate(&content(0), IMAGE);
+        for image_id in ["", "has space", &"x".repeat(64)] {
+            let err = f.install(&candidate, image_id).unwrap_err();
+            assert!(matches!(err, InstallError::BadRequest(_)), "{err}");
+        }
+        let err = f.install(Path::new("nova/candidate.yolo"), IMAGE).unwrap_err();
+        assert!(err.to_string().contains("not absolute"), "{err}");
+        let err = f.install(&f.dir.path().join("nova/missing.yolo"), IMAGE).unwrap_err();
+        assert!(matches!(err, InstallError::Candidate { .. }), "{err}");
+    }
+
+    #[test]
+    fn prune_removes_the_files_of_deleted_base_files_only() {
+        let f = Fixture::new(1 << 30);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        fs::write(f.base_dir().join("other"), b"x").unwrap();
+        for suffix in [".yolo", ".yolo.verified", ".image-id", ".trace", ".yolo.tmp"] {
+            fs::write(f.dir.path().join(format!("store/gone{suffix}")), b"x").unwrap();
+            fs::write(f.dir.path().join(format!("store/other{suffix}")), b"x").unwrap();
+            fs::write(f.dir.path().join(format!("store/recording{suffix}")), b"x").unwrap();
+        }
+        fs::create_dir_all(f.store.incoming_dir()).unwrap();
+        fs::write(f.store.incoming_dir().join("left.yolo"), b"x").unwrap();
+        let removed = f.store.prune(&f.base_dir(), |name| name == "recording").unwrap();
+        assert_eq!(
+            removed,
+            [
+                "gone.image-id",
+                "gone.trace",
+                "gone.yolo",
+                "gone.yolo.tmp",
+                "gone.yolo.verified"
+            ]
+        );
+        assert!(!f.store.incoming_dir().exists());
+        assert!(f.store.path_for("disk").exists() && f.store.path_for("other").exists());
+        assert!(f.store.path_for("recording").exists());
+        fs::remove_file(f.base_dir().join("disk")).unwrap();
+        f.store.prune(&f.base_dir(), |_| false).unwrap();
+        assert!(!f.store.path_for("disk").exists());
+    }
+
+    #[test]
+    fn image_ids_are_remembered_once() {
+        let f = Fixture::new(1 << 30);
+        assert_eq!(f.store.image_id("disk"), None);
+        assert!(f.store.remember_image_id("disk", IMAGE).unwrap());
+        assert!(!f.store.remember_image_id("disk", IMAGE).unwrap());
+        assert_eq!(f.store.image_id("disk").as_deref(), Some(IMAGE));
+        assert!(f.store.remember_image_id("disk", "other").unwrap());
+        assert_eq!(f.store.image_id("disk").as_deref(), Some("other"));
+        // A boot image without its record is attributed by its header.
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        fs::remove_file(f.store.image_id_path("disk")).unwrap();
+        assert_eq!(f.store.boot_images(&f.base_dir())[0].image_id.as_deref(), Some(IMAGE));
     }
 }

@@ -18,6 +18,7 @@ use yolofs::stats::StatsRegistry;
 use yolofs::store::{self, BootImageStore, StoreConfig};
 
 const SIZE: usize = 3 << 20;
+const IMAGE_ID: &str = "c0ffee00-0000-4000-8000-000000000001";
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -66,6 +67,7 @@ impl Fixture {
             dir: self.dir.path().join("images"),
             memory_budget: 64 << 20,
             lock_in_memory: false,
+            max_boot_image_bytes: 1 << 30,
         }))
     }
 
@@ -298,6 +300,8 @@ fn a_source_truncated_under_a_boot_image_gives_eio_not_zeros() {
 fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     let fixture = Fixture::new();
     let (fs, recorder) = fixture.learning_mirror(Duration::from_millis(300));
+    // Nova says which image the base file is before the boot: the boot image carries it.
+    fixture.store().remember_image_id("disk", IMAGE_ID).unwrap();
     let (_, opened) = open_disk(&fs);
     assert!(opened.recording && !opened.from_boot_image);
     let reads = [(1_000_000u64, 4096u32), (0, 512), (2_000_000, 70_000)];
@@ -313,6 +317,10 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     }
     recorder.wait_idle();
     let image = BootImage::open(&fixture.boot_image_path()).unwrap();
+    assert_eq!(image.identity.image_id, IMAGE_ID);
+    let listed = fixture.store().boot_images(&fixture.base());
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].verified && listed[0].image_id.as_deref() == Some(IMAGE_ID));
     let offsets: Vec<(u64, u64)> = image.extents.iter().map(|e| (e.source_offset, e.length)).collect();
     assert_eq!(
         offsets,
@@ -362,4 +370,23 @@ fn learning_mounts_never_hand_out_kernel_served_inodes() {
     fs.set_kernel_passthrough(true);
     let (_, opened) = open_disk(&fs);
     assert!(opened.recording && !opened.kernel_passthrough);
+}
+
+#[test]
+fn a_boot_image_installed_while_mounted_is_served_from_the_next_open() {
+    let fixture = Fixture::new();
+    let (fs, store, _) = fixture.mirror();
+    let (_, opened) = open_disk(&fs);
+    assert!(!opened.from_boot_image);
+    // Built elsewhere (a download), installed through the store, which verifies it.
+    fixture.build_boot_image();
+    let candidate = fixture.dir.path().join("candidate.yolo");
+    fs::rename(fixture.boot_image_path(), &candidate).unwrap();
+    let base = File::open(fixture.base().join("disk")).unwrap();
+    store.install("disk", &base, &candidate, IMAGE_ID, None).unwrap();
+    let (_, reopened) = open_disk(&fs);
+    assert!(reopened.from_boot_image);
+    check_random_reads(&fs, reopened.fh, &fixture.content, 9);
+    // The open from before keeps reading the source file, with the same bytes.
+    check_random_reads(&fs, opened.fh, &fixture.content, 10);
 }
