@@ -46,10 +46,11 @@ class ControlClient:
         self.path = str(path)
         self.timeout = timeout
 
-    def request(self, op, **fields):
+    def request(self, op, *, timeout=None, **fields):
+        """Sends one request; ``timeout`` (seconds) overrides the client's for this one."""
         message = dict(fields, op=op)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(self.timeout)
+            sock.settimeout(self.timeout if timeout is None else timeout)
             sock.connect(self.path)
             sock.sendall(json.dumps(message).encode() + b'\n')
             data = b''
@@ -80,6 +81,41 @@ class ControlClient:
 
     def record_stop(self, file):
         return self.request('record_stop', file=file)
+
+    def install(self, file, boot_image_path, image_id, timeout=None):
+        """Has yolofs verify the boot image at ``boot_image_path`` against base file ``file``
+        and install it as the boot image of Glance image ``image_id``.
+
+        yolofs (root) reads the file once: it must be a regular file (not a symbolic link),
+        owned by the caller unless the caller is root, and at most ``--max-boot-image-bytes``.
+        The caller deletes it afterwards. Returns the ``installed`` summary (``file``,
+        ``image_id``, ``extents``, ``bytes``, ``seconds``); raises :class:`YolofsError` with
+        yolofs' reason ("... does not match base file ...") if it was not installed.
+        """
+        return self.request('install', file=file, boot_image=os.path.abspath(boot_image_path),
+                            image_id=image_id, timeout=timeout)['installed']
+
+    def remember(self, file, image_id):
+        """Records the Glance image id base file ``file`` belongs to (a boot image yolofs
+        learns for it then names the image)."""
+        return self.request('remember', file=file, image_id=image_id)
+
+    def prune(self):
+        """Has yolofs delete the boot images (and their files) of base files that are gone;
+        returns the names of the files deleted."""
+        return self.request('prune')['removed']
+
+
+def boot_images(status):
+    """``status``' boot images by base file name: ``{'file', 'image_id', 'verified',
+    'rejected'}`` each."""
+    return {entry['file']: entry for entry in (status or {}).get('boot_images') or ()}
+
+
+def served_image_ids(status):
+    """The Glance image ids yolofs serves a verified, unrefused boot image for."""
+    return {entry['image_id'] for entry in boot_images(status).values()
+            if entry.get('verified') and not entry.get('rejected') and entry.get('image_id')}
 
 
 def is_mounted(path):

@@ -86,13 +86,17 @@ Where yolofs mirrors this host's image cache (``[DEFAULT] instances_path``/``_ba
 """),
     cfg.StrOpt(
         'boot_image_dir', default='/var/lib/yolo/boot-images',
-        help="""
-yolofs' boot image store (``yolofs mount --boot-images``): ``<base file name>.yolo`` files. Boot
-images fetched from Glance are verified against the local base file and installed here.
-"""),
+        deprecated_for_removal=True,
+        deprecated_reason='The boot image store is private to yolofs: boot images fetched from '
+                          'Glance are installed through its control socket.',
+        help="Not used: yolofs' boot image store (``yolofs mount --boot-images``)."),
     cfg.StrOpt(
         'control_socket', default='/run/yolofs/control.sock',
-        help="yolofs' control socket (``yolofs mount --control-socket``)."),
+        help="""
+yolofs' control socket (``yolofs mount --control-socket``). nova-compute's user must be allowed
+to connect: run yolofs with ``--control-socket-group`` set to a group of that user (and the default
+``--control-socket-mode 0660``).
+"""),
     cfg.FloatOpt(
         'control_timeout', default=5.0, min=0.1,
         help="""
@@ -101,13 +105,28 @@ yolofs being down: disks keep or get their ``_base`` backing file.
 """),
     cfg.StrOpt(
         'yolofs_binary', default='yolofs',
-        help="The yolofs command, used to verify boot images fetched from Glance."),
+        deprecated_for_removal=True,
+        deprecated_reason='yolofs verifies the boot images it installs itself.',
+        help="Not used: the yolofs command."),
     cfg.BoolOpt(
         'fetch_boot_images', default=True,
         help="""
 Whether to download an image's published boot image (image property ``yolo_boot_image_id``) from
-Glance when the image is cached on this host. Images without one are learned from their first
-boot on the host when yolofs runs with ``--learn``.
+Glance when the image is cached on this host, and have yolofs verify and install it. Images
+without one are learned from their first boot on the host when yolofs runs with ``--learn``.
+"""),
+    cfg.StrOpt(
+        'download_dir',
+        help="""
+Where boot images are downloaded from Glance before yolofs installs them (each is deleted once
+yolofs has answered). A directory of nova-compute's own; yolofs (root) reads the files in it.
+Unset: ``yolo-incoming`` in ``[DEFAULT] instances_path``.
+"""),
+    cfg.FloatOpt(
+        'install_timeout', default=120.0, min=1.0,
+        help="""
+Seconds to wait for yolofs to verify and install a downloaded boot image (it compares every
+extent with the base file). The disk is created either way.
 """),
     cfg.StrOpt(
         'calibration_file', default='/var/lib/yolo/calibration.json',

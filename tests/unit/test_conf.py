@@ -10,8 +10,8 @@ def test_config_generator_lists_scheduler_and_compute_options():
     sample = subprocess.run([str(generator), '--namespace', 'yolo_nova'], check=True,
                             capture_output=True, text=True).stdout
     assert '[yolo]' in sample
-    for option in ('max_boot_time_ratio', 'mount_point', 'boot_image_dir', 'control_socket',
-                   'fetch_boot_images', 'boot_time_alpha'):
+    for option in ('max_boot_time_ratio', 'mount_point', 'download_dir', 'control_socket',
+                   'install_timeout', 'fetch_boot_images', 'boot_time_alpha'):
         assert '#%s = ' % option in sample, option
 
 

@@ -7,12 +7,12 @@ What it changes, and where (docs/nova-driver.md has the full list of Nova's path
 
 * New qcow2 root disks over a ``_base`` file get their backing file on the yolofs mount, same
   name (image backend, :mod:`yolo_nova.virt.imagebackend`); the image's published boot image is
-  fetched and verified when the base file is cached.
+  fetched when the base file is cached and handed to yolofs, which verifies and installs it.
 * Every start of a guest (spawn, reboot, power on, host restart, resume, rescue, unrescue,
   resize, migration, evacuation) first points its disks at the mount if yolofs is healthy, or
   back at ``_base`` if not, and asks yolofs to preload the boot images: an instance always starts.
 * Host load, verified boot images and boot-time parameters go to the scheduler in the node's
-  ``stats``; the image cache manager's cleanups also clean the boot image store.
+  ``stats``; after the image cache manager's cleanups yolofs prunes its boot image store.
 """
 
 import os
@@ -50,8 +50,9 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             base_dir, CONF.yolo.mount_point, CONF.yolo.control_socket,
             CONF.yolo.control_timeout, enabled=CONF.yolo.enabled)
         self.yolo_boot_images = boot_images.BootImages(
-            CONF.yolo.boot_image_dir, CONF.yolo.yolofs_binary,
-            fetch=CONF.yolo.fetch_boot_images)
+            self.yolo_backing,
+            CONF.yolo.download_dir or os.path.join(CONF.instances_path, 'yolo-incoming'),
+            fetch=CONF.yolo.fetch_boot_images, install_timeout=CONF.yolo.install_timeout)
         self.image_backend = imagebackend.YoloBackend(
             CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images)
 
@@ -74,7 +75,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         return super()._soft_reboot(instance)
 
     def _place_backing_files(self, xml, instance):
-        healthy = self.yolo_backing.yolofs_healthy()
+        status = self.yolo_backing.status()
+        healthy = status is not None
         for path in qcow2_file_disks(xml):
             try:
                 placed = self.yolo_backing.place(path, healthy)
@@ -83,10 +85,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 LOG.exception('Could not set the backing file of %s', path, instance=instance)
                 continue
             if healthy and placed and self.yolo_backing.directory_of(placed) == 'mount':
-                self._preload(os.path.basename(placed), instance)
+                self._preload(os.path.basename(placed), status, instance)
 
-    def _preload(self, name, instance):
-        if not os.path.exists(self.yolo_boot_images.path_for(name)):
+    def _preload(self, name, status, instance):
+        if not self.yolo_boot_images.has_boot_image(name, status):
             return
         try:
             answer = self.yolo_backing.client.preload(name)
@@ -120,7 +122,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
 
     def manage_image_cache(self, context, all_instances):
         super().manage_image_cache(context, all_instances)
-        self.yolo_boot_images.remove_orphans(self.yolo_backing.base_dir)
+        self.yolo_boot_images.prune()
 
     def get_available_resource(self, nodename):
         data = super().get_available_resource(nodename)
@@ -137,7 +139,6 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         except (OSError, ValueError, yolofs.YolofsError) as e:
             LOG.warning('yolofs did not report the host load: %s', e)
             return {'yolo_active': 'false'}
-        rejected = {r['name'] for r in status.get('rejected', ())}
         known = self._calibration()
         state = host_stats.HostBootState(
             io_utilisation=calibration.io_utilisation(load, known.disk_iops,
@@ -147,7 +148,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 alpha=known.alpha, beta=known.beta, alpha_yolo=known.alpha_yolo,
                 cpus=max(1, int(resources.get('vcpus') or os.cpu_count() or 1)),
                 io_exponent=known.io_exponent),
-            boot_images=frozenset(self.yolo_boot_images.verified_image_ids(rejected)),
+            boot_images=frozenset(self.yolo_boot_images.verified_image_ids(status)),
             updated_at=time.time(), runnable=load.get('runnable_per_cpu'))
         return dict(state.to_stats(), yolo_active='true')
 

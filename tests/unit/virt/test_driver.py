@@ -1,16 +1,18 @@
 """YoloLibvirtDriver on Nova's own test fixtures (fake libvirt, NoDBTestCase), with real files.
 
 Disks, base files and boot images are real (``qemu-img``, ``yolofs build``/``verify``); what is
-faked: libvirt (Nova's fakelibvirt), Glance (a small in-memory image API), and yolofs' mount
-(whether yolofs is mounted is set, and the "mount" is a plain directory holding the base files while
-yolofs is "up" and empty while it is "down"). tests/functional/test_nova_driver.py does the same
-with a real mount, real boots and real libvirt.
+faked: libvirt (Nova's fakelibvirt), Glance (a small in-memory image API), and yolofs' mount and
+control socket (whether yolofs is mounted is set, the "mount" is a plain directory holding the
+base files while yolofs is "up" and empty while it is "down", and :class:`FakeYolofs` answers the
+requests, checking installs with the real ``yolofs verify``). tests/functional/test_nova_driver.py
+and tests/functional/test_boot_image_install.py do the same with a real mount.
 """
 
 import json
 import os
 import pathlib
 import shutil
+import stat
 import subprocess
 import time
 from unittest import mock
@@ -55,6 +57,54 @@ class FakeImageAPI:
         shutil.copyfile(self.images[image_id]['file'], dest_path)
 
 
+class FakeYolofs:
+    """yolofs' control socket as the driver uses it. An install is checked as yolofs checks it:
+    a regular file, verified against the base file with the real ``yolofs verify``."""
+
+    path = 'control.sock'
+
+    def __init__(self, base_dir):
+        self.base_dir = pathlib.Path(base_dir)
+        self.entries = {}      # status' boot_images, by base file name
+        self.remembered = {}   # base file name -> image id
+        self.installs = []
+        self.preload = mock.Mock()
+        self.host_load = mock.Mock()
+        self.install_error = None
+
+    def status(self):
+        return {'boot_images': [dict(e) for e in self.entries.values()],
+                'rejected': [{'name': e['file'], 'reason': e['rejected']}
+                             for e in self.entries.values() if e['rejected']]}
+
+    def remember(self, file, image_id):
+        if not (self.base_dir / file).is_file():
+            raise yolofs.YolofsError('remember: base file %s: No such file or directory' % file)
+        self.remembered[file] = image_id
+        return {'file': file, 'image_id': image_id, 'changed': True}
+
+    def install(self, file, boot_image_path, image_id, timeout=None):
+        st = os.lstat(boot_image_path)
+        self.installs.append({'file': file, 'path': boot_image_path, 'image_id': image_id,
+                              'mode': stat.S_IMODE(st.st_mode), 'timeout': timeout})
+        if self.install_error:
+            raise self.install_error
+        assert stat.S_ISREG(st.st_mode), boot_image_path
+        proc = yolofs.run('verify', boot_image_path, self.base_dir / file, check=False)
+        if proc.returncode != 0:
+            raise yolofs.YolofsError('install: boot image %s does not match base file %s: %s'
+                                     % (boot_image_path, file, proc.stderr.strip()))
+        self.entries[file] = {'file': file, 'image_id': image_id, 'verified': True,
+                              'rejected': None}
+        return {'file': file, 'image_id': image_id}
+
+    def prune(self):
+        gone = sorted(n for n in self.entries if not (self.base_dir / n).exists())
+        for name in gone:
+            del self.entries[name]
+        return [name + '.yolo' for name in gone]
+
+
 def write_raw_base(path, size=8 * MiB, seed=1):
     """A raw 'image': distinct bytes in every 4 KiB block, so any mismatch is seen."""
     with open(path, 'wb') as f:
@@ -81,22 +131,21 @@ class DriverTestCase(nova_base.NoDBTestCase):
         self.instances = self.root / 'instances'
         self.base_dir = self.instances / '_base'
         self.mount = self.root / 'yolofs'
-        self.store = self.root / 'boot-images'
+        self.downloads = self.root / 'downloads'
         for d in (self.base_dir, self.mount):
             d.mkdir(parents=True)
         self.flags(instances_path=str(self.instances), use_cow_images=True,
                    force_raw_images=True)
         self.flags(images_type='qcow2', virt_type='qemu', group='libvirt')
-        self.flags(mount_point=str(self.mount), boot_image_dir=str(self.store),
+        self.flags(mount_point=str(self.mount), download_dir=str(self.downloads),
                    control_socket=str(self.root / 'control.sock'),
-                   calibration_file=str(self.root / 'calibration.json'),
-                   yolofs_binary=yolofs.binary(), group='yolo')
+                   calibration_file=str(self.root / 'calibration.json'), group='yolo')
         self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
                                                     'yolo.YoloLibvirtDriver')
         self.glance = FakeImageAPI()
         self.glance.images[IMAGE_ID] = {'properties': {}}
         self.drvr.yolo_boot_images._image_api = self.glance
-        self.client = mock.Mock(path='control.sock')
+        self.client = FakeYolofs(self.base_dir)
         self.drvr.yolo_backing.client = self.client
         self.context = nova_context.get_admin_context()
         self.instance = fake_instance.fake_instance_obj(
@@ -196,38 +245,74 @@ class TestRootDiskCreation(DriverTestCase):
                        safe=True)
             self.assertEqual(str(self.base_dir / filename), self.backing_of(disk.path))
 
-    def test_published_boot_image_is_verified_and_installed(self):
+    def test_published_boot_image_is_handed_to_yolofs_and_installed(self):
         self.publish_boot_image()
         self.create_root_disk()
-        installed = self.store / (self.name + '.yolo')
-        self.assertTrue(installed.exists())
-        self.assertTrue((self.store / (self.name + '.yolo.verified')).exists())
         self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
-        self.assertEqual(IMAGE_ID, (self.store / (self.name + '.image-id')).read_text())
+        [install] = self.client.installs
+        self.assertEqual((self.name, IMAGE_ID), (install['file'], install['image_id']))
+        # Downloaded into nova's own directory, readable by yolofs, deleted once installed.
+        self.assertEqual(str(self.downloads), os.path.dirname(install['path']))
+        self.assertEqual(0o644, install['mode'])
+        self.assertEqual(120.0, install['timeout'])
+        self.assertEqual([], os.listdir(self.downloads))
+        self.assertEqual({self.name: IMAGE_ID}, self.client.remembered)
+        self.assertEqual({IMAGE_ID}, self.drvr.yolo_boot_images.verified_image_ids())
         # Already there: a second disk of the same image does not download it again.
         self.create_root_disk(name='disk.rescue')
         self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
-        self.assertEqual([], os.listdir(self.store / '.incoming'))
+        self.assertEqual(1, len(self.client.installs))
+
+    def test_download_dir_defaults_to_the_instances_path(self):
+        self.flags(download_dir=None, group='yolo')
+        drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
+        self.assertEqual(str(self.instances / 'yolo-incoming'),
+                         drvr.yolo_boot_images.download_dir)
 
     def test_mismatching_boot_image_is_not_installed_and_the_disk_is_created(self):
         other = self.root / 'other.raw'
         write_raw_base(other, seed=2)
         self.publish_boot_image(source=other)
         disk = self.create_root_disk()
-        self.assertFalse((self.store / (self.name + '.yolo')).exists())
-        self.assertEqual([], os.listdir(self.store / '.incoming'))
+        self.assertEqual(1, len(self.client.installs))
+        self.assertEqual({}, self.client.entries)
+        self.assertEqual([], os.listdir(self.downloads))
         self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        self.assertEqual('rejected', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base)))
+
+    def test_yolofs_failing_mid_install_does_not_fail_the_disk(self):
+        self.publish_boot_image()
+        self.client.install_error = ConnectionResetError('yolofs went away')
+        disk = self.create_root_disk()
+        self.assertEqual([], os.listdir(self.downloads))
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        self.assertEqual('failed', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base)))
 
     def test_glance_failure_does_not_fail_the_disk(self):
         self.glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': 'gone'}}
         disk = self.create_root_disk()
-        self.assertFalse((self.store / (self.name + '.yolo')).exists())
+        self.assertEqual([], self.client.installs)
         self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
 
     def test_image_without_boot_image_is_left_to_learning(self):
         self.glance.images[IMAGE_ID] = {'properties': {}}
+        write_raw_base(self.base)
         self.assertEqual('none', self.drvr.yolo_boot_images.ensure(
-            self.context, IMAGE_ID, str(self.base_dir / 'x')))
+            self.context, IMAGE_ID, str(self.base)))
+        # yolofs knows the image of the base file: the boot image it learns names it.
+        self.assertEqual({self.name: IMAGE_ID}, self.client.remembered)
+
+    def test_yolofs_down_means_nothing_is_attempted(self):
+        self.publish_boot_image()
+        self.yolofs_down()
+        disk = self.create_root_disk()
+        self.assertEqual(str(self.base), self.backing_of(disk.path))
+        self.assertEqual([], self.glance.downloads)
+        self.assertEqual(({}, []), (self.client.remembered, self.client.installs))
+        self.assertEqual('unavailable', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base)))
 
 
 class TestGuestStart(DriverTestCase):
@@ -259,6 +344,11 @@ class TestGuestStart(DriverTestCase):
         self.start()
         self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
         self.client.preload.assert_called_once_with(self.name)
+
+    def test_no_preload_when_yolofs_has_no_boot_image(self):
+        self.start()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
+        self.client.preload.assert_not_called()
 
     def test_preload_failure_does_not_stop_the_start(self):
         self.publish_boot_image()
@@ -419,8 +509,8 @@ class TestImageCache(DriverTestCase):
         self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
         unused = self.base_dir / images.base_file_name('unused-image')
         write_raw_base(unused, size=MiB)
-        for suffix in ('.yolo', '.yolo.verified', '.image-id'):
-            (self.store / (unused.name + suffix)).write_text('x')
+        self.client.entries[unused.name] = {'file': unused.name, 'image_id': 'unused-image',
+                                            'verified': True, 'rejected': None}
         old = time.time() - 10 * 86400
         for base in (self.base, unused):
             os.utime(base, (old, old))
@@ -432,8 +522,8 @@ class TestImageCache(DriverTestCase):
             self.drvr.manage_image_cache(self.context, [self.instance])
         self.assertTrue(self.base.exists())
         self.assertFalse(unused.exists())
-        self.assertTrue((self.store / (self.name + '.yolo')).exists())
-        self.assertEqual([], [p for p in os.listdir(self.store) if p.startswith(unused.name)])
+        # yolofs was asked to prune its store: the boot image of the removed base file is gone.
+        self.assertEqual([self.name], list(self.client.entries))
 
 
 class TestHostStats(DriverTestCase):
@@ -450,7 +540,6 @@ class TestHostStats(DriverTestCase):
     def test_reports_load_parameters_and_verified_boot_images(self):
         self.publish_boot_image()
         self.create_root_disk()
-        self.client.status.return_value = {'rejected': []}
         self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5}
         stats = self.resources(host_stats.KEYS)
         self.assertEqual('true', stats['yolo_active'])
@@ -463,7 +552,7 @@ class TestHostStats(DriverTestCase):
     def test_rejected_boot_images_are_not_reported(self):
         self.publish_boot_image()
         self.create_root_disk()
-        self.client.status.return_value = {'rejected': [{'name': self.name, 'reason': 'x'}]}
+        self.client.entries[self.name].update(verified=False, rejected='does not match')
         self.client.host_load.return_value = {'io_utilisation': 0.0, 'cpu_utilisation': 0.0}
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
         self.assertEqual(frozenset(), state.boot_images)
@@ -472,7 +561,6 @@ class TestHostStats(DriverTestCase):
         calibration.save(calibration.Calibration(
             alpha=7.0, beta=20.0, alpha_yolo=0.5, cpus=2, disk_iops=300.0,
             disk_bytes_per_second=150e6, io_exponent=0.2), str(self.root / 'calibration.json'))
-        self.client.status.return_value = {'rejected': []}
         self.client.host_load.return_value = {'io_utilisation': 0.9, 'cpu_utilisation': 0.1,
                                               'iops': 150.0, 'bytes_per_second': 15e6,
                                               'runnable_per_cpu': 0.75}
@@ -491,7 +579,6 @@ class TestHostStats(DriverTestCase):
 
     def test_broken_calibration_file_falls_back_to_defaults(self):
         (self.root / 'calibration.json').write_text('{"alpha": "fast"}')
-        self.client.status.return_value = {'rejected': []}
         self.client.host_load.return_value = {'io_utilisation': 0.3, 'cpu_utilisation': 0.1}
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
         self.assertEqual(yolo_driver.UNCALIBRATED.alpha, state.params.alpha)
