@@ -46,8 +46,7 @@ def nova_host(image_cache, tmp_path):
         conf.config(images_type='qcow2', virt_type='qemu', group='libvirt')
         conf.config(mount_point=str(tmp_path / 'mnt0'),
                     control_socket=str(tmp_path / 'control0.sock'),
-                    boot_image_dir=str(tmp_path / 'boot-images'), yolofs_binary=yolofs.binary(),
-                    group='yolo')
+                    download_dir=str(tmp_path / 'downloads'), group='yolo')
         yield scope
 
 
@@ -112,6 +111,10 @@ def test_root_disk_on_the_mount_learns_boots_and_falls_back(nova_host, image_cac
         guest.wait_ready(BOOT_TIMEOUT)
     assert mount.client.record_stop(base.name)['built'] is True
     yolofs.run('verify', tmp_path / 'boot-images' / (base.name + '.yolo'), base)
+    # The driver told yolofs the base file's image before the boot: the learned boot image is
+    # attributed to it.
+    learned = yolofs.boot_images(mount.client.status())[base.name]
+    assert (learned['image_id'], learned['verified']) == (image_id, True)
 
     # yolofs goes down: the start path rebases the disk back onto _base and the guest boots.
     mount.stop()
@@ -204,14 +207,17 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image(
     mount.start()
     nova_host.useFixture(config_fixture.Config(CONF)).config(
         mount_point=str(mount.mountpoint), control_socket=str(mount.control_socket),
-        boot_image_dir=str(store), group='yolo')
+        group='yolo')
     nova_host.useFixture(config_fixture.Config(CONF)).config(
         connection_uri=libvirtd, group='libvirt')
     drvr = make_driver(glance)
     context = nova_context.get_admin_context()
     instance = make_instance(context, image_id)
     disk = create_root_disk(drvr, context, instance, base)
+    # Installed by yolofs, which verified it (the driver only downloaded it and handed it over).
     assert (store / (base.name + '.yolo.verified')).exists()
+    assert yolofs.boot_images(mount.client.status())[base.name]['verified'] is True
+    assert list((tmp_path / 'downloads').iterdir()) == []
     assert images.info(disk)['backing-filename'] == str(mount.mountpoint / base.name)
 
     console_log = root / 'console.log'

@@ -1,0 +1,259 @@
+"""Boot images enter a real yolofs' store only through its control socket, and only verified.
+
+A real mount, real boot images (``yolofs build``), the driver's :class:`BootImages` with Glance
+faked; no guest is booted. Also: who may talk to the control socket (its group and mode), and
+what an unprivileged client may hand in.
+"""
+
+import errno
+import grp
+import json
+import os
+import pathlib
+import pwd
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import pytest
+
+from tests.unit.virt.test_driver import FakeImageAPI
+from yolo_common import images
+from yolo_common import yolofs
+from yolo_nova.virt import backing
+from yolo_nova.virt import boot_images
+
+SIZE = 8 << 20
+IMAGE_ID = 'c0ffee00-0000-4000-8000-00000000000a'
+NAME = images.base_file_name(IMAGE_ID)
+READS = '0 65536\n1048576 8192\n5000000 300000\n'
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason='needs root (other users, groups)')
+
+
+def build(tmp_path, source, output, image_id=IMAGE_ID):
+    trace = tmp_path / 'trace'
+    trace.write_text(READS)
+    args = ['build', '--trace', trace, '--source', source, '--output', output]
+    if image_id:
+        args += ['--image-id', image_id]
+    yolofs.run(*args)
+    return output
+
+
+@pytest.fixture
+def host(tmp_path, mount_factory):
+    """A compute host: a base file in _base, a yolofs mount of it, nova's download dir."""
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    (base_dir / NAME).write_bytes(random.Random(3).randbytes(SIZE))
+    store = tmp_path / 'boot-images'
+    mount = mount_factory(base_dir, boot_images=store)
+    files = backing.BackingFiles(base_dir, mount.mountpoint, mount.control_socket, 5.0)
+    glance = FakeImageAPI()
+    glance.images[IMAGE_ID] = {'properties': {}}
+    driver_side = boot_images.BootImages(files, tmp_path / 'downloads', image_api=glance)
+    return base_dir, store, mount, glance, driver_side
+
+
+def publish(tmp_path, glance, source, image_id=IMAGE_ID):
+    published = build(tmp_path, source, tmp_path / ('published-%s.yolo' % uuid.uuid4().hex),
+                      image_id=image_id)
+    glance.images['boot-image'] = {'properties': {}, 'file': published}
+    glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': 'boot-image'}}
+
+
+def test_a_published_boot_image_is_installed_by_yolofs_and_served(host, tmp_path):
+    base_dir, store, mount, glance, driver_side = host
+    publish(tmp_path, glance, base_dir / NAME)
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'installed'
+    # Installed and stamped by yolofs; nova's download is gone.
+    assert sorted(p.name for p in store.iterdir() if not p.name.startswith('.')) == [
+        NAME + '.image-id', NAME + '.yolo', NAME + '.yolo.verified']
+    assert list((tmp_path / 'downloads').iterdir()) == []
+    status = mount.client.status()
+    assert yolofs.boot_images(status)[NAME] == {
+        'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None}
+    assert driver_side.verified_image_ids() == {IMAGE_ID}
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'present'
+    # The next open reads from it.
+    data = (base_dir / NAME).read_bytes()
+    with open(mount.mountpoint / NAME, 'rb') as f:
+        f.seek(1048576)
+        assert f.read(8192) == data[1048576:1048576 + 8192]
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] > 0
+
+
+def test_a_boot_image_of_other_bytes_is_refused_by_yolofs(host, tmp_path, caplog):
+    base_dir, store, mount, glance, driver_side = host
+    other = tmp_path / 'other.raw'
+    other.write_bytes(random.Random(4).randbytes(SIZE))
+    publish(tmp_path, glance, other)
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
+    assert 'does not match base file %s' % NAME in caplog.text
+    assert not (store / (NAME + '.yolo')).exists()
+    assert list((tmp_path / 'downloads').iterdir()) == []
+    assert NAME not in yolofs.boot_images(mount.client.status())
+
+
+def test_a_boot_image_of_another_image_is_refused_by_yolofs(host, tmp_path, caplog):
+    base_dir, store, mount, glance, driver_side = host
+    publish(tmp_path, glance, base_dir / NAME, image_id='another-image')
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
+    assert 'is for image another-image, not %s' % IMAGE_ID in caplog.text
+    assert not (store / (NAME + '.yolo')).exists()
+
+
+def test_nothing_is_attempted_while_yolofs_is_down(host, tmp_path):
+    base_dir, store, mount, glance, driver_side = host
+    publish(tmp_path, glance, base_dir / NAME)
+    mount.stop()
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'unavailable'
+    assert glance.downloads == []
+    assert driver_side.verified_image_ids() == set()
+    assert driver_side.prune() == []
+
+
+def test_ctl_install_symlinks_size_bound_and_prune(tmp_path, mount_factory):
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    (base_dir / NAME).write_bytes(random.Random(3).randbytes(SIZE))
+    store = tmp_path / 'boot-images'
+    mount = mount_factory(base_dir, boot_images=store, max_boot_image_bytes=1 << 20)
+    candidate = build(tmp_path, base_dir / NAME, tmp_path / 'candidate.yolo')
+    socket_args = ('ctl', '--socket', mount.control_socket)
+
+    link = tmp_path / 'link.yolo'
+    link.symlink_to(candidate)
+    proc = yolofs.run(*socket_args, 'install', NAME, link, IMAGE_ID, check=False)
+    assert proc.returncode != 0 and 'symbolic link' in proc.stderr, proc.stderr
+    big = tmp_path / 'big.yolo'
+    big.write_bytes(b'\0' * ((1 << 20) + 1))
+    proc = yolofs.run(*socket_args, 'install', NAME, big, IMAGE_ID, check=False)
+    assert 'more than the 1048576-byte limit' in proc.stderr, proc.stderr
+    proc = yolofs.run(*socket_args, 'install', '../' + NAME, candidate, IMAGE_ID, check=False)
+    assert 'invalid base file name' in proc.stderr, proc.stderr
+
+    # A relative path is resolved by the client, not by the daemon.
+    answer = json.loads(subprocess.run(
+        [yolofs.binary(), *map(str, socket_args), 'install', NAME, candidate.name, IMAGE_ID],
+        cwd=tmp_path, check=True, capture_output=True, text=True).stdout)
+    assert answer['installed']['file'] == NAME and answer['installed']['extents'] > 0
+    assert (store / (NAME + '.yolo')).read_bytes() == candidate.read_bytes()
+
+    # The image cache manager removes the base file: yolofs prunes what went with it.
+    (base_dir / NAME).unlink()
+    assert mount.client.prune() == [NAME + '.image-id', NAME + '.yolo', NAME + '.yolo.verified']
+    assert mount.client.status()['boot_images'] == []
+
+
+def test_a_learned_boot_image_names_the_image_nova_remembered(tmp_path, mount_factory):
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    data = random.Random(3).randbytes(SIZE)
+    (base_dir / NAME).write_bytes(data)
+    mount = mount_factory(base_dir, learn=True, record_idle_secs=600, no_keep_cache=True)
+    mount.client.remember(NAME, IMAGE_ID)
+    with open(mount.mountpoint / NAME, 'rb') as f:
+        assert f.read(65536) == data[:65536]
+    assert mount.client.record_stop(NAME)['built'] is True
+    entry = yolofs.boot_images(mount.client.status())[NAME]
+    assert entry == {'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None}
+    learned = tmp_path / 'boot-images' / (NAME + '.yolo')
+    info = json.loads(yolofs.run('inspect', '--json', learned).stdout)
+    assert info['identity']['image_id'] == IMAGE_ID
+
+
+CLIENT = '''
+import json, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    sock.connect(sys.argv[1])
+except PermissionError:
+    sys.exit(13)
+sock.sendall(sys.argv[2].encode() + b'\\n')
+print(sock.makefile().readline(), end='')
+'''
+
+
+def client_as(user, socket_path, request, extra_groups=()):
+    """Sends one request as ``user`` (its own group, and ``extra_groups``, only): (exit code,
+    answer or None); exit code EACCES if it may not connect."""
+    python = '/usr/bin/python3' if os.path.exists('/usr/bin/python3') else sys.executable
+    proc = subprocess.run([python, '-I', '-c', CLIENT, str(socket_path), json.dumps(request)],
+                          user=user, group=pwd.getpwnam(user).pw_gid,
+                          extra_groups=list(extra_groups), cwd='/', capture_output=True,
+                          text=True, timeout=60)
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+@pytest.fixture
+def throwaway_group():
+    name = 'yolotest%s' % uuid.uuid4().hex[:8]
+    subprocess.run(['groupadd', '--system', name], check=True)
+    try:
+        yield name, grp.getgrnam(name).gr_gid
+    finally:
+        subprocess.run(['groupdel', name], check=False)
+
+
+@pytest.fixture
+def public_dir():
+    """A directory every user can traverse (pytest's tmp_path is root's only)."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix='yolofs-socket-'))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@root_only
+def test_only_the_socket_group_may_talk_to_yolofs(tmp_path, public_dir, throwaway_group):
+    group, gid = throwaway_group
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    socket_path = public_dir / 'run' / 'control.sock'
+    mount = yolofs.Mount(base_dir, tmp_path / 'mnt', tmp_path / 'boot-images', socket_path,
+                         log_path=tmp_path / 'yolofs.log', control_socket_mode='0660',
+                         control_socket_group=group)
+    try:
+        mount.start()
+        st = socket_path.stat()
+        assert (oct(st.st_mode & 0o7777), st.st_gid) == (oct(0o660), gid)
+        # The missing directory was created, reachable by everyone.
+        assert (socket_path.parent.stat().st_mode & 0o7777) == 0o755
+        assert sorted(os.listdir(socket_path.parent)) == ['control.sock']
+
+        code, answer = client_as('nobody', socket_path, {'op': 'status'})
+        assert (code, answer) == (errno.EACCES, None)
+        code, answer = client_as('nobody', socket_path, {'op': 'status'}, extra_groups=[gid])
+        assert code == 0 and answer['ok'] is True, answer
+    finally:
+        mount.stop()
+
+
+@root_only
+def test_an_unprivileged_client_installs_only_its_own_files(tmp_path, public_dir):
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    (base_dir / NAME).write_bytes(random.Random(3).randbytes(SIZE))
+    socket_path = public_dir / 'control.sock'
+    mount = yolofs.Mount(base_dir, tmp_path / 'mnt', tmp_path / 'boot-images', socket_path,
+                         log_path=tmp_path / 'yolofs.log', control_socket_mode='0666')
+    try:
+        mount.start()
+        candidate = build(tmp_path, base_dir / NAME, public_dir / 'candidate.yolo')
+        request = {'op': 'install', 'file': NAME, 'boot_image': str(candidate),
+                   'image_id': IMAGE_ID}
+        # root's file: yolofs does not read it for nobody.
+        code, answer = client_as('nobody', socket_path, request)
+        assert answer['ok'] is False and 'not by the requesting user' in answer['error'], answer
+        assert not (tmp_path / 'boot-images' / (NAME + '.yolo')).exists()
+        os.chown(candidate, pwd.getpwnam('nobody').pw_uid, -1)
+        code, answer = client_as('nobody', socket_path, request)
+        assert answer['ok'] is True, answer
+        assert yolofs.boot_images(mount.client.status())[NAME]['verified'] is True
+    finally:
+        mount.stop()
