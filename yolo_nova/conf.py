@@ -122,6 +122,17 @@ Where boot images are downloaded from Glance before yolofs installs them (each i
 yolofs has answered). A directory of nova-compute's own; yolofs (root) reads the files in it.
 Unset: ``yolo-incoming`` in ``[DEFAULT] instances_path``.
 """),
+    cfg.StrOpt(
+        'boot_image_owner',
+        help="""
+The project (id) that publishes boot images: yolo-glance-worker's. Boot images are fetched with
+the service identity of ``[service_user]`` and only those this project owns are used. Unset: the
+service identity's own project (the worker and Nova's service users share the ``service``
+project in most deployments).
+"""),
+    cfg.IntOpt(
+        'max_boot_image_bytes', default=1 << 30, min=0,
+        help="Boot images larger than this are not downloaded."),
     cfg.FloatOpt(
         'install_timeout', default=120.0, min=1.0,
         help="""

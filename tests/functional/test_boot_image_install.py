@@ -55,14 +55,16 @@ def host(tmp_path, mount_factory):
     files = backing.BackingFiles(base_dir, mount.mountpoint, mount.control_socket, 5.0)
     glance = FakeImageAPI()
     glance.images[IMAGE_ID] = {'properties': {}}
-    driver_side = boot_images.BootImages(files, tmp_path / 'downloads', image_api=glance)
+    driver_side = boot_images.BootImages(files, tmp_path / 'downloads', image_api=glance,
+                                         boot_image_api=glance)
     return base_dir, store, mount, glance, driver_side
 
 
 def publish(tmp_path, glance, source, image_id=IMAGE_ID):
     published = build(tmp_path, source, tmp_path / ('published-%s.yolo' % uuid.uuid4().hex),
                       image_id=image_id)
-    glance.images['boot-image'] = {'properties': {}, 'file': published}
+    glance.images['boot-image'] = {'properties': {'yolo_source_image_id': IMAGE_ID},
+                                   'file': published}
     glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': 'boot-image'}}
 
 

@@ -53,6 +53,7 @@ def nova_host(image_cache, tmp_path):
 def make_driver(image_api):
     drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
     drvr.yolo_boot_images._image_api = image_api
+    drvr.yolo_boot_images._boot_image_api = image_api
     return drvr
 
 
@@ -197,7 +198,8 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image(
     learner.stop()
     shutil.copyfile(tmp_path / 'learned' / (base.name + '.yolo'), published)
     glance = FakeImageAPI()
-    glance.images['boot-image'] = {'properties': {}, 'file': published}
+    glance.images['boot-image'] = {'properties': {'yolo_source_image_id': image_id},
+                                   'file': published}
     glance.images[image_id] = {'properties': {'yolo_boot_image_id': 'boot-image'}}
 
     store = root / 'boot-images'

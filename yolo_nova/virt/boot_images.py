@@ -1,7 +1,12 @@
 """Boot images on a compute node: fetched from Glance, handed to yolofs, which verifies them.
 
 A published boot image (the image property ``yolo_boot_image_id``) is untrusted input: anyone
-who can upload an image can publish one. The driver downloads it into a directory of its own
+who can upload an image can publish one, and tenants can set properties on their own images. The
+driver fetches boot images with its service identity (``[service_user]``, whose project the
+worker publishes them in: tenants never see them, whoever owns the source image) and uses only
+one published by that project (``[yolo] boot_image_owner``), of container format ``yolo``, that
+names the source image and is no larger than ``[yolo] max_boot_image_bytes``. It downloads it
+into a directory of its own
 (``[yolo] download_dir``) and asks yolofs to install it over the control socket: yolofs, which
 runs as root and is the only writer of its boot image store, compares every extent with the local
 base file and installs nothing that does not match. The driver never reads or writes the store.
@@ -19,25 +24,96 @@ from yolo_common import yolofs
 LOG = logging.getLogger(__name__)
 
 BOOT_IMAGE_PROPERTY = 'yolo_boot_image_id'
+SOURCE_IMAGE_PROPERTY = 'yolo_source_image_id'
+CONTAINER_FORMAT = 'yolo'
+
+
+class ServiceGlance:
+    """Glance as this compute node's service identity (``[service_user]``) sees it, with the
+    calls of Nova's image API that the boot images need."""
+
+    def __init__(self, conf):
+        from keystoneauth1 import loading as ks_loading
+        import glanceclient
+        auth = ks_loading.load_auth_from_conf_options(conf, 'service_user')
+        self.session = ks_loading.load_session_from_conf_options(conf, 'service_user', auth=auth)
+        self.client = glanceclient.Client(
+            '2', session=self.session, region_name=conf.glance.region_name,
+            interface=(conf.glance.valid_interfaces or ['internal'])[0],
+            endpoint_override=conf.glance.endpoint_override)
+
+    @property
+    def project_id(self):
+        return self.session.get_project_id()
+
+    def get(self, context, image_id):
+        image = dict(self.client.images.get(image_id))
+        core = ('id', 'owner', 'container_format', 'disk_format', 'status', 'size')
+        return {**{k: image.get(k) for k in core},
+                'properties': {k: v for k, v in image.items() if k not in core}}
+
+    def download(self, context, image_id, dest_path):
+        # glanceclient checks the data against the image's os_hash_value as it streams.
+        with open(dest_path, 'wb') as out:
+            for chunk in self.client.images.data(image_id):
+                out.write(chunk)
+
+
+def untrusted(boot_image, source_image_id, owner, max_bytes):
+    """Why a published boot image is not to be used, or None."""
+    properties = boot_image.get('properties') or {}
+    if not owner or boot_image.get('owner') != owner:
+        return 'owned by %s, not by the boot image publisher %s' % (boot_image.get('owner'), owner)
+    if boot_image.get('container_format') != CONTAINER_FORMAT:
+        return 'container format %s, not %s' % (boot_image.get('container_format'),
+                                                CONTAINER_FORMAT)
+    if properties.get(SOURCE_IMAGE_PROPERTY) != source_image_id:
+        return 'built for image %s' % properties.get(SOURCE_IMAGE_PROPERTY)
+    if boot_image.get('status') != 'active':
+        return 'status %s' % boot_image.get('status')
+    if (boot_image.get('size') or 0) > max_bytes:
+        return '%d bytes, over the %d-byte limit' % (boot_image['size'], max_bytes)
+    return None
 
 
 class BootImages:
     """This host's boot images, as yolofs (through ``backing_files``' client) reports them."""
 
     def __init__(self, backing_files, download_dir, fetch=True, image_api=None,
-                 install_timeout=120.0):
+                 install_timeout=120.0, boot_image_api=None, owner=None,
+                 max_bytes=1 << 30):
         self.backing_files = backing_files
         self.download_dir = download_dir
         self.fetch = fetch
         self.install_timeout = install_timeout
+        self.max_bytes = max_bytes
         self._image_api = image_api
+        self._boot_image_api = boot_image_api
+        self._owner = owner
+        # Source image id -> the boot image yolofs refused for it: not downloaded again.
+        self._refused = {}
 
     @property
     def image_api(self):
+        """Nova's image API, with the booting user's context: the source image."""
         if self._image_api is None:
             from nova.image import glance
             self._image_api = glance.API()
         return self._image_api
+
+    @property
+    def boot_image_api(self):
+        """Glance with the service identity: the boot images."""
+        if self._boot_image_api is None:
+            from nova import conf
+            self._boot_image_api = ServiceGlance(conf.CONF)
+        return self._boot_image_api
+
+    @property
+    def owner(self):
+        """The project whose boot images are trusted: the worker's, which is configured or,
+        by default, the service identity's own."""
+        return self._owner or self.boot_image_api.project_id
 
     @property
     def client(self):
@@ -69,7 +145,19 @@ class BootImages:
             if not boot_image_id:
                 LOG.debug('Image %s has no published boot image', image_id)
                 return 'none'
-            return self._install(context, name, image_id, boot_image_id)
+            if self._refused.get(image_id) == boot_image_id:
+                return 'rejected'
+            boot_image = self.boot_image_api.get(context, boot_image_id)
+            reason = untrusted(boot_image, image_id, self.owner, self.max_bytes)
+            if reason:
+                LOG.warning('Not using boot image %s of image %s: %s', boot_image_id, image_id,
+                            reason)
+                self._refused[image_id] = boot_image_id
+                return 'rejected'
+            result = self._install(context, name, image_id, boot_image_id)
+            if result == 'rejected':
+                self._refused[image_id] = boot_image_id
+            return result
         except Exception:
             # A boot image only makes boots faster; nothing about it may stop one.
             LOG.exception('Could not get the boot image of image %s to yolofs', image_id)
@@ -81,7 +169,7 @@ class BootImages:
         os.close(fd)
         try:
             LOG.info('Downloading boot image %s for base file %s', boot_image_id, name)
-            self.image_api.download(context, boot_image_id, dest_path=path)
+            self.boot_image_api.download(context, boot_image_id, dest_path=path)
             # yolofs runs as root and reads it (root could anyway); it must stay our own file.
             os.chmod(path, 0o644)
             try:

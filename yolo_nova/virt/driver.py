@@ -52,7 +52,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         self.yolo_boot_images = boot_images.BootImages(
             self.yolo_backing,
             CONF.yolo.download_dir or os.path.join(CONF.instances_path, 'yolo-incoming'),
-            fetch=CONF.yolo.fetch_boot_images, install_timeout=CONF.yolo.install_timeout)
+            fetch=CONF.yolo.fetch_boot_images, install_timeout=CONF.yolo.install_timeout,
+            owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes)
         self.image_backend = imagebackend.YoloBackend(
             CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images)
 

@@ -41,7 +41,11 @@ MiB = 1024 * 1024
 
 
 class FakeImageAPI:
-    """Glance as the driver sees it: image properties and downloads."""
+    """Glance as the driver sees it, with the user's and with the service identity: image
+    properties and downloads. Images belong to the boot image publisher's project unless their
+    record says otherwise."""
+
+    project_id = 'yolo-service'
 
     def __init__(self):
         self.images = {}
@@ -50,7 +54,11 @@ class FakeImageAPI:
     def get(self, context, image_id):
         if image_id not in self.images:
             raise exception.ImageNotFound(image_id=image_id)
-        return {'id': image_id, 'properties': self.images[image_id]['properties']}
+        record = self.images[image_id]
+        return {'id': image_id, 'owner': record.get('owner', self.project_id),
+                'container_format': record.get('container_format', 'yolo'),
+                'status': 'active', 'size': record.get('size', 0),
+                'properties': record['properties']}
 
     def download(self, context, image_id, dest_path=None):
         self.downloads.append(image_id)
@@ -145,6 +153,7 @@ class DriverTestCase(nova_base.NoDBTestCase):
         self.glance = FakeImageAPI()
         self.glance.images[IMAGE_ID] = {'properties': {}}
         self.drvr.yolo_boot_images._image_api = self.glance
+        self.drvr.yolo_boot_images._boot_image_api = self.glance
         self.client = FakeYolofs(self.base_dir)
         self.drvr.yolo_backing.client = self.client
         self.context = nova_context.get_admin_context()
@@ -194,7 +203,8 @@ class DriverTestCase(nova_base.NoDBTestCase):
             source = self.root / 'glance-image.raw'
             write_raw_base(source)
         build_boot_image(source, published)
-        self.glance.images[BOOT_IMAGE_ID] = {'properties': {}, 'file': published}
+        self.glance.images[BOOT_IMAGE_ID] = {
+            'properties': {'yolo_source_image_id': IMAGE_ID}, 'file': published}
         self.glance.images[IMAGE_ID] = {
             'properties': {'yolo_boot_image_id': BOOT_IMAGE_ID}, 'file': None}
 
@@ -280,6 +290,39 @@ class TestRootDiskCreation(DriverTestCase):
         self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
         self.assertEqual('rejected', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
+        # Refused once on this host: not downloaded again at every spawn.
+        self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
+        self.assertEqual(1, len(self.client.installs))
+
+    def assert_untrusted_boot_image_is_never_downloaded(self, **boot_image_fields):
+        self.publish_boot_image()
+        self.glance.images[BOOT_IMAGE_ID].update(boot_image_fields)
+        disk = self.create_root_disk()
+        self.assertEqual('rejected', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base)))
+        self.assertEqual([], self.glance.downloads)
+        self.assertEqual([], self.client.installs)
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+
+    def test_boot_image_of_another_project_is_never_downloaded(self):
+        # A tenant's decoy: a hidden image of its own, linked from its own source image.
+        self.assert_untrusted_boot_image_is_never_downloaded(owner='tenant-project')
+
+    def test_boot_image_of_another_format_is_never_downloaded(self):
+        self.assert_untrusted_boot_image_is_never_downloaded(container_format='bare')
+
+    def test_boot_image_built_for_another_image_is_never_downloaded(self):
+        self.assert_untrusted_boot_image_is_never_downloaded(
+            properties={'yolo_source_image_id': 'some-other-image'})
+
+    def test_boot_image_over_the_size_limit_is_never_downloaded(self):
+        self.flags(max_boot_image_bytes=1 << 20, group='yolo')
+        self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
+                                                    'yolo.YoloLibvirtDriver')
+        self.drvr.yolo_boot_images._image_api = self.glance
+        self.drvr.yolo_boot_images._boot_image_api = self.glance
+        self.drvr.yolo_backing.client = self.client
+        self.assert_untrusted_boot_image_is_never_downloaded(size=(1 << 20) + 1)
 
     def test_yolofs_failing_mid_install_does_not_fail_the_disk(self):
         self.publish_boot_image()
