@@ -30,52 +30,42 @@ function install_yolo {
 }
 
 function configure_yolo {
-    sudo mkdir -p "$YOLOFS_SOURCE" "$YOLOFS_MOUNTPOINT" "$YOLOFS_BOOT_IMAGES" "$(dirname "$YOLOFS_CONTROL_SOCKET")"
+    # yolofs' directories; Nova's own (_base) are Nova's to create, as its user.
+    sudo install -d -m 0755 "$YOLOFS_MOUNTPOINT" "$YOLOFS_BOOT_IMAGES"
+    # The settings themselves come from yolo-configure, which the all-in-one cloud (tools/aio)
+    # also uses: one place knows how YOLO is wired into Nova and Glance.
     if [[ "$YOLO_NOVA_DRIVER" == "True" ]]; then
-        iniset $NOVA_CONF DEFAULT compute_driver yolo.YoloLibvirtDriver
-        iniset $NOVA_CONF yolo mount_point "$YOLOFS_MOUNTPOINT"
-        iniset $NOVA_CONF yolo boot_image_dir "$YOLOFS_BOOT_IMAGES"
-        iniset $NOVA_CONF yolo control_socket "$YOLOFS_CONTROL_SOCKET"
-        iniset $NOVA_CONF yolo yolofs_binary "$YOLOFS_BIN"
+        yolo-configure nova-compute --config-file "$NOVA_CONF" \
+            --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET"
     fi
     if [[ "$YOLO_SCHEDULER" == "True" ]]; then
-        # A first available_filters line replaces Nova's default: keep Nova's filters.
-        if ! iniget_multiline $NOVA_CONF filter_scheduler available_filters | grep -q all_filters; then
-            iniadd $NOVA_CONF filter_scheduler available_filters nova.scheduler.filters.all_filters
-        fi
-        iniadd $NOVA_CONF filter_scheduler available_filters \
-            yolo_nova.scheduler.filters.boot_time_filter.YoloBootFilter
-        local enabled
-        enabled=$(iniget $NOVA_CONF filter_scheduler enabled_filters)
-        iniset $NOVA_CONF filter_scheduler enabled_filters "${enabled:+$enabled,}YoloBootFilter"
-        iniset $NOVA_CONF filter_scheduler weight_classes \
-            nova.scheduler.weights.all_weighers,yolo_nova.scheduler.weights.boot_time.YoloBootTimeWeigher
+        yolo-configure nova-scheduler --config-file "$NOVA_CONF"
     fi
 }
 
 function configure_yolo_glance {
-    iniset $GLANCE_API_CONF oslo_messaging_notifications driver messagingv2
-    iniset $GLANCE_API_CONF image_format container_formats ami,ari,aki,bare,ovf,ova,docker,compressed,yolo
+    local import_conf=()
     if [[ -n "$GLANCE_IMAGE_IMPORT_CONF" ]]; then
-        iniset $GLANCE_IMAGE_IMPORT_CONF image_import_opts image_import_plugins "['yolo_boot_image']"
+        import_conf=(--import-config-file "$GLANCE_IMAGE_IMPORT_CONF")
     fi
-    sudo install -d -o $STACK_USER /etc/yolo "$YOLO_WORKER_DIR"
-    local conf=/etc/yolo/yolo-glance-worker.conf
-    iniset $conf DEFAULT transport_url $(get_notification_url)
-    iniset $conf yolo_worker work_dir "$YOLO_WORKER_DIR"
-    iniset $conf yolo_worker yolofs_binary "$YOLOFS_BIN"
-    iniset $conf glance auth_type password
-    iniset $conf glance auth_url "$KEYSTONE_SERVICE_URI"
-    iniset $conf glance username admin
-    iniset $conf glance password "$ADMIN_PASSWORD"
-    iniset $conf glance user_domain_name Default
-    iniset $conf glance project_name admin
-    iniset $conf glance project_domain_name Default
+    yolo-configure glance-api --config-file "$GLANCE_API_CONF" "${import_conf[@]}"
+    sudo install -d -o "$STACK_USER" /etc/yolo "$YOLO_WORKER_DIR"
+    # The worker's own service user, in the service project: compute nodes trust the boot
+    # images that project publishes (they fetch them as Nova's service user, its member).
+    local user
+    user=$(get_or_create_user yolo "$SERVICE_PASSWORD" default)
+    get_or_add_user_project_role admin "$user" "$SERVICE_PROJECT_NAME"
+    get_or_add_user_project_role service "$user" "$SERVICE_PROJECT_NAME"
+    yolo-configure worker --config-file /etc/yolo/yolo-glance-worker.conf \
+        --transport-url "$(get_notification_url)" --auth-url "$KEYSTONE_SERVICE_URI" \
+        --username yolo --password "$SERVICE_PASSWORD" --project-name "$SERVICE_PROJECT_NAME" \
+        --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$YOLOFS_BIN"
 }
 
 function start_yolo {
     # yolofs mounts a FUSE filesystem and locks memory: it runs as root.
-    run_process yolofs "$YOLOFS_BIN mount --source $YOLOFS_SOURCE --mountpoint $YOLOFS_MOUNTPOINT --boot-images $YOLOFS_BOOT_IMAGES --control-socket $YOLOFS_CONTROL_SOCKET $YOLOFS_OPTIONS" "" root
+    # nova-compute (the stack user's group) uses its control socket.
+    run_process yolofs "$YOLOFS_BIN mount --source $YOLOFS_SOURCE --mountpoint $YOLOFS_MOUNTPOINT --boot-images $YOLOFS_BOOT_IMAGES --control-socket $YOLOFS_CONTROL_SOCKET --control-socket-group $(id -gn "$STACK_USER") $YOLOFS_OPTIONS" "" root
 }
 
 function stop_yolo {

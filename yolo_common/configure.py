@@ -6,7 +6,7 @@ settings are touched; everything else in the file (comments, order, repeated key
 ``available_filters``) is kept, and running it twice changes nothing.
 
     yolo-configure nova-compute --config-file /etc/nova/nova.conf --mount-point ... \\
-        --control-socket ... --yolofs-binary ...
+        --control-socket ...
     yolo-configure nova-scheduler --config-file /etc/nova/nova.conf
     yolo-configure glance-api --config-file /etc/glance/glance-api.conf \\
         [--import-config-file /etc/glance/glance-image-import.conf]
@@ -140,9 +140,6 @@ def nova_compute(conf, args):
     conf.set('yolo', 'enabled', 'True')
     conf.set('yolo', 'mount_point', args.mount_point)
     conf.set('yolo', 'control_socket', args.control_socket)
-    conf.set('yolo', 'yolofs_binary', args.yolofs_binary)
-    if args.boot_image_dir:
-        conf.set('yolo', 'boot_image_dir', args.boot_image_dir)
 
 
 def nova_scheduler(conf, args):
@@ -221,10 +218,6 @@ def parse_args(argv):
                          help='yolofs mount point (default: %(default)s)')
     compute.add_argument('--control-socket', default='/run/yolofs/control.sock',
                          help="yolofs' control socket (default: %(default)s)")
-    compute.add_argument('--yolofs-binary', default='yolofs',
-                         help='The yolofs command (default: %(default)s)')
-    compute.add_argument('--boot-image-dir', default=None,
-                         help="yolofs' boot image store (default: the [yolo] option's default)")
     role('nova-scheduler', 'nova.conf of nova-scheduler: YoloBootFilter and the weigher')
     api = role('glance-api', 'glance-api.conf: notifications and the yolo container format')
     api.add_argument('--import-config-file', default=None,

@@ -99,12 +99,18 @@ def console_log(cloud, server_id):
     return openstack(cloud, 'console', 'log', 'show', server_id, parse=False).stdout
 
 
-def wait_for_ready(cloud, server_id, since=0, timeout=BOOT_TIMEOUT):
-    """Waits for the guest's ready marker beyond the ``since``-th one in its console log."""
+def wait_for_ready(cloud, server_id, previous='', timeout=BOOT_TIMEOUT):
+    """Waits for a boot that reaches the ready marker after the one whose console log was
+    ``previous``; returns the new console log. A guest started in a new QEMU process (start,
+    hard and soft reboot, rescue, resize, unshelve) gets a new console log; one rebooted inside
+    its QEMU process appends to it."""
     def probe():
-        return console_log(cloud, server_id).count(READY_MARKER) > since
-    wait_until('guest of %s ready' % server_id, timeout, probe, interval=3.0)
-    return console_log(cloud, server_id).count(READY_MARKER)
+        log = console_log(cloud, server_id)
+        if READY_MARKER not in log:
+            return None
+        new_log = not log.startswith(previous[:4096])
+        return log if new_log or log.count(READY_MARKER) > previous.count(READY_MARKER) else None
+    return wait_until('guest of %s ready' % server_id, timeout, probe, interval=3.0)
 
 
 def instance_disk(server_id):

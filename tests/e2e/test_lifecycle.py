@@ -13,10 +13,10 @@ CLOUD = 'aio-demo'
 class Guest:
     def __init__(self, server_id):
         self.id = server_id
-        self.ready_count = 0
+        self.console = ''
 
     def wait_ready(self):
-        self.ready_count = wait_for_ready(CLOUD, self.id, since=self.ready_count)
+        self.console = wait_for_ready(CLOUD, self.id, previous=self.console)
 
 
 @pytest.fixture(scope='module')

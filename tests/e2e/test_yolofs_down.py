@@ -21,8 +21,8 @@ def yolofs_stopped(cloud):
         subprocess.run([str(AIO), 'start-yolofs'], check=True)
 
 
-def test_nova_works_with_yolofs_down_and_yolo_returns_with_it(published_boot_image,
-                                                               yolofs_stopped):
+def test_nova_works_with_yolofs_down_and_yolo_returns_with_it(
+        published_boot_image, yolofs_stopped):
     source, _ = published_boot_image
     name = base_file_name(source['id'])
     server = create_server(CLOUD, source['id'], 'e2e-yolofs-down')
@@ -34,20 +34,20 @@ def test_nova_works_with_yolofs_down_and_yolo_returns_with_it(published_boot_ima
         wait_for_status(CLOUD, server['id'], 'SHUTOFF')
         demo('server', 'start', server['id'], parse=False)
         wait_for_status(CLOUD, server['id'], 'ACTIVE')
-        ready = wait_for_ready(CLOUD, server['id'], since=ready)
+        ready = wait_for_ready(CLOUD, server['id'], previous=ready)
 
         demo('server', 'rescue', server['id'], parse=False)
         wait_for_status(CLOUD, server['id'], 'RESCUE')
-        ready = wait_for_ready(CLOUD, server['id'], since=ready)
+        ready = wait_for_ready(CLOUD, server['id'], previous=ready)
         demo('server', 'unrescue', server['id'], parse=False)
         wait_for_status(CLOUD, server['id'], 'ACTIVE')
-        ready = wait_for_ready(CLOUD, server['id'], since=ready)
+        ready = wait_for_ready(CLOUD, server['id'], previous=ready)
         assert backing_file(server['id']) == str(BASE_DIR / name)
 
         subprocess.run([str(AIO), 'start-yolofs'], check=True)
         # The next start of a server puts its disk back on the mount; new boots use it.
         demo('server', 'reboot', '--hard', '--wait', server['id'], parse=False)
-        wait_for_ready(CLOUD, server['id'], since=ready)
+        wait_for_ready(CLOUD, server['id'], previous=ready)
         assert backing_file(server['id']) == str(MOUNT_POINT / name)
     finally:
         delete_server(CLOUD, server['id'])

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Functions of the all-in-one cloud (sourced by tools/aio/aio after settings).
 
 progress() { printf '==> aio: %s\n' "$*"; }
@@ -130,7 +131,6 @@ secret() {  # NAME: a random password made once and kept in $AIO_SECRETS
 
 load_secrets() {
     ADMIN_PASSWORD=$(secret admin)
-    DEMO_PASSWORD=$(secret demo)
 }
 
 db_url() { echo "mysql+pymysql://$1:$(secret "db-$1")@$AIO_HOST/$2?charset=utf8"; }
@@ -277,6 +277,7 @@ EOF
     for user in glance placement nova neutron yolo; do
         secret "keystone-$user" >/dev/null
     done
+    secret demo >/dev/null
     secret alt >/dev/null
     # Projects, users, roles, services and endpoints (idempotent).
     AIO_SECRETS=$AIO_SECRETS AIO_HOST=$AIO_HOST AIO_REGION=$AIO_REGION \
@@ -424,8 +425,7 @@ EOF
     install -m 0644 "$AIO_VENV/etc/nova/api-paste.ini" /etc/nova/api-paste.ini
     install_nova_rootwrap
     "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova.conf \
-        --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET" \
-        --yolofs-binary "$YOLOFS_BIN"
+        --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET"
     "$AIO_VENV/bin/yolo-configure" nova-scheduler --config-file /etc/nova/nova.conf
 
     as_user nova nova-manage api_db sync
