@@ -1,0 +1,88 @@
+"""yolo-configure: YOLO's settings written into existing Nova, Glance and worker files."""
+
+from yolo_common import configure
+
+NOVA_CONF = """# written by the deployment
+[DEFAULT]
+debug = true
+
+[filter_scheduler]
+# the operator's choice
+enabled_filters = ComputeFilter,ImagePropertiesFilter
+available_filters = nova.scheduler.filters.all_filters
+available_filters = custom.filters.Mine
+"""
+
+
+def run(tmp_path, text, *args):
+    path = tmp_path / 'service.conf'
+    path.write_text(text)
+    assert configure.main([args[0], '--config-file', str(path), *args[1:]]) == 0
+    return path.read_text()
+
+
+def test_scheduler_keeps_the_operators_filters_and_is_idempotent(tmp_path):
+    once = run(tmp_path, NOVA_CONF, 'nova-scheduler')
+    twice = run(tmp_path, once, 'nova-scheduler')
+    assert once == twice
+    assert '# the operator\'s choice' in once and 'debug = true' in once
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    assert conf.get_all('filter_scheduler', 'available_filters') == [
+        'nova.scheduler.filters.all_filters', 'custom.filters.Mine', configure.FILTER_CLASS]
+    assert conf.get('filter_scheduler', 'enabled_filters') == \
+        'ComputeFilter,ImagePropertiesFilter,YoloBootFilter'
+    assert conf.get('filter_scheduler', 'weight_classes') == \
+        'nova.scheduler.weights.all_weighers,' + configure.WEIGHER_CLASS
+
+
+def test_scheduler_starts_from_novas_defaults_where_nothing_is_set(tmp_path):
+    run(tmp_path, '', 'nova-scheduler')
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    # A first available_filters line would replace Nova's default one: it is kept.
+    assert conf.get_all('filter_scheduler', 'available_filters') == [
+        configure.NOVA_ALL_FILTERS, configure.FILTER_CLASS]
+    enabled = conf.get('filter_scheduler', 'enabled_filters').split(',')
+    assert enabled[-1] == 'YoloBootFilter' and 'ComputeFilter' in enabled
+
+
+def test_compute_sets_the_driver_and_the_mount(tmp_path):
+    text = run(tmp_path, NOVA_CONF, 'nova-compute', '--mount-point', '/m',
+               '--control-socket', '/s.sock')
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    assert conf.get('DEFAULT', 'compute_driver') == 'yolo.YoloLibvirtDriver'
+    assert (conf.get('yolo', 'mount_point'), conf.get('yolo', 'control_socket')) == (
+        '/m', '/s.sock')
+    # The DEFAULT section is not repeated.
+    assert text.count('[DEFAULT]') == 1
+
+
+def test_glance_api_notifies_the_workers_topic(tmp_path):
+    imports = tmp_path / 'glance-image-import.conf'
+    run(tmp_path, '[oslo_messaging_notifications]\ntopics = notifications\n', 'glance-api',
+        '--import-config-file', str(imports))
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    assert conf.get('oslo_messaging_notifications', 'driver') == 'messagingv2'
+    # Another consumer's topic stays; the worker's is added.
+    assert conf.get('oslo_messaging_notifications', 'topics') == \
+        'notifications,yolo_notifications'
+    assert conf.get('image_format', 'container_formats').endswith(',yolo')
+    assert configure.ConfigFile(str(imports)).get(
+        'image_import_opts', 'image_import_plugins') == "['yolo_boot_image']"
+
+
+def test_worker_gets_its_service_identity_and_topic(tmp_path):
+    run(tmp_path, '', 'worker', '--transport-url', 'rabbit://u:p@h:5672/', '--auth-url',
+        'http://k:5000', '--username', 'yolo', '--password', 'pw')
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    assert conf.get('yolo_worker', 'notification_topics') == configure.NOTIFICATION_TOPIC
+    assert (conf.get('glance', 'username'), conf.get('glance', 'project_name')) == (
+        'yolo', 'service')
+    assert conf.get('DEFAULT', 'transport_url') == 'rabbit://u:p@h:5672/'
+
+
+def test_unwritable_file_is_a_clear_error(tmp_path, capsys):
+    missing_dir = tmp_path / 'file-not-dir'
+    missing_dir.write_text('')
+    assert configure.main(['nova-scheduler', '--config-file',
+                           str(missing_dir / 'nova.conf')]) == 1
+    assert 'yolo-configure: cannot write' in capsys.readouterr().err
