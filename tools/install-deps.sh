@@ -10,7 +10,7 @@ debian_packages=(
     debootstrap extlinux syslinux-common parted e2fsprogs  # the bootable test image
     fio vmtouch                         # benchmarks
     libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev  # driver tests
-    pkg-config python3-venv
+    pkg-config python3-venv shellcheck
 )
 missing=()
 for pkg in "${debian_packages[@]}"; do
