@@ -2,9 +2,11 @@
 
 import subprocess
 
+import pytest
+
 from tests.e2e.conftest import (
     MOUNT_POINT, admin, backing_file, base_file_name, create_server, delete_server, demo,
-    image_property, wait_for_ready, yolofs_ctl)
+    image_property, wait_for_ready, wait_until, yolofs_ctl)
 
 
 def test_plain_upload_publishes_a_hidden_linked_boot_image(published_boot_image):
@@ -41,3 +43,11 @@ def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(publishe
         assert int(log or 0) >= 1
     finally:
         delete_server('aio-demo', server['id'])
+
+
+@pytest.mark.last
+def test_deleting_the_image_deletes_its_boot_image(published_boot_image):
+    source, boot_image_id = published_boot_image
+    admin('image', 'delete', source['id'], parse=False)
+    wait_until('boot image %s deleted' % boot_image_id, 300,
+               lambda: admin('image', 'show', boot_image_id, check=False).returncode != 0)
