@@ -50,4 +50,5 @@ def test_deleting_the_image_deletes_its_boot_image(published_boot_image):
     source, boot_image_id = published_boot_image
     admin('image', 'delete', source['id'], parse=False)
     wait_until('boot image %s deleted' % boot_image_id, 300,
-               lambda: admin('image', 'show', boot_image_id, check=False).returncode != 0)
+               lambda: admin('image', 'show', boot_image_id, parse=False,
+                             check=False).returncode != 0)
