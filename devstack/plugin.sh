@@ -41,6 +41,9 @@ function configure_yolo {
     if [[ "$YOLO_SCHEDULER" == "True" ]]; then
         yolo-configure nova-scheduler --config-file "$NOVA_CONF"
     fi
+    if is_service_enabled n-api; then
+        yolo-configure nova-api --config-file "$NOVA_CONF"
+    fi
 }
 
 function configure_yolo_glance {
@@ -48,7 +51,8 @@ function configure_yolo_glance {
     if [[ -n "$GLANCE_IMAGE_IMPORT_CONF" ]]; then
         import_conf=(--import-config-file "$GLANCE_IMAGE_IMPORT_CONF")
     fi
-    yolo-configure glance-api --config-file "$GLANCE_API_CONF" "${import_conf[@]}"
+    yolo-configure glance-api --config-file "$GLANCE_API_CONF" "${import_conf[@]}" \
+        --property-protection-file "$GLANCE_CONF_DIR/property-protections.conf"
     sudo install -d -o "$STACK_USER" /etc/yolo "$YOLO_WORKER_DIR"
     # The worker's own service user, in the service project: compute nodes trust the boot
     # images that project publishes (they fetch them as Nova's service user, its member).

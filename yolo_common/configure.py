@@ -8,8 +8,10 @@ settings are touched; everything else in the file (comments, order, repeated key
     yolo-configure nova-compute --config-file /etc/nova/nova.conf --mount-point ... \\
         --control-socket ...
     yolo-configure nova-scheduler --config-file /etc/nova/nova.conf
+    yolo-configure nova-api --config-file /etc/nova/nova.conf
     yolo-configure glance-api --config-file /etc/glance/glance-api.conf \\
-        [--import-config-file /etc/glance/glance-image-import.conf]
+        [--import-config-file /etc/glance/glance-image-import.conf] \\
+        [--property-protection-file /etc/glance/property-protections.conf]
     yolo-configure worker --config-file /etc/yolo/yolo-glance-worker.conf --transport-url ... \\
         --auth-url ... --username ... --password ... [--project-name service]
 """
@@ -19,14 +21,24 @@ import os
 import re
 import sys
 
+from yolo_common import contract
+
 DRIVER = 'yolo.YoloLibvirtDriver'
 NOVA_ALL_FILTERS = 'nova.scheduler.filters.all_filters'
 FILTER_CLASS = 'yolo_nova.scheduler.filters.boot_time_filter.YoloBootFilter'
 FILTER_NAME = 'YoloBootFilter'
 NOVA_ALL_WEIGHERS = 'nova.scheduler.weights.all_weighers'
 WEIGHER_CLASS = 'yolo_nova.scheduler.weights.boot_time.YoloBootTimeWeigher'
-CONTAINER_FORMAT = 'yolo'
+CONTAINER_FORMAT = contract.CONTAINER_FORMAT
 IMPORT_PLUGIN = 'yolo_boot_image'
+# Glance property protections (roles format): only admins and services (the worker) create,
+# change or delete YOLO's properties; everyone reads them. First match wins, so this section goes
+# before the operator's own; a file YOLO creates also gets a rule that leaves every other
+# property as it is without protections.
+PROTECTION_SECTION = '^yolo_.*'
+PROTECTION_RULES = {'create': 'admin,service', 'read': '@', 'update': 'admin,service',
+                    'delete': 'admin,service'}
+OTHER_PROPERTIES = '.*'
 # The worker's own notification topic: glance-api's default topic ("notifications") would fill
 # a queue nobody reads where no other consumer (ceilometer) runs.
 NOTIFICATION_TOPIC = 'yolo_notifications'
@@ -155,6 +167,31 @@ def nova_scheduler(conf, args):
     conf.add_to_list('filter_scheduler', 'weight_classes', WEIGHER_CLASS, [NOVA_ALL_WEIGHERS])
 
 
+def nova_api(conf, args):
+    # Snapshots are created by nova-api with the server's image properties.
+    for name in contract.NOT_INHERITED:
+        conf.add_to_list('DEFAULT', 'non_inheritable_image_properties', name,
+                         _nova_default('DEFAULT', 'non_inheritable_image_properties',
+                                       ['cache_in_nova', 'bittorrent']))
+
+
+def property_protections(path):
+    """Puts YOLO's rules first in a Glance property protection file (made if missing)."""
+    protections = ConfigFile(path)
+    if not protections.lines:
+        for key, value in PROTECTION_RULES.items():
+            protections.set(OTHER_PROPERTIES, key, '@')
+    header = '[%s]' % PROTECTION_SECTION
+    if header in protections.lines:
+        start = protections.lines.index(header)
+        end = start + 1
+        while end < len(protections.lines) and not protections.lines[end].startswith('['):
+            end += 1
+        del protections.lines[start:end]
+    protections.lines[:0] = [header] + ['%s = %s' % kv for kv in PROTECTION_RULES.items()] + ['']
+    protections.save()
+
+
 def glance_api(conf, args):
     conf.set('oslo_messaging_notifications', 'driver', 'messagingv2')
     conf.add_to_list('oslo_messaging_notifications', 'topics', NOTIFICATION_TOPIC, [])
@@ -169,6 +206,10 @@ def glance_api(conf, args):
         import_conf.set('image_import_opts', 'image_import_plugins',
                         '[%s]' % ', '.join("'%s'" % n for n in names))
         import_conf.save()
+    if args.property_protection_file:
+        property_protections(args.property_protection_file)
+        conf.set('DEFAULT', 'property_protection_file', args.property_protection_file)
+        conf.set('DEFAULT', 'property_protection_rule_format', 'roles')
 
 
 def worker(conf, args):
@@ -196,6 +237,7 @@ def worker(conf, args):
 ROLES = {
     'nova-compute': nova_compute,
     'nova-scheduler': nova_scheduler,
+    'nova-api': nova_api,
     'glance-api': glance_api,
     'worker': worker,
 }
@@ -219,9 +261,13 @@ def parse_args(argv):
     compute.add_argument('--control-socket', default='/run/yolofs/control.sock',
                          help="yolofs' control socket (default: %(default)s)")
     role('nova-scheduler', 'nova.conf of nova-scheduler: YoloBootFilter and the weigher')
+    role('nova-api', "nova.conf of nova-api: snapshots do not inherit YOLO's links")
     api = role('glance-api', 'glance-api.conf: notifications and the yolo container format')
     api.add_argument('--import-config-file', default=None,
                      help='glance-image-import.conf, to add the import plugin (optional)')
+    api.add_argument('--property-protection-file', default=None,
+                     help="Glance's property protection file (roles format), where YOLO's "
+                          "rules go first; made if missing (optional)")
     work = role('worker', 'yolo-glance-worker.conf: transport and service identity')
     work.add_argument('--transport-url', required=True,
                       help="The transport_url of glance-api's notifications")

@@ -9,17 +9,16 @@ from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
 import tenacity
 
+from yolo_common import contract
 from yolo_glance import conf as yolo_conf
 
 LOG = logging.getLogger(__name__)
 
-# Properties on a source image.
-BOOT_IMAGE_ID = 'yolo_boot_image_id'
-STATUS = 'yolo_boot_image_status'
-REASON = 'yolo_boot_image_reason'
-CLAIM = 'yolo_boot_image_claim'          # "<worker id> <unix time>" while a build runs
-# Properties on a published boot image.
-SOURCE_IMAGE_ID = 'yolo_source_image_id'
+BOOT_IMAGE_ID = contract.BOOT_IMAGE_ID
+STATUS = contract.STATUS
+REASON = contract.REASON
+CLAIM = contract.CLAIM
+SOURCE_IMAGE_ID = contract.SOURCE_IMAGE_ID
 
 NotFound = glance_exc.HTTPNotFound
 # Glance busy, restarting or briefly unreachable: worth a few quick retries of one API call

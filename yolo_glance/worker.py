@@ -22,6 +22,7 @@ import time
 
 from oslo_utils.imageutils import format_inspector
 
+from yolo_common import contract
 from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
@@ -33,11 +34,12 @@ LOG = logging.getLogger(__name__)
 QEMU_FORMATS = {'raw': 'raw', 'qcow2': 'qcow2', 'vmdk': 'vmdk', 'vdi': 'vdi', 'vhd': 'vpc',
                 'vhdx': 'vhdx'}
 # Per-image overrides of the profiling boot (image properties).
-READY_PATTERN_PROPERTY = 'yolo_ready_pattern'
-IDLE_PROPERTY = 'yolo_idle_seconds'
-MAX_PROPERTY = 'yolo_max_seconds'
+READY_PATTERN_PROPERTY = contract.READY_PATTERN
+IDLE_PROPERTY = contract.IDLE_SECONDS
+MAX_PROPERTY = contract.MAX_SECONDS
 # Outcomes recorded in yolo_boot_image_status.
-PENDING, BUILDING, READY, SKIPPED, FAILED = 'pending', 'building', 'ready', 'skipped', 'failed'
+PENDING, BUILDING, READY, SKIPPED, FAILED = (
+    contract.PENDING, contract.BUILDING, contract.READY, contract.SKIPPED, contract.FAILED)
 
 
 class Unbootable(Exception):

@@ -1,6 +1,7 @@
 """yolo-configure: YOLO's settings written into existing Nova, Glance and worker files."""
 
 from yolo_common import configure
+from yolo_common import contract
 
 NOVA_CONF = """# written by the deployment
 [DEFAULT]
@@ -86,3 +87,32 @@ def test_unwritable_file_is_a_clear_error(tmp_path, capsys):
     assert configure.main(['nova-scheduler', '--config-file',
                            str(missing_dir / 'nova.conf')]) == 1
     assert 'yolo-configure: cannot write' in capsys.readouterr().err
+
+
+def test_nova_api_keeps_yolos_links_out_of_snapshots(tmp_path):
+    run(tmp_path, '', 'nova-api')
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    names = conf.get('DEFAULT', 'non_inheritable_image_properties').split(',')
+    assert names[:2] == ['cache_in_nova', 'bittorrent']
+    assert set(contract.NOT_INHERITED) <= set(names)
+
+
+def test_property_protections_go_before_the_operators_own(tmp_path):
+    protections = tmp_path / 'property-protections.conf'
+    protections.write_text('[^x_.*]\ncreate = admin\nread = @\nupdate = admin\ndelete = admin\n')
+    for _ in range(2):
+        run(tmp_path, '', 'glance-api', '--property-protection-file', str(protections))
+    text = protections.read_text()
+    assert text.index('[^yolo_.*]') < text.index('[^x_.*]')
+    assert text.count('[^yolo_.*]') == 1 and '[.*]' not in text
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    assert conf.get('DEFAULT', 'property_protection_rule_format') == 'roles'
+    assert conf.get('DEFAULT', 'property_protection_file') == str(protections)
+
+
+def test_a_new_property_protection_file_leaves_other_properties_free(tmp_path):
+    protections = tmp_path / 'property-protections.conf'
+    run(tmp_path, '', 'glance-api', '--property-protection-file', str(protections))
+    rules = configure.ConfigFile(str(protections))
+    assert rules.get('^yolo_.*', 'update') == 'admin,service'
+    assert rules.get('.*', 'create') == '@'

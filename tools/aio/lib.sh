@@ -331,7 +331,8 @@ EOF
     config_file /etc/glance/glance-image-import.conf glance </dev/null
     install -m 0644 "$AIO_VENV/etc/glance/glance-api-paste.ini" /etc/glance/glance-api-paste.ini
     "$AIO_VENV/bin/yolo-configure" glance-api --config-file /etc/glance/glance-api.conf \
-        --import-config-file /etc/glance/glance-image-import.conf
+        --import-config-file /etc/glance/glance-image-import.conf \
+        --property-protection-file /etc/glance/property-protections.conf
     as_user glance glance-manage db_sync >/dev/null
     start_wsgi glance-api glance "$GLANCE_PORT" glance.wsgi.api:application
 }
@@ -427,6 +428,7 @@ EOF
     "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova.conf \
         --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET"
     "$AIO_VENV/bin/yolo-configure" nova-scheduler --config-file /etc/nova/nova.conf
+    "$AIO_VENV/bin/yolo-configure" nova-api --config-file /etc/nova/nova.conf
 
     as_user nova nova-manage api_db sync
     as_user nova nova-manage cell_v2 map_cell0 >/dev/null

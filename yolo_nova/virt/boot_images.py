@@ -19,13 +19,14 @@ import tempfile
 
 from oslo_log import log as logging
 
+from yolo_common import contract
 from yolo_common import yolofs
 
 LOG = logging.getLogger(__name__)
 
-BOOT_IMAGE_PROPERTY = 'yolo_boot_image_id'
-SOURCE_IMAGE_PROPERTY = 'yolo_source_image_id'
-CONTAINER_FORMAT = 'yolo'
+BOOT_IMAGE_PROPERTY = contract.BOOT_IMAGE_ID
+SOURCE_IMAGE_PROPERTY = contract.SOURCE_IMAGE_ID
+CONTAINER_FORMAT = contract.CONTAINER_FORMAT
 
 
 class ServiceGlance:

@@ -1,0 +1,29 @@
+"""The Glance image properties through which the worker, the compute nodes and operators talk.
+
+Both sides import these names: the worker writes them, the driver reads them, and the
+deployment (yolo-configure) protects them from tenants and keeps Nova from copying them into
+snapshots.
+"""
+
+# On a source image, written by the worker.
+BOOT_IMAGE_ID = 'yolo_boot_image_id'
+STATUS = 'yolo_boot_image_status'
+REASON = 'yolo_boot_image_reason'
+CLAIM = 'yolo_boot_image_claim'          # "<worker id> <unix time>" while a build runs
+# Outcomes recorded in STATUS.
+PENDING, BUILDING, READY, SKIPPED, FAILED = 'pending', 'building', 'ready', 'skipped', 'failed'
+
+# On a source image, set by an operator: overrides of the profiling boot.
+READY_PATTERN = 'yolo_ready_pattern'
+IDLE_SECONDS = 'yolo_idle_seconds'
+MAX_SECONDS = 'yolo_max_seconds'
+
+# On a published boot image.
+SOURCE_IMAGE_ID = 'yolo_source_image_id'
+CONTAINER_FORMAT = 'yolo'
+
+# What a snapshot of a server must not inherit from the server's image: the snapshot is another
+# image, with another base file, and needs a boot image of its own; the overrides were an
+# operator's choice for the source image (and tenants may not set them, so a snapshot that
+# carried them would be refused).
+NOT_INHERITED = (BOOT_IMAGE_ID, STATUS, REASON, CLAIM, READY_PATTERN, IDLE_SECONDS, MAX_SECONDS)
