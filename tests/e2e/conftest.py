@@ -131,9 +131,10 @@ def base_file_name(image_id):
 
 @pytest.fixture(scope='session')
 def cloud():
-    """The all-in-one cloud, stood up once per test run."""
+    """A new all-in-one cloud for the test run (the venv is kept, everything else made anew)."""
     if os.geteuid() != 0:
         pytest.fail('the end-to-end tests stand up the all-in-one cloud: run them as root')
+    subprocess.run([str(AIO), 'clean'], check=True)
     subprocess.run([str(AIO), 'up'], check=True)
     return 'aio-admin'
 

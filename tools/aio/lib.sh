@@ -523,9 +523,14 @@ write_clouds_yaml() {
 libvirt_cleanup_domains() {
     # Guests of the cloud die with it: their disks go with `clean`, and a later `up` starts over.
     local domain
-    command -v virsh >/dev/null && pgrep -x libvirtd >/dev/null || return 0
-    for domain in $(virsh -c qemu:///system list --all --name 2>/dev/null | grep '^instance-' || true); do
-        virsh -c qemu:///system destroy "$domain" >/dev/null 2>&1 || true
-        virsh -c qemu:///system undefine --nvram "$domain" >/dev/null 2>&1 || true
-    done
+    if pgrep -x libvirtd >/dev/null; then
+        for domain in $(virsh -c qemu:///system list --all --name | grep '^instance-' || true); do
+            virsh -c qemu:///system destroy "$domain" >/dev/null 2>&1 || true
+            virsh -c qemu:///system undefine --nvram "$domain" >/dev/null 2>&1 || true
+        done
+    else
+        # A machine whose processes were stopped: libvirt's persistent definitions remain.
+        pkill -f -- '-name guest=instance-' || true
+        rm -f /etc/libvirt/qemu/instance-*.xml
+    fi
 }
