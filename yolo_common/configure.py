@@ -17,6 +17,7 @@ settings are touched; everything else in the file (comments, order, repeated key
 """
 
 import argparse
+import importlib
 import os
 import re
 import sys
@@ -147,7 +148,30 @@ def _nova_default(group, name, fallback):
         return list(fallback)
 
 
+class ConfigureError(Exception):
+    pass
+
+
+def check_driver_loadable():
+    """Nova loads the driver as nova.virt.yolo: make sure this Python can, before nova-compute
+    starts and fails with an ImportError. Skipped where Nova is not importable here."""
+    try:
+        importlib.import_module('nova.virt')
+    except ImportError:
+        print('yolo-configure: nova is not importable here; not checking that nova-compute can '
+              'load the driver', file=sys.stderr)
+        return
+    try:
+        importlib.import_module('nova.virt.yolo')
+    except ImportError as e:
+        raise ConfigureError(
+            'nova-compute cannot load the driver: nova.virt.yolo is not importable (%s). '
+            "Install YOLO with pip into the Python that runs nova-compute (or into a site "
+            "directory of it): its yolo-openstack-nova-virt.pth provides the module." % e)
+
+
 def nova_compute(conf, args):
+    check_driver_loadable()
     conf.set('DEFAULT', 'compute_driver', DRIVER)
     conf.set('yolo', 'enabled', 'True')
     conf.set('yolo', 'mount_point', args.mount_point)
@@ -285,7 +309,11 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     conf = ConfigFile(args.config_file)
-    ROLES[args.role](conf, args)
+    try:
+        ROLES[args.role](conf, args)
+    except ConfigureError as e:
+        print('yolo-configure: %s' % e, file=sys.stderr)
+        return 1
     try:
         conf.save()
     except OSError as e:
