@@ -644,3 +644,19 @@ class TestQcow2DisksInXml(nova_base.NoDBTestCase):
                "<disk type='network'><driver type='raw'/><source name='vol'/></disk>"
                "</devices></domain>")
         self.assertEqual(['/i/disk'], yolo_driver.qcow2_file_disks(xml))
+
+
+class PrivilegedRebaseTestCase(nova_base.NoDBTestCase):
+    """Rebases of instance disks run as root in Nova's own privsep daemon: nova-compute is not
+    root, and a running guest's disk belongs to libvirt's QEMU user."""
+
+    def test_rebase_is_an_entrypoint_of_novas_sys_admin_context(self):
+        import nova.privsep
+        from nova.virt import yolo
+        self.assertTrue(nova.privsep.sys_admin_pctxt.is_entrypoint(yolo.rebase_unsafe))
+
+    def test_backing_files_rebase_through_it(self):
+        from nova.virt import yolo
+        with mock.patch.object(yolo, 'rebase_unsafe') as privileged:
+            backing.rebase_unsafe('/i/disk', '/m/base', 'raw')
+        privileged.assert_called_once_with('/i/disk', '/m/base', 'raw')
