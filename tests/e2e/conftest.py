@@ -108,8 +108,11 @@ def wait_for_ready(cloud, server_id, previous='', timeout=BOOT_TIMEOUT):
         log = console_log(cloud, server_id)
         if READY_MARKER not in log:
             return None
-        new_log = not log.startswith(previous[:4096])
-        return log if new_log or log.count(READY_MARKER) > previous.count(READY_MARKER) else None
+        # Boot logs begin alike: only a log that does not carry all of the previous one is new.
+        appended = log.startswith(previous)
+        if not appended or log.count(READY_MARKER) > previous.count(READY_MARKER):
+            return log
+        return None
     return wait_until('guest of %s ready' % server_id, timeout, probe, interval=3.0)
 
 
