@@ -10,9 +10,10 @@ import json
 import os
 import pathlib
 import subprocess
-import time
 
 import pytest
+
+from yolo_bench.cloud import wait as wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 AIO = REPO / 'tools' / 'aio' / 'aio'
@@ -56,18 +57,6 @@ def admin(*args, **kwargs):
 
 def demo(*args, **kwargs):
     return openstack('aio-demo', *args, **kwargs)
-
-
-def wait_until(what, timeout, probe, interval=2.0):
-    """Calls ``probe`` until it returns something true; returns that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError('%s: not within %d s' % (what, timeout))
-        time.sleep(interval)
 
 
 def yolofs_ctl(*args):

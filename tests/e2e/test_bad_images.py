@@ -26,6 +26,16 @@ def boot_image_outcome(image_id):
                  for name in ('status', 'reason', 'id'))
 
 
+def create_and_delete_server(image_id, name):
+    """A server of the image as the demo user: ACTIVE, or AssertionError."""
+    server = demo('server', 'create', '--nic', 'none', '--image', image_id, '--flavor',
+                  'm1.yolo', name)
+    try:
+        wait_for_status(CLOUD, server['id'], 'ACTIVE')
+    finally:
+        delete_server(CLOUD, server['id'])
+
+
 def test_corrupt_upload(cloud, test_image_file, tmp_path):
     # Truncated: still a qcow2 header, so Glance accepts it; its data ends half-way.
     corrupt = tmp_path / 'truncated.qcow2'
@@ -37,13 +47,8 @@ def test_corrupt_upload(cloud, test_image_file, tmp_path):
         assert (status, boot_image) == ('failed', None)
         assert 'could not be converted to raw' in reason
         # Nova cannot convert it either: the server fails to build, as without YOLO.
-        server = demo('server', 'create', '--nic', 'none', '--image', image_id, '--flavor',
-                      'm1.yolo', 'e2e-corrupt')
-        try:
-            with pytest.raises(AssertionError, match='went to ERROR'):
-                wait_for_status(CLOUD, server['id'], 'ACTIVE')
-        finally:
-            delete_server(CLOUD, server['id'])
+        with pytest.raises(AssertionError, match='went to ERROR'):
+            create_and_delete_server(image_id, 'e2e-corrupt')
     finally:
         admin('image', 'delete', image_id, parse=False, check=False)
 
@@ -58,11 +63,6 @@ def test_image_that_boots_nothing(cloud, tmp_path):
         assert (status, boot_image) == ('failed', None)
         assert 'did not boot' in reason
         # The server is created and runs its BIOS, which finds nothing to boot: as without YOLO.
-        server = demo('server', 'create', '--nic', 'none', '--image', image_id, '--flavor',
-                      'm1.yolo', 'e2e-blank')
-        try:
-            wait_for_status(CLOUD, server['id'], 'ACTIVE')
-        finally:
-            delete_server(CLOUD, server['id'])
+        create_and_delete_server(image_id, 'e2e-blank')
     finally:
         admin('image', 'delete', image_id, parse=False, check=False)

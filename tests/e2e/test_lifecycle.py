@@ -18,6 +18,11 @@ class Guest:
     def wait_ready(self):
         self.console = wait_for_ready(CLOUD, self.id, previous=self.console)
 
+    def act(self, action, status):
+        """openstack server ACTION, then wait for the server's STATUS."""
+        demo('server', action, self.id, parse=False)
+        wait_for_status(CLOUD, self.id, status)
+
 
 @pytest.fixture(scope='module')
 def guest(published_boot_image):
@@ -35,10 +40,8 @@ def test_disk_is_backed_by_the_mount(guest, published_boot_image):
 
 
 def test_stop_and_start(guest):
-    demo('server', 'stop', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'SHUTOFF')
-    demo('server', 'start', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.act('stop', 'SHUTOFF')
+    guest.act('start', 'ACTIVE')
     guest.wait_ready()
 
 
@@ -49,11 +52,9 @@ def test_reboot(guest, kind):
 
 
 def test_rescue_and_unrescue(guest):
-    demo('server', 'rescue', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'RESCUE')
+    guest.act('rescue', 'RESCUE')
     guest.wait_ready()      # the rescue image is the server's own image: it boots too
-    demo('server', 'unrescue', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.act('unrescue', 'ACTIVE')
     guest.wait_ready()
 
 
@@ -74,19 +75,15 @@ def test_live_snapshot_boots(guest):
 
 
 def test_cold_snapshot_boots(guest):
-    demo('server', 'stop', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'SHUTOFF')
+    guest.act('stop', 'SHUTOFF')
     snapshot_boots(guest, 'e2e-cold-snapshot')
-    demo('server', 'start', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.act('start', 'ACTIVE')
     guest.wait_ready()
 
 
 def test_shelve_offload_and_unshelve(guest):
-    demo('server', 'shelve', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'SHELVED_OFFLOADED')
-    demo('server', 'unshelve', guest.id, parse=False)
-    wait_for_status(CLOUD, guest.id, 'ACTIVE')
+    guest.act('shelve', 'SHELVED_OFFLOADED')
+    guest.act('unshelve', 'ACTIVE')
     guest.wait_ready()
 
 

@@ -268,6 +268,17 @@ pub fn read_header(path: &Path) -> Result<HeaderSummary, FormatError> {
         }
     }
     let (header, _) = Header::read_from_prefix(&bytes[..]).map_err(|_| invalid("header", "unreadable"))?;
+    let stored = check_header(&header)?;
+    Ok(HeaderSummary {
+        image_id: str_field("image_id", &header.image_id)?,
+        source_size: header.source_size.get(),
+        header_crc32c: stored,
+        index_crc32c: header.index_crc32c.get(),
+    })
+}
+
+/// Checks a header's magic, version and checksum; returns its stored checksum.
+fn check_header(header: &Header) -> Result<u32, FormatError> {
     if header.magic != MAGIC {
         return Err(FormatError::BadMagic(header.magic));
     }
@@ -275,7 +286,7 @@ pub fn read_header(path: &Path) -> Result<HeaderSummary, FormatError> {
         return Err(FormatError::UnsupportedVersion(header.version.get()));
     }
     let stored = header.header_crc32c.get();
-    let computed = header_crc(&header);
+    let computed = header_crc(header);
     if stored != computed {
         return Err(FormatError::ChecksumMismatch {
             what: "header".into(),
@@ -283,12 +294,7 @@ pub fn read_header(path: &Path) -> Result<HeaderSummary, FormatError> {
             computed,
         });
     }
-    Ok(HeaderSummary {
-        image_id: str_field("image_id", &header.image_id)?,
-        source_size: header.source_size.get(),
-        header_crc32c: stored,
-        index_crc32c: header.index_crc32c.get(),
-    })
+    Ok(stored)
 }
 
 impl BootImage {
@@ -309,21 +315,7 @@ impl BootImage {
             available,
         };
         let (header, _) = Header::read_from_prefix(bytes).map_err(|_| truncated("header", HEADER_SIZE as u64))?;
-        if header.magic != MAGIC {
-            return Err(FormatError::BadMagic(header.magic));
-        }
-        if header.version.get() != VERSION {
-            return Err(FormatError::UnsupportedVersion(header.version.get()));
-        }
-        let stored = header.header_crc32c.get();
-        let computed = header_crc(&header);
-        if stored != computed {
-            return Err(FormatError::ChecksumMismatch {
-                what: "header".into(),
-                stored,
-                computed,
-            });
-        }
+        check_header(&header)?;
         if header.header_size.get() as usize != HEADER_SIZE {
             return Err(invalid("header_size", header.header_size.get()));
         }
