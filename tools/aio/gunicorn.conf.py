@@ -5,7 +5,7 @@ workers = 1
 worker_class = 'gthread'
 threads = 4
 timeout = 600
-graceful_timeout = 30
+graceful_timeout = 5
 accesslog = '-'
 errorlog = '-'
 

@@ -36,7 +36,7 @@ start_service() {  # NAME USER COMMAND [ARG...]
 stop_service() {  # NAME
     local pidfile=$AIO_RUN_DIR/$1.pid
     [[ -e $pidfile ]] || return 0
-    start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry TERM/20/KILL/5 \
+    start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry TERM/10/KILL/5 \
         --remove-pidfile >/dev/null || true
     rm -f "$pidfile"
 }
