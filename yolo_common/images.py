@@ -4,6 +4,8 @@ import hashlib
 import json
 import subprocess
 
+from oslo_concurrency import processutils
+
 
 def base_file_name(image_id):
     """The name Nova gives an image's base file in ``_base``: sha1 of the image id."""
@@ -17,12 +19,13 @@ def info(path):
     return json.loads(out)
 
 
-def convert_to_raw(source, dest, fmt=None):
+def convert_to_raw(source, dest, fmt=None, limits=None):
     """Converts an image to a raw file as Nova's ``force_raw_images`` does. ``fmt``: the
-    source's format, as declared (else detected by qemu-img)."""
+    source's format, as declared (else detected by qemu-img). ``limits``: an
+    ``oslo_concurrency.processutils.ProcessLimits`` for qemu-img (untrusted data)."""
     fmt = fmt or info(source)['format']
-    subprocess.run(['qemu-img', 'convert', '-t', 'none', '-O', 'raw', '-f', fmt,
-                    str(source), str(dest)], check=True, capture_output=True, text=True)
+    processutils.execute('qemu-img', 'convert', '-t', 'none', '-O', 'raw', '-f', fmt,
+                         str(source), str(dest), prlimit=limits)
 
 
 def create_overlay(backing, overlay, backing_format='raw'):

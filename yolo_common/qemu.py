@@ -7,7 +7,6 @@ accelerator: KVM guests hang on the machines this project is developed on.
 """
 
 import os
-import re
 import subprocess
 import threading
 import time
@@ -24,13 +23,14 @@ class Guest:
     """One QEMU process booting ``disk``; its serial console is watched for ``ready_marker``
     (bytes, or a compiled bytes regular expression).
 
-    ``preexec_fn`` runs in the child before QEMU starts (to join a cgroup, say).
+    ``preexec_fn`` runs in the child before QEMU starts (to join a cgroup, say). ``network``
+    False gives the guest no network device at all.
     """
 
     def __init__(self, disk, *, disk_format='qcow2', cache='none',
                  memory_mib=512, cpus=1, accel='tcg',
                  ready_marker=READY_MARKER, console_log=None, extra_args=(),
-                 preexec_fn=None):
+                 preexec_fn=None, network=True):
         self.disk = str(disk)
         self.preexec_fn = preexec_fn
         self.ready_marker = ready_marker
@@ -41,7 +41,7 @@ class Guest:
             '-no-reboot',
             '-drive', 'file=%s,format=%s,if=virtio,cache=%s' % (
                 self.disk, disk_format, cache),
-            '-nic', 'user,model=virtio-net-pci',
+            '-nic', 'user,model=virtio-net-pci' if network else 'none',
             *extra_args,
         ]
         self.process = None
@@ -87,7 +87,7 @@ class Guest:
                 log.close()
 
     def _marker_seen(self):
-        if isinstance(self.ready_marker, re.Pattern):
+        if hasattr(self.ready_marker, 'search'):     # a compiled pattern (re or re2)
             return self.ready_marker.search(self._console) is not None
         return self.ready_marker in self._console
 

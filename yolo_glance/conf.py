@@ -66,16 +66,19 @@ Per image: the ``yolo_ready_pattern`` property.
     cfg.FloatOpt('idle_seconds', default=30.0, min=1.0,
                  help="""
 The profiling boot also ends after this many seconds without a read of the image. Per image:
-``yolo_idle_seconds``.
+``yolo_idle_seconds`` (at most ``max_seconds``).
 """),
     cfg.FloatOpt('max_seconds', default=600.0, min=10.0,
                  help="""
-The profiling boot ends after this many seconds at the latest. Per image: ``yolo_max_seconds``.
+The profiling boot ends after this many seconds at the latest. Per image: ``yolo_max_seconds``,
+which can only be lower: this is also the operator's maximum.
 """),
     cfg.StrOpt('accel', default='tcg', choices=['tcg', 'kvm'],
                help='QEMU accelerator of profiling boots.'),
     cfg.IntOpt('memory_mib', default=1024, min=128,
                help='Guest memory of profiling boots (per image: the min_ram of the image).'),
+    cfg.IntOpt('max_memory_mib', default=4096, min=128,
+               help="The most memory a profiling boot gets, whatever the image's min_ram."),
     cfg.IntOpt('min_boot_bytes', default=1 << 20, min=0,
                help="""
 A profiling boot that never showed the ready pattern and read fewer bytes than this did not

@@ -130,7 +130,7 @@ def make_dispatcher(conf, glance=None):
             ready_pattern=profiling.ready_pattern, idle_seconds=profiling.idle_seconds,
             max_seconds=profiling.max_seconds, accel=profiling.accel,
             memory_mib=profiling.memory_mib, block_size=profiling.block_size,
-            min_boot_bytes=profiling.min_boot_bytes),
+            min_boot_bytes=profiling.min_boot_bytes, max_memory_mib=profiling.max_memory_mib),
         container_format=conf.yolo_worker.container_format, retries=conf.yolo_worker.retries,
         claim_timeout=conf.yolo_worker.claim_timeout,
         yolofs_binary=conf.yolo_worker.yolofs_binary)
@@ -148,6 +148,8 @@ def main(argv=None):
     dispatcher = make_dispatcher(conf)
     listener = notification_listener(conf, dispatcher)
     listener.start()
+    # SIGTERM stops taking work and lets the builds under way finish (the unit's TimeoutStopSec
+    # covers the longest one): a half-built boot image would only be built again.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     LOG.info('yolo-glance-worker listening on %s (pool %s)',
              ', '.join(conf.yolo_worker.notification_topics), conf.yolo_worker.notification_pool)
@@ -163,7 +165,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         pass
     finally:
-        LOG.info('yolo-glance-worker stopping')
+        LOG.info('yolo-glance-worker stopping: no new builds, waiting for those under way')
         listener.stop()
         listener.wait()
+        dispatcher.shutdown(wait=True)
+        LOG.info('yolo-glance-worker stopped')
         dispatcher.shutdown(wait=False)

@@ -14,13 +14,14 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import subprocess
 import time
 
+from oslo_concurrency import processutils
 from oslo_utils.imageutils import format_inspector
+import re2
 
 from yolo_common import contract
 from yolo_common import images
@@ -67,8 +68,23 @@ def is_boot_image(image, container_format):
             or glance_api.SOURCE_IMAGE_ID in image)
 
 
+# Profiling boots run tenants' code: no network device, QEMU's seccomp sandbox (no new
+# privileges, no processes spawned, no obsolete system calls, no resource control).
+SANDBOX = ('-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny')
+# qemu-img reads tenants' data: bounded as Nova bounds it (its QEMU_IMG_LIMITS bound qemu-img
+# info to 1 GiB of address space; a conversion also gets CPU time for a large image).
+QEMU_IMG_LIMITS = processutils.ProcessLimits(address_space=1 << 30, cpu_time=1800)
+# A ready pattern comes from an image property: bounded, and matched by RE2 in linear time.
+MAX_PATTERN_LENGTH = 512
+MIN_IDLE_SECONDS = 1.0
+MIN_MAX_SECONDS = 10.0
+
+
 @dataclasses.dataclass
 class ProfilingOptions:
+    """How profiling boots run. ``max_seconds`` and ``max_memory_mib`` are the operator's
+    maxima too: an image's properties may ask for less, never more."""
+
     ready_pattern: str
     idle_seconds: float
     max_seconds: float
@@ -76,18 +92,35 @@ class ProfilingOptions:
     memory_mib: int = 1024
     block_size: int = 4096
     min_boot_bytes: int = 1 << 20
+    max_memory_mib: int = 4096
 
     def for_image(self, image):
-        """The options with the image's own overrides (properties) applied."""
+        """The options with the image's own overrides (properties) applied, within bounds."""
         options = dataclasses.replace(self)
         if image.get(READY_PATTERN_PROPERTY):
             options.ready_pattern = image[READY_PATTERN_PROPERTY]
-        for prop, field in ((IDLE_PROPERTY, 'idle_seconds'), (MAX_PROPERTY, 'max_seconds')):
+        for prop, field, low in ((IDLE_PROPERTY, 'idle_seconds', MIN_IDLE_SECONDS),
+                                 (MAX_PROPERTY, 'max_seconds', MIN_MAX_SECONDS)):
             if image.get(prop):
-                setattr(options, field, float(image[prop]))
+                try:
+                    wanted = float(image[prop])
+                except ValueError:
+                    LOG.warning('%s: ignoring %s=%r', image.get('id'), prop, image[prop])
+                    continue
+                setattr(options, field, min(max(wanted, low), self.max_seconds))
         if image.get('min_ram'):
             options.memory_mib = max(options.memory_mib, int(image['min_ram']))
+        options.memory_mib = min(options.memory_mib, self.max_memory_mib)
         return options
+
+    def compiled_pattern(self):
+        """The ready pattern for the console (bytes), or Unbootable with the reason."""
+        if len(self.ready_pattern) > MAX_PATTERN_LENGTH:
+            raise Unbootable('ready pattern longer than %d characters' % MAX_PATTERN_LENGTH)
+        try:
+            return re2.compile(self.ready_pattern.encode())
+        except re2.error as e:
+            raise Unbootable('bad ready pattern %r: %s' % (self.ready_pattern, e))
 
 
 class Worker:
@@ -217,8 +250,9 @@ class Worker:
         os.makedirs(base_dir)
         base = os.path.join(base_dir, images.base_file_name(image['id']))
         try:
-            images.convert_to_raw(download, base, fmt=QEMU_FORMATS[declared])
-        except subprocess.CalledProcessError as e:
+            images.convert_to_raw(download, base, fmt=QEMU_FORMATS[declared],
+                                  limits=QEMU_IMG_LIMITS)
+        except processutils.ProcessExecutionError as e:
             # A truncated or damaged upload that still looks like its format.
             raise Unbootable('image data could not be converted to raw: %s'
                              % (e.stderr.strip().splitlines() or ['qemu-img failed'])[-1])
@@ -227,17 +261,15 @@ class Worker:
 
     def _learn(self, image, base, work):
         options = self.profiling.for_image(image)
-        try:
-            pattern = re.compile(options.ready_pattern.encode())
-        except re.error as e:
-            raise Unbootable('bad ready pattern %r: %s' % (options.ready_pattern, e))
+        pattern = options.compiled_pattern()
         LOG.info('%s: profiling boot (ends on %r, %ss idle or %ss at most)', image['id'],
                  options.ready_pattern, options.idle_seconds, options.max_seconds)
         learned = self.learner(base, os.path.join(work, 'learn'),
                                boot_timeout=options.max_seconds,
                                idle_seconds=options.idle_seconds, ready_marker=pattern,
                                accel=options.accel, memory_mib=options.memory_mib,
-                               console_log=os.path.join(work, 'console.log'))
+                               console_log=os.path.join(work, 'console.log'),
+                               network=False, extra_args=SANDBOX)
         LOG.info('%s: profiling boot ended by %s after %.1fs', image['id'], learned.ended_by,
                  learned.boot_seconds)
         # Rebuilt with the image's identity in the header, then verified against the base.

@@ -306,6 +306,39 @@ def test_per_image_profiling_overrides(glance, make_worker):
     assert (call['idle_seconds'], call['boot_timeout'], call['memory_mib']) == (5.0, 120.0, 2048)
 
 
+def test_profiling_boots_have_no_network_and_run_sandboxed(glance, make_worker):
+    worker = make_worker()
+    worker.build(glance.add(raw_disk()))
+    call = worker.learner.calls[0]
+    assert call['network'] is False
+    assert call['extra_args'][0] == '-sandbox' and call['extra_args'][1].startswith('on,')
+
+
+def test_per_image_overrides_stay_within_the_operators_maxima(glance, make_worker):
+    source = glance.add(raw_disk(), min_ram=1 << 20, **{
+        worker_mod.IDLE_PROPERTY: '0', worker_mod.MAX_PROPERTY: '1e9'})
+    worker = make_worker(profiling=worker_mod.ProfilingOptions(
+        'login:', 30.0, 600.0, max_memory_mib=2048))
+    worker.build(source)
+    call = worker.learner.calls[0]
+    assert (call['idle_seconds'], call['boot_timeout'], call['memory_mib']) == (1.0, 600.0, 2048)
+
+
+def test_an_unreadable_override_is_ignored(glance, make_worker):
+    worker = make_worker()
+    worker.build(glance.add(raw_disk(), **{worker_mod.MAX_PROPERTY: 'forever'}))
+    assert worker.learner.calls[0]['boot_timeout'] == 600.0
+
+
+def test_ready_patterns_cannot_backtrack_for_ever(glance, make_worker):
+    # (a+)+$ takes exponential time in a backtracking matcher on a's followed by another
+    # character; RE2 answers in linear time.
+    options = worker_mod.ProfilingOptions('(a+)+$', 30.0, 600.0)
+    assert options.compiled_pattern().search(b'a' * 100000 + b'!') is None
+    with pytest.raises(worker_mod.Unbootable, match='longer than'):
+        worker_mod.ProfilingOptions('a' * 1000, 30.0, 600.0).compiled_pattern()
+
+
 def test_a_bad_ready_pattern_is_a_recorded_failure(glance, make_worker):
     source = glance.add(raw_disk(), **{worker_mod.READY_PATTERN_PROPERTY: '('})
     assert make_worker().build(source) == 'failed'
