@@ -88,13 +88,14 @@ create_users() {
     local user
     for user in keystone glance placement nova neutron yolo; do
         if ! getent passwd "$user" >/dev/null; then
-            useradd --system --user-group --home-dir "/var/lib/$user" --create-home \
+            useradd --system --user-group --home-dir "/var/lib/$user" --no-create-home \
                 --shell /usr/sbin/nologin "$user"
         fi
+        # Also after a clean, which removes the state in them.
+        install -d -o "$user" -g "$user" -m 0755 "/var/lib/$user"
     done
-    # nova-compute talks to libvirtd; glance's and nova's logs are readable by adm.
+    # nova-compute talks to libvirtd.
     usermod -a -G libvirt,kvm nova
-    chmod 0755 /var/lib/nova
 }
 
 install_venv() {
