@@ -8,6 +8,7 @@ import random
 import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -308,3 +309,31 @@ def test_pin_locks_qemu_files(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
+
+
+def test_mount_waits_for_novas_image_cache_to_exist(tmp_path):
+    # yolofs never makes Nova's directories: before Nova caches its first image, _base does not
+    # exist, and yolofs waits for it rather than failing (or making it as root).
+    source = tmp_path / 'instances' / '_base'
+    mountpoint = tmp_path / 'mnt'
+    mountpoint.mkdir()
+    process = subprocess.Popen(
+        [yolofs.binary(), 'mount', '--source', str(source), '--mountpoint', str(mountpoint),
+         '--boot-images', str(tmp_path / 'boot-images'),
+         '--control-socket', str(tmp_path / 'control.sock')],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=2)
+        assert not os.path.ismount(mountpoint) and not source.exists()
+        source.mkdir(parents=True)
+        (source / 'base').write_bytes(b'x' * 4096)
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mountpoint):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert (mountpoint / 'base').read_bytes() == b'x' * 4096
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=30)[0]
+    assert 'waiting for %s to exist' % source in output

@@ -85,7 +85,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct MountArgs {
-    /// Directory to mirror (Nova's instances/_base).
+    /// Directory to mirror (Nova's instances/_base). Nova makes it, as its own user, when it
+    /// caches its first image: until it exists yolofs waits for it, then mounts.
     #[arg(long)]
     source: PathBuf,
     /// Where to mount the mirror.
@@ -412,8 +413,29 @@ fn clear_stale_mount(mountpoint: &Path) {
     }
 }
 
+/// Waits until the source directory exists (yolofs never makes Nova's directories).
+fn wait_for_source(source: &Path) -> Result<PathBuf> {
+    let mut logged = false;
+    loop {
+        match std::fs::canonicalize(source) {
+            Ok(path) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if !logged {
+                    info!(
+                        "waiting for {} to exist (Nova makes it when it caches an image)",
+                        source.display()
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e).with_context(|| format!("source {}", source.display())),
+        }
+    }
+}
+
 fn mount(args: MountArgs) -> Result<()> {
-    let source = std::fs::canonicalize(&args.source).with_context(|| format!("source {}", args.source.display()))?;
+    let source = wait_for_source(&args.source)?;
     let socket_access = SocketAccess {
         mode: args.control_socket_mode,
         group: match &args.control_socket_group {
