@@ -99,14 +99,14 @@ create_users() {
 }
 
 install_venv() {
-    if [[ ! -x $AIO_VENV/bin/nova-compute ]]; then
-        progress "installing OpenStack from PyPI into $AIO_VENV (about a minute)"
+    if [[ ! -x $AIO_VENV/bin/python ]]; then
         install -d -m 0755 "$AIO_HOME"
         "$AIO_PYTHON" -m venv "$AIO_VENV"
         "$AIO_VENV/bin/pip" install -q --upgrade pip
-        # shellcheck disable=SC2086 # the list is word-split on purpose
-        "$AIO_VENV/bin/pip" install -q $AIO_OPENSTACK_PACKAGES
     fi
+    progress "installing OpenStack from PyPI into $AIO_VENV (about a minute the first time)"
+    # shellcheck disable=SC2086 # the list is word-split on purpose
+    "$AIO_VENV/bin/pip" install -q $AIO_OPENSTACK_PACKAGES
     install -m 0644 "$AIO_REPO/tools/aio/gunicorn.conf.py" "$AIO_HOME/gunicorn.conf.py"
     progress "installing YOLO into $AIO_VENV"
     # Not editable: an operator's install, and the wheel carries the nova.virt.yolo module.
@@ -462,8 +462,13 @@ EOF
 }
 
 compute_registered() {
-    # The resource provider carries the hypervisor's name (the machine's host name).
-    [[ -n $(admin_openstack resource provider list -f value -c uuid 2>/dev/null) ]]
+    # The compute node's resource provider (named after the hypervisor, the machine's host
+    # name) with its inventory: what the scheduler asks placement for.
+    local provider
+    provider=$(admin_openstack resource provider list -f value -c uuid) || return 1
+    [[ -n $provider ]] &&
+        admin_openstack resource provider inventory list "$provider" -f value -c resource_class |
+        grep -qx VCPU
 }
 
 admin_openstack() {
