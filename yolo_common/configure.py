@@ -128,14 +128,19 @@ class ConfigFile:
         self.set(section, key, ','.join(items))
 
     def save(self):
+        """Replaces the file atomically, with the original's owner and mode (0600 for a new
+        one: these files hold passwords)."""
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         tmp = self.path + '.yolo-configure.tmp'
-        with open(tmp, 'w') as f:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, 'w') as f:
+            if os.path.exists(self.path):
+                st = os.stat(self.path)
+                os.fchown(f.fileno(), st.st_uid, st.st_gid)
+                os.fchmod(f.fileno(), st.st_mode & 0o7777)
             f.write('\n'.join(self.lines) + '\n')
-        if os.path.exists(self.path):
-            st = os.stat(self.path)
-            os.chmod(tmp, st.st_mode & 0o7777)
-            os.chown(tmp, st.st_uid, st.st_gid)
         os.replace(tmp, self.path)
 
 

@@ -13,9 +13,10 @@ import logging
 from taskflow.patterns import linear_flow
 from taskflow import task
 
+from yolo_common.contract import PENDING
+from yolo_common.contract import STATUS
+
 LOG = logging.getLogger(__name__)
-STATUS = 'yolo_boot_image_status'   # yolo_glance.glance.STATUS, without importing the worker
-PENDING = 'pending'
 
 
 class _MarkPending(task.Task):

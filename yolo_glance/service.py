@@ -89,7 +89,9 @@ class Dispatcher:
         return queued
 
     def shutdown(self, wait=True):
-        self.pool.shutdown(wait=wait, cancel_futures=not wait)
+        """Stops: queued jobs are dropped (a scan queues them again), running ones finish if
+        ``wait``."""
+        self.pool.shutdown(wait=wait, cancel_futures=True)
 
 
 class NotificationEndpoint:
@@ -110,6 +112,13 @@ class NotificationEndpoint:
                 and (payload.get('properties') or {}).get(glance_api.STATUS) not in OWN_STATUSES:
             self.dispatcher.build(image_id)
         return oslo_messaging.NotificationResult.HANDLED
+
+    def warn(self, ctxt, publisher_id, event_type, payload, metadata):
+        # Consumed so that the topic's warn and error queues (a failed upload) do not fill:
+        # nothing to build from them.
+        return oslo_messaging.NotificationResult.HANDLED
+
+    error = warn
 
 
 def notification_listener(conf, dispatcher, transport=None):
@@ -170,4 +179,3 @@ def main(argv=None):
         listener.wait()
         dispatcher.shutdown(wait=True)
         LOG.info('yolo-glance-worker stopped')
-        dispatcher.shutdown(wait=False)

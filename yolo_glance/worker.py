@@ -13,6 +13,7 @@ others, so they converge.
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -105,6 +106,8 @@ class ProfilingOptions:
                 try:
                     wanted = float(image[prop])
                 except ValueError:
+                    wanted = math.nan
+                if not math.isfinite(wanted):
                     LOG.warning('%s: ignoring %s=%r', image.get('id'), prop, image[prop])
                     continue
                 setattr(options, field, min(max(wanted, low), self.max_seconds))

@@ -33,11 +33,17 @@ start_service() {  # NAME USER COMMAND [ARG...]
         OS_NOVA_DISABLE_EVENTLET_PATCHING=1 "$@"
 }
 
-stop_service() {  # NAME
-    local pidfile=$AIO_RUN_DIR/$1.pid
+stop_service() {  # NAME [SECONDS to stop before SIGKILL]
+    local pidfile=$AIO_RUN_DIR/$1.pid pid
     [[ -e $pidfile ]] || return 0
-    start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry TERM/10/KILL/5 \
+    pid=$(cat "$pidfile")
+    start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry "TERM/${2:-10}/KILL/5" \
         --remove-pidfile >/dev/null || true
+    # start-stop-daemon made each service a session of its own: what it started (the worker's
+    # profiling QEMU, say) goes with it.
+    if [[ -n $pid ]]; then
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
     rm -f "$pidfile"
 }
 
@@ -84,16 +90,28 @@ install_packages() {
     chmod 0666 /dev/fuse
 }
 
+service_home() {  # USER
+    # The worker's home is its scratch space, inside root's /var/lib/yolo, which also holds
+    # yolofs' boot image store: the user that runs tenants' images must not own the store's
+    # parent (it could swap the store for one of its own).
+    if [[ $1 == yolo ]]; then echo "$YOLO_WORKER_DIR"; else echo "/var/lib/$1"; fi
+}
+
 create_users() {
-    local user
+    local user home
+    install -d -o root -g root -m 0755 "$(dirname "$YOLOFS_BOOT_IMAGES")" \
+        "$(dirname "$YOLO_WORKER_DIR")"
     for user in keystone glance placement nova neutron yolo; do
+        home=$(service_home "$user")
         if ! getent passwd "$user" >/dev/null; then
-            useradd --system --user-group --home-dir "/var/lib/$user" --no-create-home \
+            useradd --system --user-group --home-dir "$home" --no-create-home \
                 --shell /usr/sbin/nologin "$user"
         fi
+        usermod -d "$home" "$user" 2>/dev/null || true
         # Also after a clean, which removes the state in them.
-        install -d -o "$user" -g "$user" -m 0755 "/var/lib/$user"
+        install -d -o "$user" -g "$user" -m 0750 "$home"
     done
+    chmod 0755 /var/lib/nova      # libvirt's QEMU user reaches the instances below it
     # nova-compute talks to libvirtd.
     usermod -a -G libvirt,kvm nova
 }
@@ -241,7 +259,7 @@ EOF
 as_user() {  # USER COMMAND...: a one-off command of a service, as its user
     local user=$1
     shift
-    runuser -u "$user" -- env -i HOME="/var/lib/$user" LANG=C.UTF-8 \
+    runuser -u "$user" -- env -i HOME="$(service_home "$user")" LANG=C.UTF-8 \
         PATH="$AIO_VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" OS_NOVA_DISABLE_EVENTLET_PATCHING=1 "$@"
 }
 
@@ -264,9 +282,10 @@ memcache_servers = $AIO_HOST:11211
 EOF
     as_user keystone keystone-manage db_sync
     if [[ ! -d /etc/keystone/fernet-keys ]]; then
-        keystone-manage() { "$AIO_VENV/bin/keystone-manage" "$@"; }
-        keystone-manage fernet_setup --keystone-user keystone --keystone-group keystone
-        keystone-manage credential_setup --keystone-user keystone --keystone-group keystone
+        "$AIO_VENV/bin/keystone-manage" fernet_setup --keystone-user keystone \
+            --keystone-group keystone
+        "$AIO_VENV/bin/keystone-manage" credential_setup --keystone-user keystone \
+            --keystone-group keystone
     fi
     as_user keystone keystone-manage bootstrap --bootstrap-password "$ADMIN_PASSWORD" \
         --bootstrap-admin-url "http://$AIO_HOST:$KEYSTONE_PORT/v3/" \
@@ -372,8 +391,8 @@ EOF
     install -m 0644 "$AIO_VENV/etc/neutron/api-paste.ini" /etc/neutron/api-paste.ini
     as_user neutron neutron-db-manage --config-file /etc/neutron/neutron.conf \
         --config-file /etc/neutron/plugins/ml2/ml2_conf.ini upgrade heads >/dev/null
-    OS_NEUTRON_CONFIG_FILES="/etc/neutron/neutron.conf;/etc/neutron/plugins/ml2/ml2_conf.ini" \
-        start_wsgi neutron-api neutron "$NEUTRON_PORT" neutron.wsgi.api:application
+    # neutron.wsgi.api reads /etc/neutron/neutron.conf and plugins/ml2/ml2_conf.ini.
+    start_wsgi neutron-api neutron "$NEUTRON_PORT" neutron.wsgi.api:application
 }
 
 # --- nova ----------------------------------------------------------------------------------
@@ -480,8 +499,11 @@ admin_openstack() {
 start_yolofs() {
     # yolofs mounts a FUSE filesystem and locks memory: it runs as root. nova-compute (group
     # nova) uses its control socket.
-    mountpoint -q "$YOLOFS_MOUNTPOINT" || install -d -m 0755 "$YOLOFS_MOUNTPOINT"
-    install -d -m 0755 "$(dirname "$YOLOFS_BOOT_IMAGES")"
+    if ! service_running yolofs; then
+        # A mount left by a yolofs that was killed answers ENOTCONN: detach it first.
+        fusermount3 -uz "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
+        install -d -m 0755 "$YOLOFS_MOUNTPOINT"
+    fi
     # shellcheck disable=SC2086 # the options are word-split on purpose
     start_service yolofs root "$YOLOFS_BIN" mount --source "$YOLOFS_SOURCE" \
         --mountpoint "$YOLOFS_MOUNTPOINT" --boot-images "$YOLOFS_BOOT_IMAGES" \
@@ -491,16 +513,15 @@ start_yolofs() {
 }
 
 stop_yolofs() {
-    stop_service yolofs
-    if mountpoint -q "$YOLOFS_MOUNTPOINT" 2>/dev/null; then
-        fusermount3 -uz "$YOLOFS_MOUNTPOINT" || true
-    fi
+    # yolofs may finish a learning window first (--record-idle-secs 30).
+    stop_service yolofs 45
+    # Also a mount whose yolofs died (ENOTCONN, which mountpoint(1) does not see as a mount).
+    fusermount3 -uz "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
 }
 
 setup_yolo_worker() {
     progress "yolo-glance-worker"
     create_rabbit_user yolo
-    install -d -o yolo -g yolo -m 0750 "$YOLO_WORKER_DIR"
     [[ -e /etc/yolo/yolo-glance-worker.conf ]] || config_file /etc/yolo/yolo-glance-worker.conf yolo </dev/null
     "$AIO_VENV/bin/yolo-configure" worker --config-file /etc/yolo/yolo-glance-worker.conf \
         --transport-url "$(rabbit_url yolo)" --auth-url "http://$AIO_HOST:$KEYSTONE_PORT" \
@@ -539,4 +560,12 @@ libvirt_cleanup_domains() {
         pkill -f -- '-name guest=instance-' || true
         rm -f /etc/libvirt/qemu/instance-*.xml
     fi
+}
+
+unmount_worker_mounts() {
+    # Learning mounts of profiling boots whose worker was killed.
+    local target
+    for target in $(findmnt -rn -o TARGET | grep "^$YOLO_WORKER_DIR/" || true); do
+        umount -l "$target" 2>/dev/null || true
+    done
 }

@@ -435,7 +435,7 @@ fn wait_for_source(source: &Path) -> Result<PathBuf> {
 }
 
 fn mount(args: MountArgs) -> Result<()> {
-    let source = wait_for_source(&args.source)?;
+    // Bad arguments fail at once, before any wait.
     let socket_access = SocketAccess {
         mode: args.control_socket_mode,
         group: match &args.control_socket_group {
@@ -447,6 +447,7 @@ fn mount(args: MountArgs) -> Result<()> {
             None => None,
         },
     };
+    let source = wait_for_source(&args.source)?;
     clear_stale_mount(&args.mountpoint);
     std::fs::create_dir_all(&args.mountpoint).with_context(|| format!("mount point {}", args.mountpoint.display()))?;
     std::fs::create_dir_all(&args.boot_images)
