@@ -94,8 +94,9 @@ if is_service_enabled yolofs; then
             configure_yolo_glance
         fi
     elif [[ "$1" == "stack" && "$2" == "extra" && "$YOLO_GLANCE_WORKER" == "True" ]]; then
-        # Profiling boots mount yolofs: the worker runs as root.
-        run_process yolo-glance-worker "$(which yolo-glance-worker) --config-file /etc/yolo/yolo-glance-worker.conf" "" root
+        # The worker runs tenants' images: as the stack user, never root (its profiling boots'
+        # yolofs mounts are unprivileged FUSE mounts, readable by their owner alone).
+        run_process yolo-glance-worker "$(which yolo-glance-worker) --config-file /etc/yolo/yolo-glance-worker.conf"
     fi
     if [[ "$1" == "unstack" ]]; then
         stop_yolo

@@ -127,9 +127,9 @@ class ConfigFile:
             items.append(item)
         self.set(section, key, ','.join(items))
 
-    def save(self):
-        """Replaces the file atomically, with the original's owner and mode (0600 for a new
-        one: these files hold passwords)."""
+    def save(self, new_mode=0o600):
+        """Replaces the file atomically, with the original's owner and mode (``new_mode`` for
+        a new one: 0600 by default, as these files hold passwords)."""
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         tmp = self.path + '.yolo-configure.tmp'
         if os.path.exists(tmp):
@@ -140,6 +140,8 @@ class ConfigFile:
                 st = os.stat(self.path)
                 os.fchown(f.fileno(), st.st_uid, st.st_gid)
                 os.fchmod(f.fileno(), st.st_mode & 0o7777)
+            else:
+                os.fchmod(f.fileno(), new_mode)
             f.write('\n'.join(self.lines) + '\n')
         os.replace(tmp, self.path)
 
@@ -218,7 +220,9 @@ def property_protections(path):
             end += 1
         del protections.lines[start:end]
     protections.lines[:0] = [header] + ['%s = %s' % kv for kv in PROTECTION_RULES.items()] + ['']
-    protections.save()
+    # glance-api reads it as its own user (an unreadable file is silently no rules at all, and
+    # Glance then refuses every property); it holds no secret.
+    protections.save(new_mode=0o644)
 
 
 def glance_api(conf, args):

@@ -13,6 +13,7 @@ import time
 
 READY_MARKER = b'YOLO-GUEST-READY'
 QEMU = os.environ.get('YOLO_QEMU', 'qemu-system-x86_64')
+CONSOLE_LOG_LIMIT = 16 << 20   # bytes of a guest's console kept in its log file
 
 
 class BootTimeout(Exception):
@@ -65,13 +66,19 @@ class Guest:
 
     def _read_console(self):
         log = open(self.console_log, 'wb') if self.console_log else None
+        # A guest (an untrusted image, in the worker) may print without end: the log file keeps
+        # its first CONSOLE_LOG_LIMIT bytes.
+        room = CONSOLE_LOG_LIMIT
         try:
             while True:
                 chunk = self.process.stdout.read1(65536)
                 if not chunk:
                     break
-                if log:
-                    log.write(chunk)
+                if log and room > 0:
+                    log.write(chunk[:room])
+                    room -= len(chunk)
+                    if room <= 0:
+                        log.write(b'\n[console log truncated]\n')
                     log.flush()
                 # Keep a window large enough to find a marker split across chunks.
                 self._console += chunk

@@ -14,7 +14,12 @@ DEFAULT_SOCKET = '/run/yolofs/control.sock'
 
 
 class YolofsError(Exception):
-    """yolofs refused a request or could not be run."""
+    """yolofs refused a request or could not be run. ``refused``: what was handed in (a boot
+    image to install) is what is wrong, and offering it again cannot help."""
+
+    def __init__(self, message, refused=False):
+        super().__init__(message)
+        self.refused = refused
 
 
 def binary():
@@ -61,7 +66,8 @@ class ControlClient:
                 data += chunk
         answer = json.loads(data)
         if not answer.get('ok'):
-            raise YolofsError('%s: %s' % (op, answer.get('error')))
+            raise YolofsError('%s: %s' % (op, answer.get('error')),
+                              refused=bool(answer.get('refused')))
         return answer
 
     def status(self):

@@ -11,12 +11,11 @@ yolo.YoloLibvirtDriver`` works in all three layouts.
 
 import importlib.abc
 import importlib.util
-import os
 import sys
 
 MODULE = 'nova.virt.yolo'
 # The file executed as nova.virt.yolo.
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'virt', 'nova_module.py')
+DRIVER_MODULE = 'yolo_nova.virt.nova_module'
 
 
 class NovaVirtFinder(importlib.abc.MetaPathFinder):
@@ -25,9 +24,16 @@ class NovaVirtFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != MODULE:
             return None
-        return importlib.util.spec_from_file_location(fullname, SOURCE)
+        # Looked up when Nova asks, in the yolo_nova the process imports (a checkout ahead of
+        # the installed copy, for one).
+        driver = importlib.util.find_spec(DRIVER_MODULE)
+        return importlib.util.spec_from_file_location(fullname, driver.origin)
 
 
 def install():
     if not any(type(finder).__name__ == NovaVirtFinder.__name__ for finder in sys.meta_path):
         sys.meta_path.append(NovaVirtFinder())
+    # The .pth imported yolo_nova at interpreter start, before sys.path is final: forget it, so
+    # that the process imports yolo_nova from where its sys.path says.
+    for name in [name for name in sys.modules if name.split('.')[0] == 'yolo_nova']:
+        del sys.modules[name]

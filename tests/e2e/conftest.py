@@ -1,8 +1,9 @@
 """The all-in-one cloud for the end-to-end tests: one per test run, shared by every test.
 
-The session fixture stands it up with ``tools/aio/aio up`` (idempotent: a cloud that already runs
-is kept) and the tests use it as its users do, with the ``openstack`` client and clouds.yaml's
-clouds ``aio-admin`` and ``aio-demo`` (a non-admin user of another project). Host-side checks
+The session fixture makes a new one (``tools/aio/aio clean``, then ``up``: state a previous run
+left behind cannot make a test pass) and the tests use it as its users do, with the
+``openstack`` client and clouds.yaml's clouds ``aio-admin`` and ``aio-demo`` (a non-admin user
+of another project). Host-side checks
 (instance disks, yolofs statistics) read what a compute node's operator would.
 """
 

@@ -1,5 +1,6 @@
 """A public image, its boot image, and a non-admin user of another project booting from it."""
 
+import configparser
 import subprocess
 
 import pytest
@@ -21,6 +22,17 @@ def test_plain_upload_publishes_a_hidden_linked_boot_image(published_boot_image)
     assert boot_image['owner'] == service['id'] != source['owner']
     # The tenants who boot the public image see neither the boot image nor its data.
     assert demo('image', 'show', boot_image_id, parse=False, check=False).returncode != 0
+    # Compute nodes read it with Nova's service identity (nova.conf's [service_user]), of a
+    # project that does not own the source image.
+    nova_conf = configparser.ConfigParser(strict=False, interpolation=None)
+    nova_conf.read('/etc/nova/nova.conf')
+    import openstack
+    nova_service = openstack.connect(**{
+        key: nova_conf['service_user'][key]
+        for key in ('auth_url', 'username', 'password', 'project_name', 'user_domain_name',
+                    'project_domain_name')})
+    data = nova_service.image.download(boot_image_id, stream=True)
+    assert next(data.iter_content(8)) == b'YOLOBOOT'
 
 
 def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(published_boot_image):

@@ -1,5 +1,7 @@
 """yolo-configure: YOLO's settings written into existing Nova, Glance and worker files."""
 
+import pathlib
+
 from yolo_common import configure
 from yolo_common import contract
 
@@ -115,4 +117,28 @@ def test_a_new_property_protection_file_leaves_other_properties_free(tmp_path):
     run(tmp_path, '', 'glance-api', '--property-protection-file', str(protections))
     rules = configure.ConfigFile(str(protections))
     assert rules.get('^yolo_.*', 'update') == 'admin,service'
+    # Readable by glance-api's user; Glance reads an unreadable file as no rules, refusing all.
+    assert protections.stat().st_mode & 0o777 == 0o644
     assert rules.get('.*', 'create') == '@'
+
+
+def test_the_shipped_property_protections_sample_is_what_yolo_configure_writes(tmp_path):
+    protections = tmp_path / 'property-protections.conf'
+    run(tmp_path, '', 'glance-api', '--property-protection-file', str(protections))
+    sample = pathlib.Path(__file__).parents[2] / 'etc' / 'glance-property-protections.conf.sample'
+    rules = [line for line in sample.read_text().splitlines() if not line.startswith('#')]
+    assert rules == protections.read_text().splitlines()
+
+
+def test_a_new_file_is_private_and_an_existing_one_keeps_its_mode(tmp_path):
+    new = configure.ConfigFile(str(tmp_path / 'new.conf'))
+    new.set('glance', 'password', 'secret')
+    new.save()
+    assert (tmp_path / 'new.conf').stat().st_mode & 0o777 == 0o600
+    existing = tmp_path / 'existing.conf'
+    existing.write_text('[DEFAULT]\n')
+    existing.chmod(0o640)
+    conf = configure.ConfigFile(str(existing))
+    conf.set('glance', 'password', 'secret')
+    conf.save()
+    assert existing.stat().st_mode & 0o777 == 0o640

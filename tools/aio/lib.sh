@@ -107,7 +107,7 @@ create_users() {
             useradd --system --user-group --home-dir "$home" --no-create-home \
                 --shell /usr/sbin/nologin "$user"
         fi
-        usermod -d "$home" "$user" 2>/dev/null || true
+        usermod -d "$home" "$user" >/dev/null 2>&1 || true
         # Also after a clean, which removes the state in them.
         install -d -o "$user" -g "$user" -m 0750 "$home"
     done

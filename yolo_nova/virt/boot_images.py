@@ -179,7 +179,9 @@ class BootImages:
             except yolofs.YolofsError as e:
                 LOG.warning('yolofs did not install boot image %s for base file %s: %s',
                             boot_image_id, name, e)
-                return 'rejected'
+                # A refused boot image is not fetched again; another failure (a full disk)
+                # may pass.
+                return 'rejected' if e.refused else 'failed'
             LOG.info('Installed verified boot image %s for base file %s (yolofs: %s)',
                      boot_image_id, name, installed)
             return 'installed'

@@ -162,6 +162,27 @@ fn base_file_name(file: &str) -> Result<&str, String> {
     Ok(file)
 }
 
+/// A request that failed: `refused` when the boot image handed in is what is wrong (its bytes,
+/// size, owner or image), so that the client need not offer it again; otherwise the failure may
+/// pass (a full disk, a base file not there yet).
+#[derive(Debug)]
+pub struct Failure {
+    pub error: String,
+    pub refused: bool,
+}
+
+impl From<String> for Failure {
+    fn from(error: String) -> Self {
+        Failure { error, refused: false }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(error: &str) -> Self {
+        error.to_string().into()
+    }
+}
+
 /// The `install` request: `file` is checked and opened in `source_dir` (not through a symbolic
 /// link), then [`BootImageStore::install`] does the rest. `client_uid` is the uid of the client
 /// (root's requests may name any file; others' only files they own).
@@ -172,13 +193,16 @@ pub fn install(
     boot_image: &Path,
     image_id: &str,
     client_uid: u32,
-) -> Result<Value, String> {
+) -> Result<Value, Failure> {
     let name = base_file_name(file)?;
     let base = store::open_regular_file(&source_dir.join(name)).map_err(|e| format!("base file {name}: {e}"))?;
     let owner = (client_uid != 0).then_some(client_uid);
     let installed = store
         .install(name, &base, boot_image, image_id, owner)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure {
+            refused: e.is_refusal(),
+            error: e.to_string(),
+        })?;
     Ok(json!({ "installed": installed }))
 }
 
@@ -199,7 +223,7 @@ pub fn remember(source_dir: &Path, store: &BootImageStore, file: &str, image_id:
 
 impl Daemon {
     /// Answers one request of a client with uid `client_uid`.
-    pub fn handle(&self, request: Request, client_uid: u32) -> Result<Value, String> {
+    pub fn handle(&self, request: Request, client_uid: u32) -> Result<Value, Failure> {
         match request {
             Request::Status => Ok(json!({
                 "version": env!("CARGO_PKG_VERSION"),
@@ -232,7 +256,7 @@ impl Daemon {
                 let name = base_file_name(&file)?;
                 Ok(json!({ "file": name, "evicted": self.store.evict(name) }))
             }
-            Request::HostLoad => serde_json::to_value(self.host_load.current()).map_err(|e| e.to_string()),
+            Request::HostLoad => serde_json::to_value(self.host_load.current()).map_err(|e| e.to_string().into()),
             Request::RecordStop { file } => {
                 let name = base_file_name(&file)?;
                 let recorder = self
@@ -240,7 +264,7 @@ impl Daemon {
                     .as_ref()
                     .ok_or("this mount is not learning boot images (--learn)")?;
                 if !recorder.stop(name) {
-                    return Err(format!("{name} is not being recorded"));
+                    return Err(format!("{name} is not being recorded").into());
                 }
                 recorder.wait_idle();
                 Ok(json!({ "file": name, "built": self.store.path_for(name).exists() }))
@@ -250,7 +274,7 @@ impl Daemon {
                 boot_image,
                 image_id,
             } => install(&self.source, &self.store, &file, &boot_image, &image_id, client_uid),
-            Request::Remember { file, image_id } => remember(&self.source, &self.store, &file, &image_id),
+            Request::Remember { file, image_id } => Ok(remember(&self.source, &self.store, &file, &image_id)?),
             Request::Prune => {
                 let recording: Vec<String> = self
                     .recorder
@@ -268,7 +292,7 @@ impl Daemon {
 
     fn answer(&self, line: &str, client_uid: u32) -> Value {
         let result = serde_json::from_str::<Request>(line)
-            .map_err(|e| format!("bad request: {e}"))
+            .map_err(|e| Failure::from(format!("bad request: {e}")))
             .and_then(|r| self.handle(r, client_uid));
         match result {
             Ok(Value::Object(mut fields)) => {
@@ -276,7 +300,7 @@ impl Daemon {
                 Value::Object(fields)
             }
             Ok(other) => json!({ "ok": true, "result": other }),
-            Err(error) => json!({ "ok": false, "error": error }),
+            Err(Failure { error, refused }) => json!({ "ok": false, "error": error, "refused": refused }),
         }
     }
 
@@ -440,16 +464,18 @@ mod tests {
         let base = dir.path().join("base");
         let candidate = dir.path().join("candidate.yolo");
         for name in ["../base/disk", "", "..", "a/b"] {
-            let err = install(&base, &store, name, &candidate, "id", 0).unwrap_err();
+            let err = install(&base, &store, name, &candidate, "id", 0).unwrap_err().error;
             assert!(err.contains("invalid base file name"), "{err}");
             let err = remember(&base, &store, name, "id").unwrap_err();
             assert!(err.contains("invalid base file name"), "{err}");
         }
         let err = install(&base, &store, "missing", &candidate, "id", 0).unwrap_err();
-        assert!(err.contains("base file missing"), "{err}");
+        assert!(err.error.contains("base file missing"), "{err:?}");
+        // No base file yet is not the boot image's fault.
+        assert!(!err.refused);
         // A base file that is a symbolic link (to anything the daemon could read) is not used.
         std::os::unix::fs::symlink("/etc/hostname", base.join("link")).unwrap();
-        let err = install(&base, &store, "link", &candidate, "id", 0).unwrap_err();
+        let err = install(&base, &store, "link", &candidate, "id", 0).unwrap_err().error;
         assert!(err.contains("symbolic link"), "{err}");
         assert!(remember(&base, &store, "link", "id").is_err());
         assert!(remember(&base, &store, "disk", "bad id").is_err());

@@ -219,6 +219,21 @@ pub enum InstallError {
     Store { dir: PathBuf, source: std::io::Error },
 }
 
+impl InstallError {
+    /// Whether the boot image handed in is what is wrong (offering it again cannot help),
+    /// rather than the request, the base file or the store.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            InstallError::Candidate { .. }
+                | InstallError::TooLarge { .. }
+                | InstallError::Invalid { .. }
+                | InstallError::Mismatch { .. }
+                | InstallError::ForeignImage { .. }
+        )
+    }
+}
+
 /// An installed boot image, for the `install` answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct Installed {
@@ -362,7 +377,11 @@ impl BootImageStore {
         }
         fs::create_dir_all(&self.config.dir)?;
         let path = self.image_id_path(name);
-        let tmp = self.config.dir.join(format!("{name}{IMAGE_ID_SUFFIX}.tmp"));
+        // A name of its own: two requests for one base file may be under way at once.
+        let tmp = self.config.dir.join(format!(
+            ".{name}{IMAGE_ID_SUFFIX}.{}.tmp",
+            self.staged.fetch_add(1, Ordering::Relaxed)
+        ));
         fs::write(&tmp, image_id)?;
         fs::rename(tmp, path)?;
         Ok(true)
@@ -406,6 +425,9 @@ impl BootImageStore {
                 candidate.display()
             )));
         }
+        // One install at a time, from before the candidate is read: each holds a whole boot image
+        // in memory (up to --max-boot-image-bytes).
+        let _installing = self.install_lock.lock().unwrap();
         let bytes = self.read_candidate(candidate, owner)?;
         let image = BootImage::parse(&bytes).map_err(|source| InstallError::Invalid {
             path: candidate.into(),
@@ -419,7 +441,6 @@ impl BootImageStore {
                 expected: image_id.into(),
             });
         }
-        let _installing = self.install_lock.lock().unwrap();
         let store_error = |source| InstallError::Store {
             dir: self.config.dir.clone(),
             source,

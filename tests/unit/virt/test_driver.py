@@ -101,7 +101,8 @@ class FakeYolofs:
         proc = yolofs.run('verify', boot_image_path, self.base_dir / file, check=False)
         if proc.returncode != 0:
             raise yolofs.YolofsError('install: boot image %s does not match base file %s: %s'
-                                     % (boot_image_path, file, proc.stderr.strip()))
+                                     % (boot_image_path, file, proc.stderr.strip()),
+                                     refused=True)
         self.entries[file] = {'file': file, 'image_id': image_id, 'verified': True,
                               'rejected': None}
         return {'file': file, 'image_id': image_id}
@@ -332,6 +333,20 @@ class TestRootDiskCreation(DriverTestCase):
         self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
         self.assertEqual('failed', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
+
+    def test_store_failure_is_not_remembered_as_a_refusal(self):
+        # yolofs could not write its store (a full disk): the boot image itself may be good.
+        self.publish_boot_image()
+        self.client.install_error = yolofs.YolofsError(
+            'install: installing into the store /var/lib/yolo: No space left on device')
+        disk = self.create_root_disk()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        self.assertEqual('failed', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base)))
+        self.client.install_error = None
+        self.assertEqual('installed', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base)))
+        self.assertEqual([BOOT_IMAGE_ID] * 3, self.glance.downloads)
 
     def test_glance_failure_does_not_fail_the_disk(self):
         self.glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': 'gone'}}
