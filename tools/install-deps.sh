@@ -32,6 +32,11 @@ if ((rust_minor < 85)); then
 fi
 
 [[ -e /dev/fuse ]] || modprobe fuse
+# udev's rule for /dev/kvm where udev does not run (guests run under TCG: tools/aio/lib.sh says
+# why libvirt needs it all the same).
+if [[ -c /dev/kvm ]] && getent group kvm >/dev/null; then
+    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+fi
 
 if [[ ! -x $repo/.venv/bin/python ]]; then
     echo "==> creating the Python venv in .venv"

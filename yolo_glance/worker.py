@@ -51,6 +51,8 @@ class Unbootable(Exception):
 def why_not(image, container_format):
     """Why ``image`` gets no boot image, or None if it should get one."""
     disk_format = image.get('disk_format')
+    if image.get('size') == 0:
+        return 'empty image'
     if image.get('container_format') in ('aki', 'ari') or disk_format in ('aki', 'ari'):
         return 'kernel or ramdisk image'
     if disk_format == 'iso':

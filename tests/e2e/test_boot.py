@@ -31,7 +31,7 @@ def test_plain_upload_publishes_a_hidden_linked_boot_image(published_boot_image)
         key: nova_conf['service_user'][key]
         for key in ('auth_url', 'username', 'password', 'project_name', 'user_domain_name',
                     'project_domain_name')})
-    data = nova_service.image.download(boot_image_id, stream=True)
+    data = nova_service.image.download_image(boot_image_id, stream=True)
     assert next(data.iter_content(8)) == b'YOLOBOOT'
 
 

@@ -1,13 +1,18 @@
 """Tenants cannot set or change YOLO's image properties (Glance property protections)."""
 
-from tests.e2e.conftest import demo
+import openstack.exceptions
+import pytest
+
+from tests.e2e.conftest import connection, demo
 
 
 def test_a_tenant_cannot_set_yolo_properties(cloud):
-    refused = demo('image', 'create', '--property', 'yolo_source_image_id=someone-elses',
-                   '--container-format', 'yolo', '--disk-format', 'raw', 'e2e-decoy',
-                   check=False)
-    assert refused.returncode != 0 and '403' in refused.stderr
+    # A decoy boot image, through the API (the openstack client offers no yolo container
+    # format): Glance refuses the property.
+    with pytest.raises(openstack.exceptions.ForbiddenException, match='yolo_source_image_id'):
+        connection('aio-demo').image.create_image(
+            name='e2e-decoy', container_format='yolo', disk_format='raw',
+            yolo_source_image_id='someone-elses')
     image = demo('image', 'create', '--container-format', 'bare', '--disk-format', 'raw',
                  'e2e-own-image')
     try:

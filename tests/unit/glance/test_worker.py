@@ -10,6 +10,7 @@ import itertools
 import pathlib
 import shutil
 import subprocess
+import threading
 from unittest import mock
 
 import pytest
@@ -38,7 +39,8 @@ class FakeGlance:
         image_id = 'img-%d' % next(self.ids)
         image = {'id': image_id, 'status': 'active', 'disk_format': 'raw',
                  'container_format': 'bare', 'created_at': '2026-11-21T00:00:%02d' % len(
-                     self.images), 'owner': 'p1', **fields}
+                     self.images), 'owner': 'p1',
+                 'size': None if data is None else len(data), **fields}
         if data is not None:
             path = self.root / image_id
             path.write_bytes(data)
@@ -181,6 +183,7 @@ def test_qcow2_images_are_converted_to_raw_first(glance, make_worker, tmp_path):
     ({'disk_format': 'ploop'}, "disk format 'ploop'"),
     ({'container_format': 'docker'}, "container format 'docker'"),
     ({'kernel_id': 'k1'}, 'separate kernel'),
+    ({'size': 0}, 'empty image'),
 ])
 def test_unbootable_images_are_skipped_with_a_reason(glance, make_worker, fields, reason):
     source = glance.add(raw_disk(), **fields)
@@ -355,6 +358,31 @@ def test_scan_queues_only_what_needs_work(glance, make_worker):
     assert dispatcher.scan() == [todo]
     dispatcher.shutdown()
     assert glance.images[todo][glance_api.STATUS] == 'ready'
+
+
+def test_deletions_do_not_wait_behind_a_build(glance, make_worker):
+    worker = make_worker()
+    booting = threading.Event()
+    finish_boot = threading.Event()
+
+    def slow_build(image_id):
+        booting.set()
+        finish_boot.wait(30)
+        return 'built'
+    worker.build = slow_build
+    worker.delete = lambda image_id: 1
+    dispatcher = service.Dispatcher(worker, glance)
+    try:
+        building = dispatcher.build('img-1')
+        assert booting.wait(10)
+        # Another image's deletion, and the deletion of the image being built, run meanwhile.
+        assert dispatcher.delete('img-2').result(10) == 'deleted 1'
+        assert dispatcher.delete('img-1').result(10) == 'deleted 1'
+        assert not building.done()
+    finally:
+        finish_boot.set()
+        dispatcher.shutdown()
+    assert building.result() == 'built'
 
 
 class TestNotifications:
