@@ -14,7 +14,9 @@ import threading
 from unittest import mock
 
 import pytest
+from oslo_concurrency import processutils
 
+from yolo_common import images
 from yolo_common import learning
 from yolo_common import yolofs
 from yolo_glance import glance as glance_api
@@ -383,6 +385,42 @@ def test_deletions_do_not_wait_behind_a_build(glance, make_worker):
         finish_boot.set()
         dispatcher.shutdown()
     assert building.result() == 'built'
+
+
+def test_qemu_img_runs_within_its_limits(tmp_path, test_image):
+    # The limits are really applied: an address space too small for qemu-img fails it.
+    too_small = processutils.ProcessLimits(address_space=32 << 20)
+    with pytest.raises(processutils.ProcessExecutionError):
+        images.convert_to_raw(test_image, tmp_path / 'raw', fmt='qcow2', limits=too_small)
+    assert worker_mod.QEMU_IMG_LIMITS.address_space == 1 << 30
+
+
+def test_the_worker_converts_uploads_under_its_limits(glance, make_worker, tmp_path):
+    source = glance.add(raw_disk())
+    with mock.patch.object(images, 'convert_to_raw', wraps=images.convert_to_raw) as convert:
+        make_worker().build(source)
+    assert convert.call_args.kwargs['limits'] is worker_mod.QEMU_IMG_LIMITS
+
+
+def test_shutdown_lets_running_builds_finish_and_drops_queued_ones(glance, make_worker):
+    worker = make_worker()
+    started = threading.Event()
+    finish = threading.Event()
+    built = []
+
+    def slow_build(image_id):
+        started.set()
+        finish.wait(30)
+        built.append(image_id)
+        return 'built'
+    worker.build = slow_build
+    dispatcher = service.Dispatcher(worker, glance)
+    running = dispatcher.build('img-1')
+    queued = dispatcher.build('img-2')
+    assert started.wait(10)
+    threading.Timer(0.5, finish.set).start()
+    dispatcher.shutdown(wait=True)
+    assert running.result(0) == 'built' and queued.cancelled() and built == ['img-1']
 
 
 class TestNotifications:
