@@ -28,33 +28,26 @@ OWN_STATUSES = (worker_mod.BUILDING, worker_mod.READY, worker_mod.SKIPPED, worke
 
 
 class Dispatcher:
-    """Runs the worker's builds on a bounded pool and its deletions on a pool of their own (a
-    deletion is a few API calls, which must not wait behind a profiling boot), one job of each
-    kind per image at a time."""
+    """Runs the worker's builds and deletions on a bounded pool, one job per image at a time."""
 
     def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120):
         self.worker = worker
         self.glance = glance
         self.activation_timeout = activation_timeout
-        self.pools = {
-            'build': concurrent.futures.ThreadPoolExecutor(max_concurrent_builds,
-                                                           thread_name_prefix='yolo-build'),
-            'delete': concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='yolo-delete'),
-        }
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_concurrent_builds,
+                                                          thread_name_prefix='yolo-build')
         self.lock = threading.Lock()
         self.in_flight = {}
 
-    def submit(self, kind, image_id, job, *args):
-        key = (kind, image_id)
+    def submit(self, image_id, job, *args):
         with self.lock:
-            if key in self.in_flight:
-                return self.in_flight[key]
-            future = self.pools[kind].submit(self._run, key, job, *args)
-            self.in_flight[key] = future
+            if image_id in self.in_flight:
+                return self.in_flight[image_id]
+            future = self.pool.submit(self._run, image_id, job, *args)
+            self.in_flight[image_id] = future
             return future
 
-    def _run(self, key, job, *args):
-        image_id = key[1]
+    def _run(self, image_id, job, *args):
         try:
             outcome = job(image_id, *args)
             LOG.info('%s: %s', image_id, outcome)
@@ -64,13 +57,13 @@ class Dispatcher:
             return 'error'
         finally:
             with self.lock:
-                self.in_flight.pop(key, None)
+                self.in_flight.pop(image_id, None)
 
     def build(self, image_id, wait_active=False):
-        return self.submit('build', image_id, self._build, wait_active)
+        return self.submit(image_id, self._build, wait_active)
 
     def delete(self, image_id):
-        return self.submit('delete', image_id, lambda i: 'deleted %d' % self.worker.delete(i))
+        return self.submit(image_id, lambda i: 'deleted %d' % self.worker.delete(i))
 
     def _build(self, image_id, wait_active):
         if wait_active:
@@ -98,8 +91,7 @@ class Dispatcher:
     def shutdown(self, wait=True):
         """Stops: queued jobs are dropped (a scan queues them again), running ones finish if
         ``wait``."""
-        for pool in self.pools.values():
-            pool.shutdown(wait=wait, cancel_futures=True)
+        self.pool.shutdown(wait=wait, cancel_futures=True)
 
 
 class NotificationEndpoint:

@@ -362,31 +362,6 @@ def test_scan_queues_only_what_needs_work(glance, make_worker):
     assert glance.images[todo][glance_api.STATUS] == 'ready'
 
 
-def test_deletions_do_not_wait_behind_a_build(glance, make_worker):
-    worker = make_worker()
-    booting = threading.Event()
-    finish_boot = threading.Event()
-
-    def slow_build(image_id):
-        booting.set()
-        finish_boot.wait(30)
-        return 'built'
-    worker.build = slow_build
-    worker.delete = lambda image_id: 1
-    dispatcher = service.Dispatcher(worker, glance)
-    try:
-        building = dispatcher.build('img-1')
-        assert booting.wait(10)
-        # Another image's deletion, and the deletion of the image being built, run meanwhile.
-        assert dispatcher.delete('img-2').result(10) == 'deleted 1'
-        assert dispatcher.delete('img-1').result(10) == 'deleted 1'
-        assert not building.done()
-    finally:
-        finish_boot.set()
-        dispatcher.shutdown()
-    assert building.result() == 'built'
-
-
 def test_qemu_img_runs_within_its_limits(tmp_path, test_image):
     # The limits are really applied: an address space too small for qemu-img fails it.
     too_small = processutils.ProcessLimits(address_space=32 << 20)
