@@ -29,6 +29,7 @@ import tenacity
 from wsgi_intercept import requests_intercept
 import wsgi_intercept
 
+from yolo_common import configure
 from yolo_common import images
 from yolo_common import yolofs
 from yolo_glance import conf as yolo_conf
@@ -94,6 +95,9 @@ class GlanceWorkerTest(functional.SynchronousAPIBase):
             messaging.register_opts(opts, group=group)
         messaging([], project='yolo-test')
         messaging.set_override('driver', ['messagingv2'], group='oslo_messaging_notifications')
+        # glance-api sends on the worker's own topic, as yolo-configure sets it up.
+        messaging.set_override('topics', [configure.NOTIFICATION_TOPIC],
+                               group='oslo_messaging_notifications')
         messaging.set_override('control_exchange', 'glance')
         self.transport = oslo_messaging.get_notification_transport(messaging, url='fake:/')
         self.useFixture(fixtures.MockPatch('glance.notifier.get_transport',
