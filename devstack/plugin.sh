@@ -1,109 +1,228 @@
 #!/bin/bash
-# devstack plugin for YOLO for OpenStack.
-#
-# In local.conf:
+# devstack plugin for YOLO for OpenStack: yolofs and the Nova driver on compute nodes,
+# YoloBootFilter and YoloBootTimeWeigher in nova-scheduler, the boot image worker beside
+# glance-api. In local.conf:
 #
 #   [[local|localrc]]
-#   enable_plugin yolo <path or URL of this repository>
+#   enable_plugin yolo <URL or path of this repository>
 #
-# Tunables (see devstack/settings): YOLOFS_SOURCE (Nova's image cache, instances/_base),
-# YOLOFS_MOUNTPOINT, YOLOFS_BOOT_IMAGES, YOLOFS_CONTROL_SOCKET, YOLOFS_OPTIONS,
-# YOLO_NOVA_DRIVER (True: compute_driver = yolo.YoloLibvirtDriver), YOLO_SCHEDULER (True:
-# YoloBootFilter and YoloBootTimeWeigher in nova-scheduler), YOLO_GLANCE_WORKER (True: Glance
-# notifications on, the yolo container format, the import plugin, yolo-glance-worker running).
-#
-# Phases: install builds yolofs (Rust >= 1.85 must be installed) into $YOLOFS_BIN and installs
-# the Python package (not editable: it ships the nova.virt.yolo driver module); post-config
-# writes nova.conf and starts `yolofs mount` as the devstack@yolofs service, before nova-compute
-# starts.
+# devstack/settings lists the services and every variable with its default; docs/devstack.md
+# says what each phase does.
 
-XTRACE=$(set +o | grep xtrace)
-set -o xtrace
+_XTRACE_YOLO=$(set +o | grep xtrace)
+set +o xtrace
 
-function install_yolo {
-    local repo
-    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-    install_package fuse3 qemu-utils
-    (cd "$repo/yolofs" && cargo build --release --locked)
-    sudo install -m 0755 "$repo/yolofs/target/release/yolofs" "$YOLOFS_BIN"
-    pip_install "$repo"
+# Where each part runs: a service of this plugin, on a node that runs what it serves.
+function _yolo_on_compute {
+    is_service_enabled yolofs && is_service_enabled n-cpu
 }
 
+function _yolo_on_glance {
+    is_service_enabled yolo-glance-worker && is_service_enabled g-api
+}
+
+function _yolo_on_scheduler {
+    [[ "$YOLO_SCHEDULER" == "True" ]] && is_service_enabled n-sch
+}
+
+# pre-install: yolofs mounts with fusermount3 and the driver rebases disks with qemu-img; the
+# worker's profiling boots also need QEMU itself.
+function preinstall_yolo {
+    local qemu_img="qemu-img" qemu="qemu-kvm"
+    if is_ubuntu; then
+        qemu_img="qemu-utils"
+        qemu="qemu-system-x86"
+    fi
+    if _yolo_on_glance; then
+        install_package fuse3 "$qemu_img" "$qemu"
+    elif _yolo_on_compute; then
+        install_package fuse3 "$qemu_img"
+    fi
+}
+
+# install: the yolofs binary where yolofs or the worker (its learning mounts) runs, and the
+# Python package everywhere: yolo-configure writes every node's settings.
+function install_yolo {
+    if _yolo_on_compute || _yolo_on_glance; then
+        if [[ -n "$YOLOFS_BIN_SOURCE" ]]; then
+            sudo install -m 0755 "$YOLOFS_BIN_SOURCE" "$YOLOFS_BIN"
+        else
+            build_yolofs
+        fi
+    fi
+    # A wheel, not an editable install (setup_develop): Nova loads the driver as nova.virt.yolo
+    # through the yolo-openstack-nova-virt.pth the wheel carries (yolo_build.py).
+    pip_install "$YOLO_DIR"
+}
+
+# The Rust toolchain. yolofs needs Rust >= 1.85, newer than the cargo of Debian 12 and of the
+# Ubuntu LTS releases. A recent enough cargo on the host is used as it is; otherwise rustup
+# installs the stable toolchain (minimal profile) for the stack user under $YOLO_RUSTUP_HOME
+# and $YOLO_CARGO_HOME, touching nothing system-wide and nothing on PATH. A prebuilt binary
+# (YOLOFS_BIN_SOURCE) needs no toolchain at all.
+
+# Succeeds if the cargo run by the given command is 1.85 or newer.
+function _yolo_cargo_is_recent {
+    local version
+    version=$("$@" --version 2>/dev/null) || return 1
+    [[ "$version" =~ ^cargo\ ([0-9]+)\.([0-9]+) ]] || return 1
+    (( BASH_REMATCH[1] > 1 || (BASH_REMATCH[1] == 1 && BASH_REMATCH[2] >= 85) ))
+}
+
+# rustup's cargo proxy finds its toolchain through these two variables.
+function _yolo_rustup_cargo {
+    RUSTUP_HOME=$YOLO_RUSTUP_HOME CARGO_HOME=$YOLO_CARGO_HOME "$YOLO_CARGO_HOME/bin/cargo" "$@"
+}
+
+function install_rust_toolchain {
+    local installer
+    installer=$(mktemp)
+    curl --proto '=https' --tlsv1.2 -sSf -o "$installer" "$YOLO_RUSTUP_URL" ||
+        die $LINENO "cannot download rustup's installer from $YOLO_RUSTUP_URL"
+    RUSTUP_HOME=$YOLO_RUSTUP_HOME CARGO_HOME=$YOLO_CARGO_HOME sh "$installer" -y \
+        --no-modify-path --profile minimal --default-toolchain stable ||
+        die $LINENO "rustup could not install Rust into $YOLO_CARGO_HOME"
+    rm -f "$installer"
+    # clean removes a toolchain only if the plugin installed it.
+    touch "$YOLO_CARGO_HOME/.installed-by-yolo"
+}
+
+function build_yolofs {
+    local cargo=cargo
+    if ! _yolo_cargo_is_recent cargo; then
+        cargo=_yolo_rustup_cargo
+        if ! _yolo_cargo_is_recent _yolo_rustup_cargo; then
+            install_rust_toolchain
+        fi
+    fi
+    (cd "$YOLO_DIR/yolofs" && "$cargo" build --release --locked)
+    sudo install -m 0755 "$YOLO_DIR/yolofs/target/release/yolofs" "$YOLOFS_BIN"
+}
+
+# post-config: YOLO's settings, written by yolo-configure (the code the all-in-one cloud runs
+# too) into the files devstack wrote. nova-compute reads $NOVA_CPU_CONF, which devstack makes
+# from $NOVA_CONF when it starts nova-compute, after this phase.
 function configure_yolo {
-    # yolofs' directories; Nova's own (_base) are Nova's to create, as its user.
-    sudo install -d -m 0755 "$YOLOFS_MOUNTPOINT" "$YOLOFS_BOOT_IMAGES"
-    # The settings themselves come from yolo-configure, which the all-in-one cloud (tools/aio)
-    # also uses: one place knows how YOLO is wired into Nova and Glance.
-    if [[ "$YOLO_NOVA_DRIVER" == "True" ]]; then
-        yolo-configure nova-compute --config-file "$NOVA_CONF" \
+    local configure=$YOLO_BIN_DIR/yolo-configure
+    if _yolo_on_compute; then
+        "$configure" nova-compute --config-file "$NOVA_CONF" \
             --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET"
     fi
-    if [[ "$YOLO_SCHEDULER" == "True" ]]; then
-        yolo-configure nova-scheduler --config-file "$NOVA_CONF"
+    if _yolo_on_scheduler; then
+        "$configure" nova-scheduler --config-file "$NOVA_CONF"
     fi
     if is_service_enabled n-api; then
-        yolo-configure nova-api --config-file "$NOVA_CONF"
+        # Snapshots must not inherit YOLO's links to boot images.
+        "$configure" nova-api --config-file "$NOVA_CONF"
+    fi
+    if _yolo_on_glance; then
+        configure_yolo_glance
     fi
 }
 
 function configure_yolo_glance {
-    local import_conf=()
-    if [[ -n "$GLANCE_IMAGE_IMPORT_CONF" ]]; then
-        import_conf=(--import-config-file "$GLANCE_IMAGE_IMPORT_CONF")
-    fi
-    yolo-configure glance-api --config-file "$GLANCE_API_CONF" "${import_conf[@]}" \
+    "$YOLO_BIN_DIR/yolo-configure" glance-api --config-file "$GLANCE_API_CONF" \
+        --import-config-file "$GLANCE_IMAGE_IMPORT_CONF" \
         --property-protection-file "$GLANCE_CONF_DIR/property-protections.conf"
-    sudo install -d -o "$STACK_USER" /etc/yolo "$YOLO_WORKER_DIR"
+
     # The worker's own service user, in the service project: compute nodes trust the boot
-    # images that project publishes (they fetch them as Nova's service user, its member).
-    local user
-    user=$(get_or_create_user yolo "$SERVICE_PASSWORD" default)
-    get_or_add_user_project_role admin "$user" "$SERVICE_PROJECT_NAME"
-    get_or_add_user_project_role service "$user" "$SERVICE_PROJECT_NAME"
-    yolo-configure worker --config-file /etc/yolo/yolo-glance-worker.conf \
+    # images that project publishes. admin: it reads every project's images.
+    local password=${YOLO_SERVICE_PASSWORD:-$SERVICE_PASSWORD} user
+    user=$(get_or_create_user "$YOLO_SERVICE_USER" "$password" default)
+    get_or_add_user_project_role admin "$user" "$SERVICE_PROJECT_NAME" >/dev/null
+    get_or_add_user_project_role service "$user" "$SERVICE_PROJECT_NAME" >/dev/null
+
+    sudo install -d -o "$STACK_USER" -m 0755 "$YOLO_CONF_DIR" "$YOLO_WORKER_DIR"
+    "$YOLO_BIN_DIR/yolo-configure" worker --config-file "$YOLO_WORKER_CONF" \
         --transport-url "$(get_notification_url)" --auth-url "$KEYSTONE_SERVICE_URI" \
-        --username yolo --password "$SERVICE_PASSWORD" --project-name "$SERVICE_PROJECT_NAME" \
-        --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$YOLOFS_BIN"
+        --region-name "$REGION_NAME" --username "$YOLO_SERVICE_USER" --password "$password" \
+        --project-name "$SERVICE_PROJECT_NAME" --work-dir "$YOLO_WORKER_DIR" \
+        --yolofs-binary "$YOLOFS_BIN"
 }
 
-function start_yolo {
-    # yolofs mounts a FUSE filesystem and locks memory: it runs as root.
-    # nova-compute (the stack user's group) uses its control socket.
-    run_process yolofs "$YOLOFS_BIN mount --source $YOLOFS_SOURCE --mountpoint $YOLOFS_MOUNTPOINT --boot-images $YOLOFS_BOOT_IMAGES --control-socket $YOLOFS_CONTROL_SOCKET --control-socket-group $(id -gn "$STACK_USER") $YOLOFS_OPTIONS" "" root
+# Unmounts yolofs and the worker's learning mounts, also those whose process died (they
+# answer ENOTCONN and would block a new mount or a removal).
+function _yolo_unmount {
+    sudo fusermount3 -uz "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
+    local target
+    while read -r target; do
+        if [[ "$target" == "$YOLO_WORKER_DIR"/* ]]; then
+            sudo umount -l "$target" || true
+        fi
+    done < <(findmnt -rn -o TARGET 2>/dev/null || true)
+}
+
+# Started in post-config, before nova-compute. It runs as root (a FUSE mount serving other
+# users, locked memory); nova-compute talks to it on the control socket.
+function start_yolofs {
+    _yolo_unmount
+    local group=${YOLOFS_SOCKET_GROUP:-$(id -gn "$STACK_USER")}
+    run_process yolofs "$YOLOFS_BIN mount --source $YOLOFS_SOURCE --mountpoint $YOLOFS_MOUNTPOINT --boot-images $YOLOFS_BOOT_IMAGES --control-socket $YOLOFS_CONTROL_SOCKET --control-socket-group $group --control-socket-mode 0660 $YOLOFS_OPTIONS" "" root
+}
+
+# Started in extra, once glance-api answers. It boots tenants' images, so it runs as the stack
+# user, never root (its learning mounts are unprivileged FUSE mounts).
+function start_yolo_worker {
+    run_process yolo-glance-worker "$YOLO_BIN_DIR/yolo-glance-worker --config-file $YOLO_WORKER_CONF"
 }
 
 function stop_yolo {
-    stop_process yolofs
+    # stop_process leaves alone a service that does not run on this node.
     stop_process yolo-glance-worker
+    stop_process yolofs
+    _yolo_unmount
 }
 
+# clean (devstack's clean.sh runs unstack first). Left to devstack's own clean, which runs
+# after this: YOLO's settings in nova.conf and the glance-api files (it removes /etc/nova and
+# /etc/glance whole, and yolo-configure has no revert), the yolo keystone user (it drops
+# keystone's database), devstack's venv with the Python package in it ($DATA_DIR/venv), and
+# the devstack@ unit files. The checkout and its yolofs/target stay, as every project's do.
 function cleanup_yolo {
-    sudo fusermount3 -uz "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
-    sudo rm -rf "$YOLOFS_BOOT_IMAGES"
+    _yolo_unmount
+    sudo rm -rf "$YOLOFS_BOOT_IMAGES" "$YOLO_WORKER_DIR" "$YOLO_WORKER_CONF" "$YOLO_CONF_DIR"
+    sudo rmdir "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
+    sudo rm -f "$YOLOFS_BIN"
+    if [[ -e "$YOLO_CARGO_HOME/.installed-by-yolo" ]]; then
+        rm -rf "$YOLO_RUSTUP_HOME" "$YOLO_CARGO_HOME"
+    fi
+    if [[ "$GLOBAL_VENV" != "True" ]]; then
+        pip_uninstall yolo-openstack
+    fi
 }
 
-if is_service_enabled yolofs; then
-    if [[ "$1" == "stack" && "$2" == "install" ]]; then
-        echo_summary "Installing yolofs"
-        install_yolo
-    elif [[ "$1" == "stack" && "$2" == "post-config" ]]; then
-        echo_summary "Configuring and starting yolofs"
-        configure_yolo
-        start_yolo
-        if [[ "$YOLO_GLANCE_WORKER" == "True" ]]; then
-            configure_yolo_glance
-        fi
-    elif [[ "$1" == "stack" && "$2" == "extra" && "$YOLO_GLANCE_WORKER" == "True" ]]; then
-        # The worker runs tenants' images: as the stack user, never root (its profiling boots'
-        # yolofs mounts are unprivileged FUSE mounts, readable by their owner alone).
-        run_process yolo-glance-worker "$(which yolo-glance-worker) --config-file /etc/yolo/yolo-glance-worker.conf"
-    fi
-    if [[ "$1" == "unstack" ]]; then
-        stop_yolo
-    fi
-    if [[ "$1" == "clean" ]]; then
-        cleanup_yolo
-    fi
+if is_service_enabled yolofs yolo-glance-worker; then
+    case "${1:-}/${2:-}" in
+        stack/pre-install)
+            echo_summary "Installing YOLO's system packages"
+            preinstall_yolo
+            ;;
+        stack/install)
+            echo_summary "Installing YOLO"
+            install_yolo
+            ;;
+        stack/post-config)
+            echo_summary "Configuring YOLO"
+            configure_yolo
+            if _yolo_on_compute; then
+                start_yolofs
+            fi
+            ;;
+        stack/extra)
+            if _yolo_on_glance; then
+                echo_summary "Starting yolo-glance-worker"
+                start_yolo_worker
+            fi
+            ;;
+        unstack/*)
+            echo_summary "Stopping YOLO"
+            stop_yolo
+            ;;
+        clean/*)
+            echo_summary "Cleaning YOLO"
+            cleanup_yolo
+            ;;
+    esac
 fi
 
-$XTRACE
+$_XTRACE_YOLO

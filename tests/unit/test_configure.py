@@ -48,6 +48,21 @@ def test_scheduler_starts_from_novas_defaults_where_nothing_is_set(tmp_path):
     assert enabled[-1] == 'YoloBootFilter' and 'ComputeFilter' in enabled
 
 
+def test_scheduler_adds_the_filter_only_if_absent_and_the_weigher_to_the_operators(tmp_path):
+    text = NOVA_CONF.replace(
+        'enabled_filters = ComputeFilter,ImagePropertiesFilter',
+        'enabled_filters = ComputeFilter, YoloBootFilter ,ImagePropertiesFilter\n'
+        'weight_classes = nova.scheduler.weights.ram.RAMWeigher')
+    run(tmp_path, text, 'nova-scheduler')
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    # Already enabled: kept where the operator put it, not added again.
+    assert conf.get('filter_scheduler', 'enabled_filters') == \
+        'ComputeFilter,YoloBootFilter,ImagePropertiesFilter'
+    # The operator's weighers stay (Nova's all_weighers is not brought back); ours is added.
+    assert conf.get('filter_scheduler', 'weight_classes') == \
+        'nova.scheduler.weights.ram.RAMWeigher,' + configure.WEIGHER_CLASS
+
+
 def test_compute_sets_the_driver_and_the_mount(tmp_path):
     text = run(tmp_path, NOVA_CONF, 'nova-compute', '--mount-point', '/m',
                '--control-socket', '/s.sock')

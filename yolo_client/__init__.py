@@ -1,0 +1,1 @@
+"""``openstack yolo``: an openstackclient plugin that shows YOLO's images and servers."""
