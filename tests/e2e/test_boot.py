@@ -53,6 +53,11 @@ def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(publishe
                               '/var/log/yolo-aio/nova-compute.log'],
                              capture_output=True, text=True).stdout.strip()
         assert int(log or 0) >= 1
+        # What an operator sees of it: the server runs from an image with a boot image.
+        row = {r['ID']: r for r in admin('yolo', 'server', 'list')}[server['id']]
+        assert row['yolofs'] == 'boot image' and row['Image'] == source['id'], row
+        on_host = admin('yolo', 'server', 'list', '--host', row['Host'])
+        assert server['id'] in {r['ID'] for r in on_host}
     finally:
         delete_server('aio-demo', server['id'])
 
