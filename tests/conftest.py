@@ -1,11 +1,16 @@
-"""Fixtures shared by YOLO's tests: the yolofs binary, the bootable test image, mounts."""
+"""Fixtures shared by YOLO's tests: the yolofs binary, the bootable test image, mounts.
 
+Nova's test environment is loaded only where Nova's tests are (tests/nova_env.py).
+"""
+
+import importlib.abc
 import os
 import pathlib
-
 import subprocess
+import sys
 import uuid
 
+from oslo_service import backend as oslo_service_backend
 import pytest
 
 from yolo_common import images
@@ -13,11 +18,21 @@ from yolo_common import yolofs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-# Nova 34 runs on native threads; its test fixtures must not patch eventlet in. Importing
-# nova.tests.unit first (as Nova's own test discovery does) selects that backend before anything
-# else can import eventlet.
-os.environ.setdefault('OS_NOVA_DISABLE_EVENTLET_PATCHING', '1')
-import nova.tests.unit  # noqa: E402,F401,I100
+
+class NoEventlet(importlib.abc.MetaPathFinder):
+    """Refuses to import eventlet, as Nova's native-threads test environment does."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.partition('.')[0] == 'eventlet':
+            raise ImportError('the tests run on native threads, without eventlet')
+
+
+# Every test process runs on native threads, as Nova's test environment sets them up: Nova's
+# refuses to load once eventlet is imported, and oslo.messaging imports it (through oslo.service's
+# default backend) whenever it can. So tests collected before Nova's, the Glance worker's say,
+# must not import it either.
+sys.meta_path.insert(0, NoEventlet())
+oslo_service_backend.init_backend(oslo_service_backend.BackendType.THREADING)
 
 
 @pytest.fixture(scope='session')

@@ -24,8 +24,8 @@ import sys
 import time
 import uuid
 
-from yolo_bench import storage as storage_mod
 from yolo_bench.results import Result
+from yolo_bench import storage as storage_mod
 from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu

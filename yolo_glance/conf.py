@@ -54,27 +54,46 @@ container_format of published boot images. Glance must accept it: add it to its
 ``[image_format] container_formats``.
 """),
     cfg.StrOpt('yolofs_binary', default='yolofs', help='The yolofs command.'),
+    cfg.HostAddressOpt('metrics_address', default='127.0.0.1',
+                       help="""
+Address the worker serves its Prometheus metrics on (``http://ADDRESS:PORT/metrics``, without
+authentication or TLS: keep it local, or reachable only by the Prometheus server).
+"""),
+    cfg.PortOpt('metrics_port', default=9465,
+                help='Port of the Prometheus metrics; 0 does not serve them.'),
 ]
 
 profiling_opts = [
     cfg.StrOpt('ready_pattern',
                default=r'login:|Cloud-init v\. .* finished|YOLO-GUEST-READY',
                help="""
-Regular expression that, when it appears on the guest's serial console, ends the profiling boot.
-Per image: the ``yolo_ready_pattern`` property.
+Regular expression that, when it appears on the guest's serial console, ends the profiling boot
+(the ``console`` readiness detector). Per image: the ``yolo_ready_pattern`` property.
 """),
     cfg.FloatOpt('idle_seconds', default=30.0, min=1.0,
                  help="""
-The profiling boot also ends after this many seconds without a read of the image. Per image:
-``yolo_idle_seconds`` (at most ``max_seconds``).
+With the ``idle`` readiness detector, the profiling boot also ends after this many seconds
+without a read of the image. Per image: ``yolo_idle_seconds`` (at most ``max_seconds``).
 """),
     cfg.FloatOpt('max_seconds', default=600.0, min=10.0,
                  help="""
 The profiling boot ends after this many seconds at the latest. Per image: ``yolo_max_seconds``,
 which can only be lower: this is also the operator's maximum.
 """),
-    cfg.StrOpt('accel', default='tcg', choices=['tcg', 'kvm'],
-               help='QEMU accelerator of profiling boots.'),
+    cfg.StrOpt('runner', default='tcg', deprecated_name='accel',
+               help="""
+How profiling boots run QEMU: a plugin of the ``yolo.profiling.runners`` entry point group.
+``tcg`` (QEMU's emulation: works on every host) and ``kvm`` (hardware virtualization: the worker's
+user needs ``/dev/kvm``) come with YOLO. Whatever the runner, the guest has no network device and
+runs in QEMU's seccomp sandbox, within ``max_seconds`` and ``max_memory_mib``.
+"""),
+    cfg.ListOpt('readiness', default=['console', 'idle'],
+                help="""
+What ends a profiling boot's window before ``max_seconds`` (the first that fires): plugins of the
+``yolo.profiling.readiness`` entry point group. ``console``: ``ready_pattern`` on the serial
+console; ``idle``: ``idle_seconds`` without a read of the image. Without ``idle``, a boot that
+never shows the ready pattern fails at ``max_seconds``.
+"""),
     cfg.IntOpt('memory_mib', default=1024, min=128,
                help='Guest memory of profiling boots (per image: the min_ram of the image).'),
     cfg.IntOpt('max_memory_mib', default=4096, min=128,
@@ -90,10 +109,11 @@ boot (a BIOS reading a blank disk's first sector, say): the image is marked fail
 
 
 def register_opts(conf):
-    conf.register_group(worker_group)
-    conf.register_opts(worker_opts, group=worker_group)
-    conf.register_group(profiling_group)
-    conf.register_opts(profiling_opts, group=profiling_group)
+    # Groups of their own: ConfigOpts copies a group shallowly, so options registered through a
+    # shared OptGroup would share their overrides between ConfigOpts objects.
+    for group, opts in ((worker_group, worker_opts), (profiling_group, profiling_opts)):
+        conf.register_group(cfg.OptGroup(group.name, title=group.title))
+        conf.register_opts(opts, group=group.name)
     ks_loading.register_session_conf_options(conf, GLANCE_GROUP)
     ks_loading.register_auth_conf_options(conf, GLANCE_GROUP)
     ks_loading.register_adapter_conf_options(conf, GLANCE_GROUP)

@@ -3,7 +3,8 @@
 Notifications arrive through oslo.messaging on a topic of the worker's own, which glance-api
 publishes to beside any other. Builds run on a bounded thread pool, at most one per image
 at a time; a periodic scan of active images catches whatever notifications were lost and the
-images uploaded before the worker ran.
+images uploaded before the worker ran. Its metrics are served for Prometheus on
+``[yolo_worker] metrics_address`` and ``metrics_port``.
 """
 
 import concurrent.futures
@@ -13,12 +14,14 @@ import sys
 import threading
 import time
 
-import oslo_messaging
 from oslo_config import cfg
 from oslo_log import log as oslo_logging
+import oslo_messaging
 
 from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
+from yolo_glance import metrics as metrics_mod
+from yolo_glance import profiling
 from yolo_glance import worker as worker_mod
 
 LOG = logging.getLogger(__name__)
@@ -30,10 +33,12 @@ OWN_STATUSES = (worker_mod.BUILDING, worker_mod.READY, worker_mod.SKIPPED, worke
 class Dispatcher:
     """Runs the worker's builds and deletions on a bounded pool, one job per image at a time."""
 
-    def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120):
+    def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120,
+                 metrics=None):
         self.worker = worker
         self.glance = glance
         self.activation_timeout = activation_timeout
+        self.metrics = metrics or worker.metrics
         self.pool = concurrent.futures.ThreadPoolExecutor(max_concurrent_builds,
                                                           thread_name_prefix='yolo-build')
         self.lock = threading.Lock()
@@ -43,11 +48,14 @@ class Dispatcher:
         with self.lock:
             if image_id in self.in_flight:
                 return self.in_flight[image_id]
+            self.metrics.backlog.labels('queued').inc()
             future = self.pool.submit(self._run, image_id, job, *args)
             self.in_flight[image_id] = future
             return future
 
     def _run(self, image_id, job, *args):
+        self.metrics.backlog.labels('queued').dec()
+        self.metrics.backlog.labels('running').inc()
         try:
             outcome = job(image_id, *args)
             LOG.info('%s: %s', image_id, outcome)
@@ -58,14 +66,32 @@ class Dispatcher:
         finally:
             with self.lock:
                 self.in_flight.pop(image_id, None)
+            self.metrics.backlog.labels('running').dec()
 
     def build(self, image_id, wait_active=False):
         return self.submit(image_id, self._build, wait_active)
 
     def delete(self, image_id):
-        return self.submit(image_id, lambda i: 'deleted %d' % self.worker.delete(i))
+        return self.submit(image_id, self._delete)
+
+    def _delete(self, image_id):
+        try:
+            return 'deleted %d' % self.worker.delete(image_id)
+        except Exception:
+            self.metrics.deletions_failed.inc()
+            raise
 
     def _build(self, image_id, wait_active):
+        self.metrics.builds_started.inc()
+        started = time.monotonic()
+        outcome = 'error'   # unless the build returns one
+        try:
+            outcome = self._wait_and_build(image_id, wait_active)
+            return outcome
+        finally:
+            self.metrics.build_finished(outcome, time.monotonic() - started)
+
+    def _wait_and_build(self, image_id, wait_active):
         if wait_active:
             # image.activate is sent before the database says active.
             deadline = time.monotonic() + self.activation_timeout
@@ -76,7 +102,8 @@ class Dispatcher:
                 except glance_api.NotFound:
                     return 'gone'
                 if time.monotonic() > deadline:
-                    return 'never became active'
+                    LOG.warning('%s: not active after %ss', image_id, self.activation_timeout)
+                    return 'inactive'
                 time.sleep(1)
         return self.worker.build(image_id)
 
@@ -130,21 +157,39 @@ def notification_listener(conf, dispatcher, transport=None):
         pool=conf.yolo_worker.notification_pool)
 
 
-def make_dispatcher(conf, glance=None):
+def make_dispatcher(conf, glance=None, metrics=None):
+    """The worker and its dispatcher from ``conf``; raises profiling.PluginError if a profiling
+    plugin is unknown or cannot work here."""
     glance = glance or glance_api.Glance.from_conf(conf)
-    profiling = conf.yolo_profiling
+    options = conf.yolo_profiling
     worker = worker_mod.Worker(
         glance, conf.yolo_worker.work_dir,
         worker_mod.ProfilingOptions(
-            ready_pattern=profiling.ready_pattern, idle_seconds=profiling.idle_seconds,
-            max_seconds=profiling.max_seconds, accel=profiling.accel,
-            memory_mib=profiling.memory_mib, block_size=profiling.block_size,
-            min_boot_bytes=profiling.min_boot_bytes, max_memory_mib=profiling.max_memory_mib),
+            ready_pattern=options.ready_pattern, idle_seconds=options.idle_seconds,
+            max_seconds=options.max_seconds,
+            memory_mib=options.memory_mib, block_size=options.block_size,
+            min_boot_bytes=options.min_boot_bytes, max_memory_mib=options.max_memory_mib),
         container_format=conf.yolo_worker.container_format, retries=conf.yolo_worker.retries,
         claim_timeout=conf.yolo_worker.claim_timeout,
-        yolofs_binary=conf.yolo_worker.yolofs_binary)
+        yolofs_binary=conf.yolo_worker.yolofs_binary,
+        runner=profiling.load_runner(options.runner),
+        readiness=profiling.load_readiness(options.readiness),
+        metrics=metrics or metrics_mod.Metrics())
+    worker.check()
     return Dispatcher(worker, glance, conf.yolo_worker.max_concurrent_builds,
                       conf.yolo_worker.activation_timeout)
+
+
+def serve_metrics(conf, metrics):
+    """Serves ``metrics`` on ``[yolo_worker] metrics_address:metrics_port``; returns the
+    server, or None if the port is 0."""
+    if not conf.yolo_worker.metrics_port:
+        return None
+    server = metrics_mod.serve(metrics, conf.yolo_worker.metrics_address,
+                               conf.yolo_worker.metrics_port)
+    LOG.info('metrics on http://%s:%d/metrics', conf.yolo_worker.metrics_address,
+             server.server_port)
+    return server
 
 
 def main(argv=None):
@@ -154,7 +199,17 @@ def main(argv=None):
     conf(argv if argv is not None else sys.argv[1:], project='yolo',
          prog='yolo-glance-worker', default_config_files=None)
     oslo_logging.setup(conf, 'yolo')
-    dispatcher = make_dispatcher(conf)
+    try:
+        dispatcher = make_dispatcher(conf)
+    except profiling.PluginError as e:
+        LOG.critical('%s', e)
+        sys.exit(1)
+    try:
+        serve_metrics(conf, dispatcher.metrics)
+    except OSError as e:   # the port is taken, say
+        LOG.critical('cannot serve metrics on %s port %d: %s', conf.yolo_worker.metrics_address,
+                     conf.yolo_worker.metrics_port, e)
+        sys.exit(1)
     listener = notification_listener(conf, dispatcher)
     listener.start()
     # SIGTERM stops taking work and lets the builds under way finish (the unit's TimeoutStopSec

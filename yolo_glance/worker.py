@@ -29,6 +29,8 @@ from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
 from yolo_glance import glance as glance_api
+from yolo_glance import metrics as metrics_mod
+from yolo_glance import profiling as profiling_mod
 
 LOG = logging.getLogger(__name__)
 
@@ -72,7 +74,8 @@ def is_boot_image(image, container_format):
 
 
 # Profiling boots run tenants' code: no network device, QEMU's seccomp sandbox (no new
-# privileges, no processes spawned, no obsolete system calls, no resource control).
+# privileges, no processes spawned, no obsolete system calls, no resource control). The worker
+# adds both whatever the runner plugin (profiling.py).
 SANDBOX = ('-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny')
 # qemu-img reads tenants' data: bounded as Nova bounds it (its QEMU_IMG_LIMITS bound qemu-img
 # info to 1 GiB of address space; a conversion also gets CPU time for a large image).
@@ -91,7 +94,6 @@ class ProfilingOptions:
     ready_pattern: str
     idle_seconds: float
     max_seconds: float
-    accel: str = 'tcg'
     memory_mib: int = 1024
     block_size: int = 4096
     min_boot_bytes: int = 1 << 20
@@ -129,14 +131,22 @@ class ProfilingOptions:
 
 
 class Worker:
-    """Builds, publishes and deletes boot images; one call per image, safe to call again."""
+    """Builds, publishes and deletes boot images; one call per image, safe to call again.
+
+    ``runner`` and ``readiness`` are the profiling plugins (profiling.py; TCG, and the console
+    pattern or an idle gap, by default); ``metrics`` a metrics.Metrics (a new one by default).
+    """
 
     def __init__(self, glance, work_dir, profiling, container_format='yolo', retries=3,
                  claim_timeout=7200, yolofs_binary='yolofs', learner=None, worker_id=None,
-                 clock=time.time, retry_delay=5.0):
+                 clock=time.time, retry_delay=5.0, runner=None, readiness=None, metrics=None):
         self.glance = glance
         self.work_dir = work_dir
         self.profiling = profiling
+        self.runner = runner or profiling_mod.TcgRunner()
+        self.readiness = (readiness if readiness is not None
+                          else [profiling_mod.ConsoleReadiness(), profiling_mod.IdleReadiness()])
+        self.metrics = metrics or metrics_mod.Metrics()
         self.container_format = container_format
         self.retries = retries
         self.claim_timeout = claim_timeout
@@ -145,6 +155,16 @@ class Worker:
         self.worker_id = worker_id or '%s:%d' % (socket.gethostname(), os.getpid())
         self.clock = clock
         self.retry_delay = retry_delay
+
+    def check(self):
+        """Checks the profiling plugins and settings once, when the worker starts: raises
+        profiling.PluginError saying what is wrong."""
+        try:
+            self.runner.check_host()
+            profiling_mod.runner_options(self.runner, self.profiling)
+            self._window(self.profiling)
+        except Unbootable as e:
+            raise profiling_mod.PluginError('[yolo_profiling]: %s' % e)
 
     # -- decisions --------------------------------------------------------------------------
 
@@ -194,12 +214,14 @@ class Worker:
                 LOG.info('%s: deleted while its boot image was built', image_id)
                 self.delete(image_id)
                 return 'gone'
-            except (Unbootable, learning.LearningFailed, qemu.BootTimeout) as e:
+            except (Unbootable, learning.LearningFailed, qemu.BootTimeout,
+                    profiling_mod.PluginError) as e:
                 LOG.warning('%s: no boot image: %s', image_id, e)
                 self._record(image_id, FAILED, str(e))
                 return FAILED
             except Exception as e:  # Glance, disk or yolofs trouble: worth another try
                 LOG.exception('%s: build attempt %d failed', image_id, attempt + 1)
+                self.metrics.build_transient_errors.inc()
                 last_error = e
                 time.sleep(self.retry_delay * (attempt + 1))
         self._record(image_id, FAILED, 'gave up after %d attempts: %s'
@@ -229,6 +251,8 @@ class Worker:
             shutil.rmtree(work, ignore_errors=True)
         keeper = self._keep_one(image_id)
         self._record(image_id, READY, boot_image_id=keeper)
+        self.metrics.boot_image_bytes.observe(built['bytes'])
+        self.metrics.boot_image_coverage.observe(built['coverage'])
         LOG.info('%s: boot image %s published (%s)', image_id, keeper,
                  ', '.join('%s=%s' % kv for kv in sorted(built['properties'].items())))
         return READY if keeper == published else 'present'
@@ -264,19 +288,39 @@ class Worker:
         os.unlink(download)
         return base
 
+    def _window(self, options):
+        """(console matcher, idle seconds or None) of the boot window the readiness plugins
+        ask for, within the operator's bounds."""
+        matchers, idle = [], []
+        for detector in self.readiness:
+            matcher = detector.console_matcher(options)
+            if matcher is not None:
+                matchers.append(matcher)
+            seconds = detector.idle_seconds(options)
+            if seconds is not None:
+                idle.append(min(max(float(seconds), MIN_IDLE_SECONDS), options.max_seconds))
+        matcher = matchers[0] if len(matchers) == 1 else profiling_mod.AnyOf(matchers)
+        return matcher, min(idle) if idle else None
+
     def _learn(self, image, base, work):
         options = self.profiling.for_image(image)
-        pattern = options.compiled_pattern()
-        LOG.info('%s: profiling boot (ends on %r, %ss idle or %ss at most)', image['id'],
-                 options.ready_pattern, options.idle_seconds, options.max_seconds)
+        ready_marker, idle_seconds = self._window(options)
+        accel, runner_args = profiling_mod.runner_options(self.runner, options)
+        LOG.info('%s: profiling boot (accel %s%s; readiness %s, ready pattern %r, idle gap %ss, '
+                 '%ss at most)', image['id'], accel, ''.join(' ' + a for a in runner_args),
+                 ', '.join(type(d).__name__ for d in self.readiness), options.ready_pattern,
+                 idle_seconds, options.max_seconds)
+        # The limits, the sandbox and the absence of a network device are the worker's.
         learned = self.learner(base, os.path.join(work, 'learn'),
                                boot_timeout=options.max_seconds,
-                               idle_seconds=options.idle_seconds, ready_marker=pattern,
-                               accel=options.accel, memory_mib=options.memory_mib,
+                               idle_seconds=idle_seconds, ready_marker=ready_marker,
+                               accel=accel, memory_mib=options.memory_mib,
                                console_log=os.path.join(work, 'console.log'),
-                               network=False, extra_args=SANDBOX)
+                               network=False, extra_args=SANDBOX + runner_args)
         LOG.info('%s: profiling boot ended by %s after %.1fs', image['id'], learned.ended_by,
                  learned.boot_seconds)
+        self.metrics.profiling_boot_duration.labels(learned.ended_by).observe(
+            learned.boot_seconds)
         # Rebuilt with the image's identity in the header, then verified against the base.
         output = os.path.join(work, 'boot-image.yolo')
         started = time.monotonic()
@@ -292,10 +336,12 @@ class Worker:
                 'window ended (%s)' % (info['covered_bytes'], learned.ended_by))
         build_seconds = learned.build_seconds + time.monotonic() - started
         source_size = os.path.getsize(base)
-        return {'path': output, 'properties': {
-            'yolo_boot_image_bytes': str(os.path.getsize(output)),
+        boot_image_bytes = os.path.getsize(output)
+        coverage = info['covered_bytes'] / source_size
+        return {'path': output, 'bytes': boot_image_bytes, 'coverage': coverage, 'properties': {
+            'yolo_boot_image_bytes': str(boot_image_bytes),
             'yolo_covered_bytes': str(info['covered_bytes']),
-            'yolo_coverage': '%.4f' % (info['covered_bytes'] / source_size),
+            'yolo_coverage': '%.4f' % coverage,
             'yolo_source_raw_size': str(source_size),
             'yolo_boot_seconds': '%.1f' % learned.boot_seconds,
             'yolo_build_seconds': '%.2f' % build_seconds,
@@ -320,6 +366,7 @@ class Worker:
         for extra in published[1:]:
             LOG.info('%s: deleting duplicate boot image %s', image_id, extra['id'])
             self.glance.delete(extra['id'])
+            self.metrics.boot_images_deleted.labels('duplicate').inc()
         return published[0]['id']
 
     def _record(self, image_id, status, reason=None, claim=None, boot_image_id=None):
@@ -343,6 +390,7 @@ class Worker:
         boot_images = self.glance.boot_images_of(image_id, self.container_format)
         for boot_image in boot_images:
             self.glance.delete(boot_image['id'])
+            self.metrics.boot_images_deleted.labels('source_deleted').inc()
         if boot_images:
             LOG.info('%s: deleted its %d boot image(s)', image_id, len(boot_images))
         return len(boot_images)

@@ -1,8 +1,10 @@
 """YOLO's options for Nova in the ``[yolo]`` group: the scheduler's and the compute node's.
 
 Registered with :func:`register_opts` (the scheduler filter, the weigher and the compute driver
-do it on Nova's CONF when loaded) and listed for ``oslo-config-generator`` by :func:`list_opts`
-(entry point ``oslo.config.opts``: ``yolo_nova``).
+do it on Nova's CONF when loaded) and listed for ``oslo-config-generator`` (entry points
+``oslo.config.opts``): all by :func:`list_opts` (``yolo_nova``), the compute node's by
+:func:`list_compute_opts` (``yolo_nova.compute``) and the scheduler's by
+:func:`list_scheduler_opts` (``yolo_nova.scheduler``), one sample each in etc/.
 """
 
 from oslo_config import cfg
@@ -192,3 +194,11 @@ def register_opts(conf):
 
 def list_opts():
     return [(yolo_group, scheduler_opts + compute_opts)]
+
+
+def list_compute_opts():
+    return [(yolo_group, compute_opts)]
+
+
+def list_scheduler_opts():
+    return [(yolo_group, scheduler_opts)]

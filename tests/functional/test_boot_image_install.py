@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from tests.unit.virt.test_driver import FakeImageAPI
+from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
 from yolo_common import images
 from yolo_common import yolofs
 from yolo_nova.virt import backing

@@ -17,17 +17,17 @@ import time
 import uuid
 
 import fixtures
-import pytest
 import glance
 import glance.async_.flows.api_image_import  # noqa: F401 (registers [image_import_opts])
-import oslo_messaging
-from oslo_messaging import opts as messaging_opts
 from glance.tests import functional
 from glanceclient import exc as glance_exc
 from oslo_config import cfg
+import oslo_messaging
+from oslo_messaging import opts as messaging_opts
+import pytest
 import tenacity
-from wsgi_intercept import requests_intercept
 import wsgi_intercept
+from wsgi_intercept import requests_intercept
 
 from yolo_common import configure
 from yolo_common import images

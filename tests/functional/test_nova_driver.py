@@ -13,18 +13,18 @@ import time
 import uuid
 
 import fixtures
-import pytest
+from nova.compute import power_state
+import nova.conf
 from nova import context as nova_context
 from nova import objects
-from nova.compute import power_state
 from nova.tests import fixtures as nova_fixtures
 from nova.tests.unit import fake_instance
 from nova.virt import driver as virt_driver
 from nova.virt import fake as fake_virt
 from oslo_config import fixture as config_fixture
+import pytest
 
-import nova.conf
-from tests.unit.virt.test_driver import FakeImageAPI
+from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
 from yolo_common import images
 from yolo_common import qemu
 from yolo_common import yolofs

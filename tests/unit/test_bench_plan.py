@@ -3,8 +3,8 @@
 import pytest
 
 from yolo_bench import plan
-from yolo_bench import results
 from yolo_bench.plan import Point
+from yolo_bench import results
 from yolo_bench.results import Result
 
 

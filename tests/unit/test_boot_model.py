@@ -7,8 +7,8 @@ import time
 import pytest
 
 from yolo_nova import boot_model
-from yolo_nova import host_stats
 from yolo_nova.boot_model import BootTimeParameters
+from yolo_nova import host_stats
 
 PARAMS = BootTimeParameters(alpha=8.0, beta=23.0, alpha_yolo=0.5, cpus=2)
 

@@ -1,8 +1,8 @@
 """YOLO's options reach oslo-config-generator through the package's entry points."""
 
+import pathlib
 import subprocess
 import sys
-import pathlib
 
 
 def test_config_generator_lists_scheduler_and_compute_options():

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault('OS_NOVA_DISABLE_EVENTLET_PATCHING', '1')
 
 import nova.tests.unit  # noqa: E402,F401  (selects Nova's threading backend first)
-from nova import objects  # noqa: E402
+from nova import objects  # noqa: E402,H306
 from nova.scheduler import weights  # noqa: E402
 from nova.tests.unit.scheduler import fakes  # noqa: E402
 

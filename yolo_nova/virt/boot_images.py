@@ -34,8 +34,8 @@ class ServiceGlance:
     calls of Nova's image API that the boot images need."""
 
     def __init__(self, conf):
-        from keystoneauth1 import loading as ks_loading
         import glanceclient
+        from keystoneauth1 import loading as ks_loading
         auth = ks_loading.load_auth_from_conf_options(conf, 'service_user')
         self.session = ks_loading.load_session_from_conf_options(conf, 'service_user', auth=auth)
         self.client = glanceclient.Client(

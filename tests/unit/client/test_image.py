@@ -4,8 +4,8 @@ import inspect
 import json
 from unittest import mock
 
-import pytest
 from osc_lib import exceptions
+import pytest
 
 from tests.unit.client import fakes
 from yolo_client import common

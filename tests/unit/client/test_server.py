@@ -1,7 +1,7 @@
 """``openstack yolo server list`` against in-memory Nova and Glance."""
 
-import pytest
 from osc_lib import exceptions
+import pytest
 
 from tests.unit.client import fakes
 from yolo_client import server as server_cmd

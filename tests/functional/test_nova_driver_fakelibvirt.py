@@ -6,6 +6,10 @@ control socket (whether yolofs is mounted is set, the "mount" is a plain directo
 base files while yolofs is "up" and empty while it is "down", and :class:`FakeYolofs` answers the
 requests, checking installs with the real ``yolofs verify``). tests/functional/test_nova_driver.py
 and tests/functional/test_boot_image_install.py do the same with a real mount.
+
+Functional, not unit: Nova's privileged helpers run in-process as root, and the disks need
+``qemu-img`` and the yolofs binary. tests/unit/virt/test_driver_without_disks.py holds what needs
+none of them.
 """
 
 import json
@@ -17,10 +21,10 @@ import subprocess
 import time
 from unittest import mock
 
+from nova.compute import power_state
 from nova import context as nova_context
 from nova import exception
 from nova import objects
-from nova.compute import power_state
 from nova.tests import fixtures as nova_fixtures
 from nova.tests.unit import fake_instance
 from nova.virt import driver as virt_driver
@@ -217,16 +221,6 @@ class DriverTestCase(nova_base.NoDBTestCase):
         return ("<domain type='qemu'><name>instance-1</name><uuid>%s</uuid><memory>131072"
                 "</memory><vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os><devices>%s"
                 "</devices></domain>" % (self.instance.uuid, devices))
-
-
-class TestLoading(DriverTestCase):
-
-    def test_loaded_from_nova_virt_as_compute_driver_option(self):
-        self.assertIsInstance(self.drvr, yolo_driver.YoloLibvirtDriver)
-        self.assertIsInstance(self.drvr, libvirt_driver.LibvirtDriver)
-        self.assertEqual('YoloQcow2', self.drvr.image_backend.backend('qcow2').__name__)
-        self.assertEqual('YoloQcow2', self.drvr.image_backend.backend('default').__name__)
-        self.assertNotIn('ironic', type(self.drvr).__name__.lower())
 
 
 class TestRootDiskCreation(DriverTestCase):
@@ -647,31 +641,3 @@ class TestHostStats(DriverTestCase):
         stats = self.resources(())
         self.assertEqual('false', stats['yolo_active'])
         self.assertIsNone(host_stats.from_stats(stats, max_age=300))
-
-
-class TestQcow2DisksInXml(nova_base.NoDBTestCase):
-
-    def test_only_file_qcow2_disks(self):
-        xml = ("<domain><devices>"
-               "<disk type='file'><driver type='qcow2'/><source file='/i/disk'/></disk>"
-               "<disk type='file'><driver type='raw'/><source file='/i/disk.config'/></disk>"
-               "<disk type='block'><driver type='raw'/><source dev='/dev/sdb'/></disk>"
-               "<disk type='network'><driver type='raw'/><source name='vol'/></disk>"
-               "</devices></domain>")
-        self.assertEqual(['/i/disk'], yolo_driver.qcow2_file_disks(xml))
-
-
-class PrivilegedRebaseTestCase(nova_base.NoDBTestCase):
-    """Rebases of instance disks run as root in Nova's own privsep daemon: nova-compute is not
-    root, and a running guest's disk belongs to libvirt's QEMU user."""
-
-    def test_rebase_is_an_entrypoint_of_novas_sys_admin_context(self):
-        import nova.privsep
-        from nova.virt import yolo
-        self.assertTrue(nova.privsep.sys_admin_pctxt.is_entrypoint(yolo.rebase_unsafe))
-
-    def test_backing_files_rebase_through_it(self):
-        from nova.virt import yolo
-        with mock.patch.object(yolo, 'rebase_unsafe') as privileged:
-            backing.rebase_unsafe('/i/disk', '/m/base', 'raw')
-        privileged.assert_called_once_with('/i/disk', '/m/base', 'raw')
