@@ -16,6 +16,7 @@ import sys
 
 from yolo_bench import plan as plan_mod
 from yolo_bench import results as results_mod
+from yolo_common import cli
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -27,8 +28,10 @@ def _list(kind=str):
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='yolo-boot-bench', description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest='command', required=True)
-    run = sub.add_parser('run', help='boot VMs and record boot times')
-    run.add_argument('--scenario', choices=plan_mod.SCENARIOS, default='multi')
+    run = sub.add_parser('run', help='boot VMs and record boot times',
+                         formatter_class=cli.HelpFormatter)
+    run.add_argument('--scenario', choices=plan_mod.SCENARIOS, default='multi',
+                     help='what varies: simultaneous boots, I/O stressors or free memory')
     run.add_argument('--sizes', type=_list(int), default=[1],
                      help='multi: simultaneous boots; contention: I/O stressors; '
                           'memory: MiB left free (comma-separated)')
@@ -37,14 +40,20 @@ def parse_args(argv):
     run.add_argument('--policies', type=_list(), default=None,
                      help='default: %s (memory: %s)' % (','.join(plan_mod.POLICIES),
                                                         ','.join(plan_mod.MEMORY_POLICIES)))
-    run.add_argument('--storage', type=_list(), default=['hdd'])
-    run.add_argument('--repetitions', type=int, default=3)
-    run.add_argument('--csv', type=pathlib.Path, default=REPO / 'results' / 'boot.csv')
+    run.add_argument('--storage', type=_list(), default=['hdd'],
+                     help='hdd (the emulated HDD) and/or local (this machine\'s disk)')
+    run.add_argument('--repetitions', type=int, default=3, help='runs of each configuration')
+    run.add_argument('--csv', type=pathlib.Path, default=REPO / 'results' / 'boot.csv',
+                     help='one row per run is appended to it')
     run.add_argument('--workdir', type=pathlib.Path,
-                     default=pathlib.Path('/var/tmp/yolo-boot-bench'))
-    run.add_argument('--test-image', help='qcow2 to boot (default: tools/build-test-image.sh)')
-    report = sub.add_parser('report', help='summary table and plots from CSV files')
-    report.add_argument('csv', type=pathlib.Path, nargs='+')
+                     default=pathlib.Path('/var/tmp/yolo-boot-bench'),
+                     help='scratch space for base files, overlays and mounts')
+    run.add_argument('--test-image', type=cli.existing_file,
+                     help='qcow2 to boot (default: the one tools/build-test-image.sh builds)')
+    report = sub.add_parser('report', help='summary table and plots from CSV files',
+                            formatter_class=cli.HelpFormatter)
+    report.add_argument('csv', type=cli.existing_file, nargs='+',
+                        help='CSV files written by yolo-boot-bench run')
     report.add_argument('--plots', type=pathlib.Path, default=None,
                         help='directory for PNG plots (default: none)')
     args = parser.parse_args(argv)

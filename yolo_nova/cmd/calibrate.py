@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 
+from yolo_common import cli
 from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
@@ -133,14 +134,18 @@ def loaded_boot(base, scratch, iops, timeout):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='yolo-calibrate', description=__doc__.split('\n')[0])
-    parser.add_argument('--image', required=True, help='a bootable image (qcow2 or raw) that '
-                        'prints a ready marker on its serial console')
+    parser = argparse.ArgumentParser(prog='yolo-calibrate', description=__doc__.split('\n')[0],
+                                     formatter_class=cli.HelpFormatter)
+    parser.add_argument('--image', required=True, type=cli.existing_file,
+                        help='a bootable image (qcow2 or raw) that prints a ready marker on its '
+                        'serial console')
     parser.add_argument('--instances-path', default='/var/lib/nova/instances',
                         help='scratch space is taken here, on the instance storage')
-    parser.add_argument('--output', default=DEFAULT_OUTPUT)
-    parser.add_argument('--boots', type=int, default=3)
-    parser.add_argument('--boot-timeout', type=float, default=900)
+    parser.add_argument('--output', default=DEFAULT_OUTPUT,
+                        help='where the calibration is saved, for the driver to report')
+    parser.add_argument('--boots', type=int, default=3, help='boots per measurement')
+    parser.add_argument('--boot-timeout', type=float, default=900,
+                        help='seconds a boot may take to reach its ready marker')
     parser.add_argument('--disk-iops', type=float,
                         help='the disk\'s capacity in operations per second (else: fio)')
     parser.add_argument('--disk-bytes-per-second', type=float,

@@ -1,0 +1,31 @@
+"""The command-line tools refuse bad arguments with a usage error, not a traceback, and their
+help shows each option's default."""
+
+import pytest
+
+from yolo_bench import cli as bench_cli
+from yolo_nova.cmd import calibrate
+
+
+@pytest.mark.parametrize('main, argv', [
+    (calibrate.main, ['--image', '/nonexistent/image.qcow2']),
+    (bench_cli.main, ['report', '/nonexistent/boot.csv']),
+    (bench_cli.main, ['run', '--test-image', '/nonexistent/image.qcow2']),
+])
+def test_a_missing_file_is_a_usage_error(main, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert '/nonexistent/' in err and 'no such file' in err
+    assert 'Traceback' not in err
+
+
+@pytest.mark.parametrize('main, argv, expected', [
+    (calibrate.main, ['--help'], '(default: 3)'),
+    (bench_cli.main, ['run', '--help'], '(default: 3)'),
+])
+def test_help_shows_defaults(main, argv, expected, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert expected in capsys.readouterr().out
