@@ -21,8 +21,8 @@ def info(path):
 
 # glibc reserves an arena of 64 MiB of address space per thread that allocates: a conversion's
 # thread pool then sometimes failed to create a thread ("qemu_thread_create: Resource temporarily
-# unavailable") under a 1 GiB address space limit (one conversion in eight). With two arenas,
-# conversions of the test image pass down to 256 MiB.
+# unavailable") under a 1 GiB address space limit (one conversion in eight). Two arenas are
+# enough for qemu-img.
 CONVERT_ENVIRONMENT = {'MALLOC_ARENA_MAX': '2'}
 
 

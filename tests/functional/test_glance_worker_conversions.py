@@ -1,0 +1,43 @@
+"""The Glance worker's qemu-img conversions of the test image (built as root by
+tools/build-test-image.sh): a truncated upload, and the limits conversions run under. The
+worker's other tests, on small disks, are unit tests (tests/unit/glance)."""
+
+from oslo_concurrency import processutils
+import pytest
+
+from tests.unit.glance.test_worker import glance  # noqa: F401
+from tests.unit.glance.test_worker import make_worker  # noqa: F401
+from tests.unit.glance.test_worker import MiB
+from yolo_common import images
+from yolo_glance import glance as glance_api
+from yolo_glance import worker as worker_mod
+
+
+def test_truncated_qcow2_fails_with_a_reason(glance, make_worker, test_image):  # noqa: F811
+    # The test image cut short: still qcow2 to every inspector, but qemu-img cannot read it.
+    with open(test_image, 'rb') as image:
+        source = glance.add(image.read(64 * MiB), disk_format='qcow2')
+    assert make_worker().build(source) == 'failed'
+    assert 'could not be converted to raw' in glance.images[source][glance_api.REASON]
+    assert glance.downloads == 1  # not retried
+
+
+def test_qemu_img_runs_within_its_limits(tmp_path, test_image):
+    # The limits are really applied: an address space too small for qemu-img fails it.
+    too_small = processutils.ProcessLimits(address_space=32 << 20)
+    with pytest.raises(processutils.ProcessExecutionError):
+        images.convert_to_raw(test_image, tmp_path / 'raw', fmt='qcow2', limits=too_small)
+    assert worker_mod.QEMU_IMG_LIMITS.address_space == 1 << 30
+
+
+def test_conversions_fit_well_within_the_limits(tmp_path, test_image):
+    # Without images.CONVERT_ENVIRONMENT, about one conversion in eight failed to create a
+    # thread under the worker's 1 GiB, and all of them under 320 MiB; with it and the worker's
+    # stack limit, none failed down to 256 MiB. Half the worker's address space, to leave room
+    # for a busy machine (more requests in flight, more threads).
+    half = processutils.ProcessLimits(**{
+        **worker_mod.QEMU_IMG_LIMITS.__dict__,
+        'address_space': worker_mod.QEMU_IMG_LIMITS.address_space // 2})
+    for attempt in range(3):
+        images.convert_to_raw(test_image, tmp_path / 'raw', fmt='qcow2', limits=half)
+        (tmp_path / 'raw').unlink()
