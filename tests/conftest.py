@@ -46,9 +46,12 @@ def test_image():
     """The bootable Debian 12 qcow2 built (and cached) by tools/build-test-image.sh."""
     path = os.environ.get('YOLO_TEST_IMAGE')
     if not path:
-        path = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')],
-                              check=True, capture_output=True,
-                              text=True).stdout.strip().splitlines()[-1]
+        build = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            pytest.fail('tools/build-test-image.sh failed (exit %d):\n%s'
+                        % (build.returncode, build.stderr[-4000:]))
+        path = build.stdout.strip().splitlines()[-1]
     assert pathlib.Path(path).is_file(), path
     return pathlib.Path(path)
 

@@ -52,9 +52,15 @@ def main():
     base_dir = work / 'instances' / '_base'
     base_dir.mkdir(parents=True)
 
-    log('building the test image (cached)')
-    image = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], check=True,
-                           capture_output=True, text=True).stdout.split()[-1]
+    log('the test image (tools/build-test-image.sh builds it once, about 5 minutes, then '
+        'reuses it)')
+    # Its progress lines and, if it fails, its cause go to the terminal.
+    build = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], stdout=subprocess.PIPE,
+                           text=True)
+    if build.returncode != 0:
+        sys.exit('demo: building the test image failed (exit %d): see its messages above'
+                 % build.returncode)
+    image = build.stdout.split()[-1]
     image_id = str(uuid.uuid4())
     base = base_dir / images.base_file_name(image_id)
     started = time.monotonic()
