@@ -11,15 +11,6 @@ from yolo_common import contract
 # servers' hosts to admins only.
 ADMIN_ROLE = 'admin'
 
-# What the worker measured, on the published boot image (yolo_glance/worker.py).
-BOOT_IMAGE_BYTES = 'yolo_boot_image_bytes'
-COVERED_BYTES = 'yolo_covered_bytes'
-COVERAGE = 'yolo_coverage'
-SOURCE_RAW_SIZE = 'yolo_source_raw_size'
-BOOT_SECONDS = 'yolo_boot_seconds'
-BUILD_SECONDS = 'yolo_build_seconds'
-WINDOW_ENDED_BY = 'yolo_window_ended_by'
-
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -81,12 +72,6 @@ def require_admin(client_manager, action):
             % (action, ADMIN_ROLE, ', '.join(roles) or 'none'))
 
 
-def is_boot_image(image):
-    """A boot image the worker published (or anyone uploaded naming a source image)."""
-    return (image.get('container_format') == contract.CONTAINER_FORMAT
-            or contract.SOURCE_IMAGE_ID in image)
-
-
 def images_and_boot_images(glance):
     """Every image the user may see, hidden ones included, and the boot images by id.
 
@@ -97,7 +82,7 @@ def images_and_boot_images(glance):
     for hidden in (False, True):
         for image in glance.images.list(filters={'visibility': 'all', 'os_hidden': hidden}):
             image = dict(image)
-            if is_boot_image(image):
+            if contract.is_boot_image(image):
                 boot_images[image['id']] = image
             else:
                 images.append(image)
@@ -132,4 +117,4 @@ def linked_boot_image(glance, image):
 
 
 def boot_image_size(boot_image):
-    return number(boot_image.get(BOOT_IMAGE_BYTES, boot_image.get('size')), int)
+    return number(boot_image.get(contract.BOOT_IMAGE_BYTES, boot_image.get('size')), int)

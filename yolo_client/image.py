@@ -32,8 +32,8 @@ class ListImage(command.Lister):
                 image['id'], image.get('name'), image.get(contract.STATUS),
                 image.get(contract.BOOT_IMAGE_ID),
                 common.Bytes(common.boot_image_size(boot_image)),
-                common.Fraction(common.number(boot_image.get(common.COVERAGE))),
-                common.Seconds(common.number(boot_image.get(common.BUILD_SECONDS))),
+                common.Fraction(common.number(boot_image.get(contract.COVERAGE))),
+                common.Seconds(common.number(boot_image.get(contract.BUILD_SECONDS))),
                 image.get(contract.REASON))))
         return LIST_COLUMNS, rows
 
@@ -68,15 +68,15 @@ class ShowImage(command.ShowOne):
             ('Boot Image Glance Status', boot_image_state),
             ('Boot Image Created At', boot_image.get('created_at')),
             ('Boot Image Size', common.Bytes(common.boot_image_size(boot_image))),
-            ('Covered Bytes', common.Bytes(common.number(boot_image.get(common.COVERED_BYTES),
+            ('Covered Bytes', common.Bytes(common.number(boot_image.get(contract.COVERED_BYTES),
                                                          int))),
-            ('Coverage', common.Fraction(common.number(boot_image.get(common.COVERAGE)))),
-            ('Raw Image Size', common.Bytes(common.number(boot_image.get(common.SOURCE_RAW_SIZE),
+            ('Coverage', common.Fraction(common.number(boot_image.get(contract.COVERAGE)))),
+            ('Raw Image Size', common.Bytes(common.number(boot_image.get(contract.SOURCE_RAW_SIZE),
                                                           int))),
             ('Profiling Boot Time', common.Seconds(common.number(
-                boot_image.get(common.BOOT_SECONDS)))),
-            ('Build Time', common.Seconds(common.number(boot_image.get(common.BUILD_SECONDS)))),
-            ('Window Ended By', boot_image.get(common.WINDOW_ENDED_BY)),
+                boot_image.get(contract.BOOT_SECONDS)))),
+            ('Build Time', common.Seconds(common.number(boot_image.get(contract.BUILD_SECONDS)))),
+            ('Window Ended By', boot_image.get(contract.WINDOW_ENDED_BY)),
             ('Ready Pattern', image.get(contract.READY_PATTERN)),
             ('Idle Seconds', image.get(contract.IDLE_SECONDS)),
             ('Max Seconds', image.get(contract.MAX_SECONDS)),
@@ -140,7 +140,7 @@ class RebuildImage(command.ShowOne):
 def source_image(glance, name_or_id):
     """The image by name or id; a boot image is refused with its source's id."""
     image = common.find_image(glance, name_or_id)
-    if common.is_boot_image(image):
+    if contract.is_boot_image(image):
         raise exceptions.CommandError(
             '%s is a boot image, of image %s: give that image'
             % (image['id'], image.get(contract.SOURCE_IMAGE_ID)))

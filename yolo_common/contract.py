@@ -21,9 +21,23 @@ MAX_SECONDS = 'yolo_max_seconds'
 # On a published boot image.
 SOURCE_IMAGE_ID = 'yolo_source_image_id'
 CONTAINER_FORMAT = 'yolo'
+# What the worker measured, on the published boot image.
+BOOT_IMAGE_BYTES = 'yolo_boot_image_bytes'
+COVERED_BYTES = 'yolo_covered_bytes'
+COVERAGE = 'yolo_coverage'
+SOURCE_RAW_SIZE = 'yolo_source_raw_size'
+BOOT_SECONDS = 'yolo_boot_seconds'
+BUILD_SECONDS = 'yolo_build_seconds'
+WINDOW_ENDED_BY = 'yolo_window_ended_by'
 
 # What a snapshot of a server must not inherit from the server's image: the snapshot is another
 # image, with another base file, and needs a boot image of its own; the overrides were an
 # operator's choice for the source image (and tenants may not set them, so a snapshot that
 # carried them would be refused).
 NOT_INHERITED = (BOOT_IMAGE_ID, STATUS, REASON, CLAIM, READY_PATTERN, IDLE_SECONDS, MAX_SECONDS)
+
+
+def is_boot_image(image, container_format=CONTAINER_FORMAT):
+    """A boot image the worker published (or anyone uploaded naming a source image)."""
+    return (image.get('container_format') == container_format
+            or SOURCE_IMAGE_ID in image)

@@ -68,11 +68,6 @@ def why_not(image, container_format):
     return None
 
 
-def is_boot_image(image, container_format):
-    return (image.get('container_format') == container_format
-            or glance_api.SOURCE_IMAGE_ID in image)
-
-
 # Profiling boots run tenants' code: no network device, QEMU's seccomp sandbox (no new
 # privileges, no processes spawned, no obsolete system calls, no resource control). The worker
 # adds both whatever the runner plugin (profiling.py).
@@ -173,7 +168,8 @@ class Worker:
 
     def needs_build(self, image):
         """Whether ``image`` (as listed) still needs work: the periodic scan's question."""
-        if image.get('status') != 'active' or is_boot_image(image, self.container_format):
+        if (image.get('status') != 'active'
+                or contract.is_boot_image(image, self.container_format)):
             return False
         status = image.get(glance_api.STATUS)
         if status in (SKIPPED, FAILED):
@@ -197,7 +193,8 @@ class Worker:
             image = self.glance.get(image_id)
         except glance_api.NotFound:
             return 'gone'
-        if image.get('status') != 'active' or is_boot_image(image, self.container_format):
+        if (image.get('status') != 'active'
+                or contract.is_boot_image(image, self.container_format)):
             return 'ignored'
         if image.get(glance_api.BOOT_IMAGE_ID) and self._published(image):
             return 'present'
@@ -342,13 +339,13 @@ class Worker:
         boot_image_bytes = os.path.getsize(output)
         coverage = info['covered_bytes'] / source_size
         return {'path': output, 'bytes': boot_image_bytes, 'coverage': coverage, 'properties': {
-            'yolo_boot_image_bytes': str(boot_image_bytes),
-            'yolo_covered_bytes': str(info['covered_bytes']),
-            'yolo_coverage': '%.4f' % coverage,
-            'yolo_source_raw_size': str(source_size),
-            'yolo_boot_seconds': '%.1f' % learned.boot_seconds,
-            'yolo_build_seconds': '%.2f' % build_seconds,
-            'yolo_window_ended_by': learned.ended_by,
+            contract.BOOT_IMAGE_BYTES: str(boot_image_bytes),
+            contract.COVERED_BYTES: str(info['covered_bytes']),
+            contract.COVERAGE: '%.4f' % coverage,
+            contract.SOURCE_RAW_SIZE: str(source_size),
+            contract.BOOT_SECONDS: '%.1f' % learned.boot_seconds,
+            contract.BUILD_SECONDS: '%.2f' % build_seconds,
+            contract.WINDOW_ENDED_BY: learned.ended_by,
         }}
 
     @staticmethod

@@ -144,6 +144,10 @@ def test_builds_publishes_and_links_a_verified_boot_image(glance, make_worker, t
     assert int(boot_image['yolo_covered_bytes']) == 65536 + 8192
     assert float(boot_image['yolo_coverage']) == pytest.approx(73728 / (4 * MiB), abs=1e-4)
     assert boot_image['yolo_window_ended_by'] == 'ready'
+    # Every measurement openstack yolo shows, under the names on the wire.
+    for name in ('yolo_boot_image_bytes', 'yolo_source_raw_size', 'yolo_boot_seconds',
+                 'yolo_build_seconds'):
+        assert float(boot_image[name]) >= 0, name
     # It verifies against the raw conversion of the source, and carries its identity.
     yolofs.run('verify', boot_image['file'], raw_of(glance, source, tmp_path))
     info = yolofs.run('inspect', '--json', boot_image['file']).stdout
