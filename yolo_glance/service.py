@@ -33,12 +33,11 @@ OWN_STATUSES = (worker_mod.BUILDING, worker_mod.READY, worker_mod.SKIPPED, worke
 class Dispatcher:
     """Runs the worker's builds and deletions on a bounded pool, one job per image at a time."""
 
-    def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120,
-                 metrics=None):
+    def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120):
         self.worker = worker
         self.glance = glance
         self.activation_timeout = activation_timeout
-        self.metrics = metrics or worker.metrics
+        self.metrics = worker.metrics   # one registry for the worker's and the queue's
         self.pool = concurrent.futures.ThreadPoolExecutor(max_concurrent_builds,
                                                           thread_name_prefix='yolo-build')
         self.lock = threading.Lock()
