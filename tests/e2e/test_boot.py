@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from tests import prometheus
 from tests.e2e.conftest import (
     MOUNT_POINT, admin, backing_file, base_file_name, create_server, delete_server, demo,
     image_property, wait_for_ready, wait_until, yolofs_ctl)
@@ -48,6 +49,11 @@ def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(publishe
         assert served[name]['verified'] is True
         stats = yolofs_ctl('stats', name)['files'][name]
         assert stats['bytes_memory'] > 0, stats
+        # What Prometheus sees of it (tools/aio/settings: --metrics-address 127.0.0.1:9466).
+        metrics = prometheus.scrape('http://127.0.0.1:9466/metrics')
+        assert metrics[('yolofs_read_bytes_total', (('file', name), ('from', 'boot_image')))] \
+            >= stats['bytes_memory']
+        assert metrics[('yolofs_boot_image_loads_total', ())] >= 1
         # The compute node fetched the published boot image and installed it through yolofs.
         log = subprocess.run(['grep', '-c', 'Installed verified boot image %s' % boot_image_id,
                               '/var/log/yolo-aio/nova-compute.log'],

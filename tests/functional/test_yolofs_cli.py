@@ -4,6 +4,7 @@ import json
 import os
 import random
 import struct
+import subprocess
 
 import pytest
 
@@ -118,3 +119,17 @@ def test_verify_mark_writes_a_stamp(boot_image, source):
     stamp = json.loads((boot_image.parent / 'base.yolo.verified').read_text())
     assert stamp['source']['size'] == SIZE
     assert stamp['source']['ino'] == os.stat(source).st_ino
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly(tmp_path, source):
+    trace = tmp_path / 'many'
+    trace.write_text(''.join('%d 100\n' % (i * 8192) for i in range(1000)))
+    image = tmp_path / 'many.yolo'
+    yolofs.run('build', '--trace', trace, '--source', source, '--output', image)
+    pipeline = subprocess.run(
+        ['bash', '-o', 'pipefail', '-c', '"$0" inspect --extents "$1" | head -n 3',
+         yolofs.binary(), str(image)], capture_output=True, text=True)
+    assert len(pipeline.stdout.splitlines()) == 3
+    assert 'panicked' not in pipeline.stderr and pipeline.stderr == ''
+    # Killed by SIGPIPE, as other tools are: the shell reports 128 + 13.
+    assert pipeline.returncode == 141

@@ -5,13 +5,17 @@ import errno
 import mmap
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
+from tests import prometheus
 from yolo_common import yolofs
 
 SIZE = 24 << 20
@@ -290,6 +294,77 @@ def test_ctl_command_line(mount_factory, base_dir, boot_image_dir):
     assert '"ok": true' in out
     proc = yolofs.run('ctl', '--socket', mount.control_socket, 'record-stop', NAME, check=False)
     assert proc.returncode != 0 and 'not learning' in proc.stderr
+
+
+def scrape(mount):
+    """The mount's metrics; its --metrics-address had port 0, the log says which it got."""
+    log = mount.log_path.read_text()
+    return prometheus.scrape(re.search(r'metrics on (http://\S+)', log).group(1))
+
+
+def test_metrics_count_what_was_served(mount_factory, base_dir, boot_image_dir, content):
+    shutil.copy(base_dir / NAME, base_dir / 'other')
+    data = bytearray((boot_image_dir / (NAME + '.yolo')).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (boot_image_dir / 'other.yolo').write_bytes(bytes(data))
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, mlock=True,
+                          no_kernel_passthrough=True, metrics_address='127.0.0.1:0')
+    assert (mount.mountpoint / NAME).read_bytes() == content
+    assert (mount.mountpoint / 'other').read_bytes() == content
+    with pytest.raises(FileNotFoundError):
+        os.stat(mount.mountpoint / 'missing')
+
+    metrics = scrape(mount)
+    stats = mount.client.stats()
+    for name in (NAME, 'other'):
+        for source, counted in (('boot_image', 'bytes_memory'), ('base_file', 'bytes_passthrough')):
+            key = ('yolofs_read_bytes_total', (('file', name), ('from', source)))
+            assert metrics[key] == stats[name][counted], key
+    assert metrics[('yolofs_read_bytes_total', (('file', NAME), ('from', 'boot_image')))] > 0
+    assert metrics[('yolofs_read_bytes_total', (('file', 'other'), ('from', 'boot_image')))] == 0
+    assert metrics[('yolofs_boot_image_loads_total', ())] == 1
+    assert metrics[('yolofs_boot_image_rejections_total', (('reason', 'invalid'),))] == 1
+    assert metrics[('yolofs_boot_images_refused', ())] == 1
+    status = mount.client.status()
+    assert metrics[('yolofs_memory_used_bytes', ())] == status['memory_used_bytes'] > 0
+    assert metrics[('yolofs_memory_locked_bytes', ())] == status['memory_used_bytes']
+    assert metrics[('yolofs_fuse_errors_total',
+                    (('errno', str(errno.ENOENT)), ('operation', 'lookup')))] >= 1
+    assert 0 <= metrics[('yolofs_host_io_utilisation', ())] <= 1
+    assert metrics[('yolofs_up', ())] == 1
+    url = re.search(r'metrics on (http://\S+)/metrics', mount.log_path.read_text()).group(1)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(url + '/other', timeout=10)
+    assert err.value.code == 404
+
+
+def test_metrics_count_learning_windows(mount_factory, base_dir, tmp_path):
+    mount = mount_factory(base_dir, boot_images=tmp_path / 'learned', learn=True,
+                          no_kernel_passthrough=True, metrics_address='127.0.0.1:0')
+    with open(mount.mountpoint / NAME, 'rb') as f:
+        f.read(1 << 20)
+        assert scrape(mount)[('yolofs_learning_windows_open', ())] == 1
+        mount.client.record_stop(NAME)
+    metrics = scrape(mount)
+    assert metrics[('yolofs_learning_windows_total', (('outcome', 'started'),))] == 1
+    assert metrics[('yolofs_learning_windows_total', (('outcome', 'learned'),))] == 1
+    assert metrics[('yolofs_learning_windows_open', ())] == 0
+
+
+def test_a_taken_metrics_address_fails_the_mount(mount_factory, base_dir, tmp_path):
+    first = mount_factory(base_dir, metrics_address='127.0.0.1:0')
+    taken = re.search(r'metrics on http://(\S+)/metrics', first.log_path.read_text()).group(1)
+    with pytest.raises(yolofs.YolofsError, match='exited'):
+        mount_factory(base_dir, metrics_address=taken)
+    assert 'metrics address %s' % taken in (tmp_path / 'yolofs1.log').read_text()
+
+
+def test_ctl_says_when_no_yolofs_runs(tmp_path):
+    proc = yolofs.run('ctl', '--socket', tmp_path / 'none.sock', 'status', check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        'yolofs: error: no yolofs is running with control socket %s (nothing listens there; '
+        '--socket names another)' % (tmp_path / 'none.sock'))
 
 
 def test_pin_locks_qemu_files(tmp_path):

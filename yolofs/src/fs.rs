@@ -255,6 +255,10 @@ impl MirrorFs {
         self.kernel_passthrough.store(enabled, Ordering::Relaxed);
     }
 
+    pub fn stats(&self) -> &StatsRegistry {
+        &self.stats
+    }
+
     pub fn kernel_passthrough(&self) -> bool {
         self.kernel_passthrough.load(Ordering::Relaxed)
     }

@@ -77,7 +77,7 @@ impl FuseAdapter {
                     self.fs.set_kernel_passthrough(false);
                     return reply.opened(FileHandle(fh), FopenFlags::empty());
                 }
-                Err(e) => return reply.error(errno("open", &e)),
+                Err(e) => return reply.error(self.errno("open", &e)),
             },
         };
         backings.inode_of.insert(fh, ino);
@@ -125,13 +125,17 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
-fn errno(op: &str, err: &FsError) -> Errno {
-    if err.is_expected() {
-        debug!("{op}: {err}");
-    } else {
-        warn!("{op}: {err}");
+impl FuseAdapter {
+    /// The errno to answer `op` with, logged and counted.
+    fn errno(&self, op: &'static str, err: &FsError) -> Errno {
+        if err.is_expected() {
+            debug!("{op}: {err}");
+        } else {
+            warn!("{op}: {err}");
+        }
+        self.fs.stats().operation_error(op, err.errno());
+        Errno::from_i32(err.errno())
     }
-    Errno::from_i32(err.errno())
 }
 
 impl fuser::Filesystem for FuseAdapter {
@@ -161,21 +165,21 @@ impl fuser::Filesystem for FuseAdapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name) {
             Ok(attr) => reply.entry(&self.attr_ttl, &file_attr(&attr), Generation(0)),
-            Err(e) => reply.error(errno("lookup", &e)),
+            Err(e) => reply.error(self.errno("lookup", &e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
             Ok(attr) => reply.attr(&self.attr_ttl, &file_attr(&attr)),
-            Err(e) => reply.error(errno("getattr", &e)),
+            Err(e) => reply.error(self.errno("getattr", &e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(target.as_encoded_bytes()),
-            Err(e) => reply.error(errno("readlink", &e)),
+            Err(e) => reply.error(self.errno("readlink", &e)),
         }
     }
 
@@ -192,7 +196,7 @@ impl fuser::Filesystem for FuseAdapter {
                 };
                 reply.opened(FileHandle(opened.fh), flags)
             }
-            Err(e) => reply.error(errno("open", &e)),
+            Err(e) => reply.error(self.errno("open", &e)),
         }
     }
 
@@ -209,7 +213,7 @@ impl fuser::Filesystem for FuseAdapter {
     ) {
         match self.fs.read(fh.0, offset, size) {
             Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno("read", &e)),
+            Err(e) => reply.error(self.errno("read", &e)),
         }
     }
 
@@ -235,7 +239,7 @@ impl fuser::Filesystem for FuseAdapter {
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let entries = match self.fs.readdir(ino.0) {
             Ok(entries) => entries,
-            Err(e) => return reply.error(errno("readdir", &e)),
+            Err(e) => return reply.error(self.errno("readdir", &e)),
         };
         let dots = [
             (ino.0, FileType::Directory, OsStr::new(".")),
@@ -270,7 +274,7 @@ impl fuser::Filesystem for FuseAdapter {
                 s.f_namemax as u32,
                 s.f_frsize as u32,
             ),
-            Err(e) => reply.error(errno("statfs", &e)),
+            Err(e) => reply.error(self.errno("statfs", &e)),
         }
     }
 
@@ -308,7 +312,7 @@ impl fuser::Filesystem for FuseAdapter {
         }
         match self.fs.getattr(ino.0, None) {
             Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno("access", &e)),
+            Err(e) => reply.error(self.errno("access", &e)),
         }
     }
 }

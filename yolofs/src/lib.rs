@@ -6,7 +6,7 @@
 //! [`fuse`]); reads outside the boot image pass through to the real file. [`store`] loads boot
 //! images only once they are verified against their base file, [`pin`] keeps the hypervisor's own
 //! files in page cache, and [`control`] is the JSON-lines socket Nova talks to, which also reports
-//! host load ([`hostload`]) for the scheduler.
+//! host load ([`hostload`]) for the scheduler; [`metrics`] serves Prometheus metrics.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod build;
@@ -15,6 +15,7 @@ pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod hostload;
+pub mod metrics;
 pub mod pin;
 pub mod recorder;
 pub mod stats;

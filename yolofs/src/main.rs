@@ -2,6 +2,7 @@
 //! running mount, pin the hypervisor's files.
 
 use std::fs::File;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -149,6 +150,10 @@ struct MountArgs {
     /// Host load smoothing time constant in seconds.
     #[arg(long, default_value_t = 10.0)]
     load_smoothing_secs: f64,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (for example 127.0.0.1:9466; port 0
+    /// picks a free one, logged). Off when not given.
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::Args)]
@@ -181,6 +186,13 @@ struct BuildArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Mount(_) | Command::Pin { .. }) {
+        // A command whose output goes into `head` ends quietly when the pipe closes, as other
+        // Unix tools do. The daemons keep ignoring SIGPIPE: a control client that goes away must
+        // not stop the mount.
+        // SAFETY: called before any other thread exists; SIG_DFL is a valid disposition.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(&cli.log_level))
         .format_timestamp_millis()
         .init();
@@ -368,7 +380,14 @@ fn ctl(socket: &Path, mut request: control::Request) -> Result<()> {
         *boot_image = std::path::absolute(&*boot_image)?;
     }
     let request = serde_json::to_value(&request)?;
-    let answer = control::call(socket, &request).with_context(|| format!("talking to {}", socket.display()))?;
+    let answer = match control::call(socket, &request) {
+        Ok(answer) => answer,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => bail!(
+            "no yolofs is running with control socket {} (nothing listens there; --socket names another)",
+            socket.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("talking to {}", socket.display())),
+    };
     println!("{}", serde_json::to_string_pretty(&answer)?);
     if answer["ok"] != json!(true) {
         bail!("{}", answer["error"].as_str().unwrap_or("request failed"));
@@ -520,6 +539,11 @@ fn mount(args: MountArgs) -> Result<()> {
         pinned_bytes: pinned.as_ref().map_or(0, |p| p.bytes()),
         started: Instant::now(),
     });
+    if let Some(address) = args.metrics_address {
+        let bound =
+            yolofs::metrics::serve(address, daemon.clone()).with_context(|| format!("metrics address {address}"))?;
+        info!("metrics on http://{bound}/metrics");
+    }
     control::serve(&args.control_socket, socket_access, daemon)
         .with_context(|| format!("control socket {}", args.control_socket.display()))?;
     info!(

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -84,6 +84,17 @@ pub struct Recorder {
     active: Mutex<HashMap<String, Arc<Recording>>>,
     /// Builds in progress, joined by [`Recorder::wait_idle`] (tests, shutdown).
     builds: Mutex<Vec<thread::JoinHandle<()>>>,
+    counters: RecorderCounters,
+}
+
+/// Learning windows since the mount started, for metrics.
+#[derive(Default)]
+pub struct RecorderCounters {
+    pub started: AtomicU64,
+    /// Windows that ended with a boot image built.
+    pub learned: AtomicU64,
+    /// Windows that ended without reads, or whose boot image could not be built.
+    pub failed: AtomicU64,
 }
 
 impl Recorder {
@@ -93,6 +104,7 @@ impl Recorder {
             store,
             active: Mutex::default(),
             builds: Mutex::default(),
+            counters: RecorderCounters::default(),
         });
         let weak = Arc::downgrade(&recorder);
         thread::Builder::new()
@@ -106,6 +118,10 @@ impl Recorder {
             })
             .expect("spawn recorder thread");
         recorder
+    }
+
+    pub fn counters(&self) -> &RecorderCounters {
+        &self.counters
     }
 
     /// The recording for `name`, started now if none is under way. `source` is the open base file.
@@ -122,6 +138,7 @@ impl Recorder {
             }
         };
         info!("{name}: no boot image; recording this boot to learn one");
+        self.counters.started.fetch_add(1, Ordering::Relaxed);
         let recording = Arc::new(Recording {
             name: name.to_string(),
             source,
@@ -190,19 +207,26 @@ impl Recorder {
         let handle = thread::Builder::new()
             .name("yolofs-build".into())
             .spawn(move || {
-                if let Err(e) = recorder.build_from(&recording) {
-                    warn!("{}: could not learn a boot image: {e:#}", recording.name);
-                }
+                let outcome = match recorder.build_from(&recording) {
+                    Ok(true) => &recorder.counters.learned,
+                    Ok(false) => &recorder.counters.failed,
+                    Err(e) => {
+                        warn!("{}: could not learn a boot image: {e:#}", recording.name);
+                        &recorder.counters.failed
+                    }
+                };
+                outcome.fetch_add(1, Ordering::Relaxed);
             })
             .expect("spawn build thread");
         self.builds.lock().unwrap().push(handle);
     }
 
-    fn build_from(&self, recording: &Recording) -> anyhow::Result<()> {
+    /// Builds the boot image of a finished recording; false if there was nothing to learn.
+    fn build_from(&self, recording: &Recording) -> anyhow::Result<bool> {
         let reads = std::mem::take(&mut recording.state.lock().unwrap().reads);
         if reads.is_empty() {
             info!("{}: recording ended with no reads; nothing to learn", recording.name);
-            return Ok(());
+            return Ok(false);
         }
         let started = Instant::now();
         let dir = &self.store.config().dir;
@@ -237,7 +261,7 @@ impl Recorder {
             summary.extents,
             started.elapsed().as_secs_f64()
         );
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -75,10 +75,12 @@ impl FileStats {
     }
 }
 
-/// Counters of every file read since the mount started, by file name.
+/// Counters of every file read since the mount started, by file name, and of the errors yolofs
+/// answered the kernel with, by FUSE operation and errno.
 #[derive(Default)]
 pub struct StatsRegistry {
     files: Mutex<BTreeMap<String, Arc<FileStats>>>,
+    operation_errors: Mutex<BTreeMap<(&'static str, i32), u64>>,
 }
 
 impl StatsRegistry {
@@ -93,5 +95,19 @@ impl StatsRegistry {
             .filter(|(name, _)| only.is_none_or(|o| o == name.as_str()))
             .map(|(name, stats)| (name.clone(), stats.snapshot()))
             .collect()
+    }
+
+    pub fn operation_error(&self, operation: &'static str, errno: i32) {
+        *self
+            .operation_errors
+            .lock()
+            .unwrap()
+            .entry((operation, errno))
+            .or_default() += 1;
+    }
+
+    /// Errors answered so far, by (FUSE operation, errno).
+    pub fn operation_errors(&self) -> BTreeMap<(&'static str, i32), u64> {
+        self.operation_errors.lock().unwrap().clone()
     }
 }

@@ -21,7 +21,7 @@
 //! against relying on the page cache). A boot image that fails validation or verification is
 //! remembered as rejected (with why) until its file changes, and its base file is passed through.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, Metadata};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
@@ -223,14 +223,19 @@ impl InstallError {
     /// Whether the boot image handed in is what is wrong (offering it again cannot help),
     /// rather than the request, the base file or the store.
     pub fn is_refusal(&self) -> bool {
-        matches!(
-            self,
-            InstallError::Candidate { .. }
-                | InstallError::TooLarge { .. }
-                | InstallError::Invalid { .. }
-                | InstallError::Mismatch { .. }
-                | InstallError::ForeignImage { .. }
-        )
+        self.refusal_reason().is_some()
+    }
+
+    /// What is wrong with the boot image handed in, in a word, if that is what failed.
+    pub fn refusal_reason(&self) -> Option<&'static str> {
+        match self {
+            InstallError::Candidate { .. } => Some("unreadable"),
+            InstallError::TooLarge { .. } => Some("too_large"),
+            InstallError::Invalid { .. } => Some("invalid"),
+            InstallError::Mismatch { .. } => Some("mismatch"),
+            InstallError::ForeignImage { .. } => Some("foreign_image"),
+            InstallError::BadRequest(_) | InstallError::Base { .. } | InstallError::Store { .. } => None,
+        }
     }
 }
 
@@ -273,6 +278,40 @@ pub enum StoreError {
     Refused { name: String, reason: String },
 }
 
+impl StoreError {
+    /// Why a boot image was refused, in a word (`None`: there was none, or it was refused before).
+    pub fn rejection_reason(&self) -> Option<&'static str> {
+        match self {
+            StoreError::Invalid { .. } => Some("invalid"),
+            StoreError::Mismatch { .. } => Some("mismatch"),
+            StoreError::WrongSize { .. } => Some("wrong_size"),
+            StoreError::Io { .. } => Some("io"),
+            StoreError::Missing(_) | StoreError::Refused { .. } => None,
+        }
+    }
+}
+
+/// What the store did since the mount started, for metrics.
+#[derive(Default)]
+pub struct StoreCounters {
+    /// Boot images loaded into memory (verified first when their stamp did not match).
+    pub loads: AtomicU64,
+    /// Boot images dropped from memory to stay within the budget.
+    pub evictions: AtomicU64,
+    /// Boot images refused, at load or install, by reason.
+    rejections: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl StoreCounters {
+    fn rejected(&self, reason: &'static str) {
+        *self.rejections.lock().unwrap().entry(reason).or_default() += 1;
+    }
+
+    pub fn rejections(&self) -> BTreeMap<&'static str, u64> {
+        self.rejections.lock().unwrap().clone()
+    }
+}
+
 /// Settings of the store.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -313,6 +352,7 @@ pub struct BootImageStore {
     /// Held by installs and prunes: one at a time, so the staging directory holds only theirs.
     install_lock: Mutex<()>,
     staged: AtomicU64,
+    counters: StoreCounters,
 }
 
 struct StoreState {
@@ -337,11 +377,16 @@ impl BootImageStore {
             }),
             install_lock: Mutex::new(()),
             staged: AtomicU64::new(0),
+            counters: StoreCounters::default(),
         }
     }
 
     pub fn config(&self) -> &StoreConfig {
         &self.config
+    }
+
+    pub fn counters(&self) -> &StoreCounters {
+        &self.counters
     }
 
     /// Path of the boot image for base file `name`.
@@ -410,6 +455,21 @@ impl BootImageStore {
     /// known of an earlier boot image of `name` (loaded, refused) is dropped: the next open uses
     /// the new one.
     pub fn install(
+        &self,
+        name: &str,
+        base: &File,
+        candidate: &Path,
+        image_id: &str,
+        owner: Option<u32>,
+    ) -> Result<Installed, InstallError> {
+        let installed = self.install_verified(name, base, candidate, image_id, owner);
+        if let Some(reason) = installed.as_ref().err().and_then(InstallError::refusal_reason) {
+            self.counters.rejected(reason);
+        }
+        installed
+    }
+
+    fn install_verified(
         &self,
         name: &str,
         base: &File,
@@ -683,12 +743,16 @@ impl BootImageStore {
         // Load and verify without holding the lock: other files keep opening meanwhile.
         match self.load_verified(name, &path, source, &source_key) {
             Ok(image) => {
+                self.counters.loads.fetch_add(1, Ordering::Relaxed);
                 let image = Arc::new(image);
                 self.insert(name, image.clone(), source_key);
                 Ok(image)
             }
             Err(err) => {
                 warn!("{name}: boot image refused, the base file is served by passthrough: {err}");
+                if let Some(reason) = err.rejection_reason() {
+                    self.counters.rejected(reason);
+                }
                 let rejection = Rejection {
                     file_key,
                     source: source_key,
@@ -760,6 +824,7 @@ impl BootImageStore {
                 break;
             };
             state.used_bytes -= loaded.image.data_len();
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             info!(
                 "{evicted}: boot image evicted from memory (budget {} bytes)",
                 self.config.memory_budget
@@ -787,6 +852,17 @@ impl BootImageStore {
             }
             None => false,
         }
+    }
+
+    /// Bytes of loaded boot image data locked in RAM.
+    pub fn locked_bytes(&self) -> u64 {
+        let state = self.state.lock().unwrap();
+        state
+            .loaded
+            .iter()
+            .filter(|(_, l)| l.image.is_locked())
+            .map(|(_, l)| l.image.data_len())
+            .sum()
     }
 
     /// Bytes of boot image data held in memory.

@@ -1,0 +1,277 @@
+//! Prometheus metrics of a running mount, served over HTTP (`yolofs mount --metrics-address`).
+//!
+//! Every value is read from the daemon's own counters at scrape time (a [`Collector`]), so the
+//! read path pays nothing for metrics beyond the counters `yolofs ctl stats` already keeps.
+//! Per-file series are labelled by base file name: Nova's image cache holds one per image.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::thread;
+
+use log::{debug, warn};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::control::Daemon;
+use crate::stats::FileStatsSnapshot;
+
+/// The OpenMetrics text format's content type.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+struct DaemonMetrics(Arc<Daemon>);
+
+impl fmt::Debug for DaemonMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DaemonMetrics")
+    }
+}
+
+/// One metric without labels.
+fn single(encoder: &mut DescriptorEncoder, name: &str, help: &str, metric: impl EncodeMetric) -> fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// A counter family: one series per label set.
+fn counters<L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, u64)>,
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in series {
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for DaemonMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let daemon = &self.0;
+        let e = &mut encoder;
+        single(e, "yolofs_up", "1 while the mount serves.", ConstGauge::new(1i64))?;
+        single(
+            e,
+            "yolofs_uptime_seconds",
+            "Seconds since the mount started.",
+            ConstGauge::new(daemon.started.elapsed().as_secs_f64()),
+        )?;
+
+        let files = daemon.stats.snapshot(None);
+        type Count = fn(&FileStatsSnapshot) -> u64;
+        // Series of one per-file family: for each file, one per (label value, counter).
+        let by_file = |label: &'static str, values: &'static [(&'static str, Count)]| {
+            files.iter().flat_map(move |(file, s)| {
+                values
+                    .iter()
+                    .map(move |(value, count)| ([("file", file.clone()), (label, value.to_string())], count(s)))
+            })
+        };
+        counters(
+            e,
+            "yolofs_read_bytes",
+            "Bytes read, by base file and by where they came from (boot_image: memory; base_file: passthrough).",
+            by_file(
+                "from",
+                &[
+                    ("boot_image", |s| s.bytes_memory),
+                    ("base_file", |s| s.bytes_passthrough),
+                ],
+            ),
+        )?;
+        counters(
+            e,
+            "yolofs_read_requests",
+            "Read requests, by base file and by where their bytes came from (mixed: both).",
+            by_file(
+                "from",
+                &[
+                    ("boot_image", |s| s.requests_memory),
+                    ("base_file", |s| s.requests_passthrough),
+                    ("mixed", |s| s.requests_mixed),
+                ],
+            ),
+        )?;
+        counters(
+            e,
+            "yolofs_opens",
+            "Opens, by base file and by who serves the reads (kernel: FUSE passthrough, not counted in reads).",
+            by_file(
+                "served_by",
+                &[("yolofs", |s| s.opens), ("kernel", |s| s.opens_kernel_passthrough)],
+            ),
+        )?;
+        counters(
+            e,
+            "yolofs_read_errors",
+            "Reads answered with an error, by base file.",
+            files.iter().map(|(file, s)| ([("file", file.clone())], s.errors)),
+        )?;
+        counters(
+            e,
+            "yolofs_fuse_errors",
+            "Errors answered to the kernel, by FUSE operation and errno (lookup ENOENT=2 is ordinary).",
+            daemon
+                .stats
+                .operation_errors()
+                .into_iter()
+                .map(|((operation, errno), n)| {
+                    ([("operation", operation.to_string()), ("errno", errno.to_string())], n)
+                }),
+        )?;
+
+        let store = &daemon.store;
+        let store_counters = store.counters();
+        single(
+            e,
+            "yolofs_boot_image_loads",
+            "Boot images loaded into memory (verified first when their stamp did not match).",
+            ConstCounter::new(store_counters.loads.load(Relaxed)),
+        )?;
+        single(
+            e,
+            "yolofs_boot_image_evictions",
+            "Boot images dropped from memory to stay within the memory budget.",
+            ConstCounter::new(store_counters.evictions.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "yolofs_boot_image_rejections",
+            "Boot images refused at load or install, by reason; their base files are passed through.",
+            store_counters
+                .rejections()
+                .into_iter()
+                .map(|(reason, n)| ([("reason", reason)], n)),
+        )?;
+        single(
+            e,
+            "yolofs_boot_images_refused",
+            "Boot images currently refused (until their file changes).",
+            ConstGauge::new(store.rejected().len() as i64),
+        )?;
+        single(
+            e,
+            "yolofs_boot_images_loaded",
+            "Boot images in memory.",
+            ConstGauge::new(store.loaded().len() as i64),
+        )?;
+        single(
+            e,
+            "yolofs_memory_budget_bytes",
+            "Most bytes of boot image data kept in memory (--memory-budget-mib).",
+            ConstGauge::new(store.config().memory_budget as i64),
+        )?;
+        single(
+            e,
+            "yolofs_memory_used_bytes",
+            "Bytes of boot image data in memory.",
+            ConstGauge::new(store.used_bytes() as i64),
+        )?;
+        single(
+            e,
+            "yolofs_memory_locked_bytes",
+            "Bytes of boot image data locked in RAM (--mlock).",
+            ConstGauge::new(store.locked_bytes() as i64),
+        )?;
+        single(
+            e,
+            "yolofs_pinned_bytes",
+            "Bytes of the hypervisor's files pinned in page cache (--pin-qemu).",
+            ConstGauge::new(daemon.pinned_bytes as i64),
+        )?;
+        single(
+            e,
+            "yolofs_open_files",
+            "Files open through the mount.",
+            ConstGauge::new(daemon.fs.open_handles() as i64),
+        )?;
+
+        if let Some(recorder) = &daemon.recorder {
+            let c = recorder.counters();
+            counters(
+                e,
+                "yolofs_learning_windows",
+                "Learning windows by outcome (started; learned: a boot image built; failed: none).",
+                [
+                    ([("outcome", "started")], c.started.load(Relaxed)),
+                    ([("outcome", "learned")], c.learned.load(Relaxed)),
+                    ([("outcome", "failed")], c.failed.load(Relaxed)),
+                ],
+            )?;
+            single(
+                e,
+                "yolofs_learning_windows_open",
+                "Boots being recorded now.",
+                ConstGauge::new(recorder.active().len() as i64),
+            )?;
+        }
+
+        let load = daemon.host_load.current();
+        single(
+            e,
+            "yolofs_host_io_utilisation",
+            "Smoothed utilisation of the disk holding the source directory, 0..1.",
+            ConstGauge::new(load.io_utilisation),
+        )?;
+        single(
+            e,
+            "yolofs_host_cpu_utilisation",
+            "Smoothed CPU utilisation of the host, 0..1.",
+            ConstGauge::new(load.cpu_utilisation),
+        )?;
+        single(
+            e,
+            "yolofs_host_runnable_per_cpu",
+            "Smoothed runnable tasks per CPU.",
+            ConstGauge::new(load.runnable_per_cpu),
+        )?;
+        Ok(())
+    }
+}
+
+/// The registry of a daemon's metrics.
+pub fn registry(daemon: Arc<Daemon>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(DaemonMetrics(daemon)));
+    registry
+}
+
+/// The metrics of `registry` in the OpenMetrics text format.
+pub fn render(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("writing to a String cannot fail");
+    text
+}
+
+/// Serves `GET /metrics` on `address` from a thread of its own; the listener is bound before
+/// this returns, so a taken port fails the mount at start rather than later.
+pub fn serve(address: SocketAddr, daemon: Arc<Daemon>) -> std::io::Result<SocketAddr> {
+    let server = tiny_http::Server::http(address).map_err(std::io::Error::other)?;
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .ok_or_else(|| std::io::Error::other("metrics listener has no IP address"))?;
+    let registry = registry(daemon);
+    thread::Builder::new().name("yolofs-metrics".into()).spawn(move || {
+        let content_type = tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE).expect("a valid header");
+        for request in server.incoming_requests() {
+            let response = match (request.method(), request.url()) {
+                (tiny_http::Method::Get, "/metrics") => {
+                    tiny_http::Response::from_string(render(&registry)).with_header(content_type.clone())
+                }
+                _ => tiny_http::Response::from_string("yolofs serves /metrics only\n").with_status_code(404),
+            };
+            if let Err(e) = request.respond(response) {
+                debug!("metrics client: {e}");
+            }
+        }
+        warn!("metrics listener on {bound} closed");
+    })?;
+    Ok(bound)
+}
