@@ -133,3 +133,11 @@ def test_inspect_into_a_closed_pipe_ends_quietly(tmp_path, source):
     assert 'panicked' not in pipeline.stderr and pipeline.stderr == ''
     # Killed by SIGPIPE, as other tools are: the shell reports 128 + 13.
     assert pipeline.returncode == 141
+
+
+def test_errors_say_the_os_message_once(tmp_path, source):
+    for args in (('verify', tmp_path / 'missing.yolo', source),
+                 ('build', '--trace', tmp_path / 'missing', '--source', source,
+                  '--output', tmp_path / 'out.yolo')):
+        message = fails(*args)
+        assert message.count('No such file or directory') == 1, message

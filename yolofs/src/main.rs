@@ -199,10 +199,27 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("yolofs: error: {e:#}");
+            eprintln!("yolofs: error: {}", error_message(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once: most of ours already quote their cause in their
+/// own message (for the control socket's answers), which `{:#}` would print a second time.
+fn error_message(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
 }
 
 fn run(command: Command) -> Result<()> {
