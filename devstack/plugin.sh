@@ -46,6 +46,9 @@ function install_yolo {
     if _yolo_on_compute || _yolo_on_glance; then
         if [[ -n "$YOLOFS_BIN_SOURCE" ]]; then
             sudo install -m 0755 "$YOLOFS_BIN_SOURCE" "$YOLOFS_BIN"
+        elif [[ -n "$YOLOFS_WHEEL" ]]; then
+            pip_install "$YOLOFS_WHEEL"
+            sudo install -m 0755 "$YOLO_BIN_DIR/yolofs" "$YOLOFS_BIN"
         else
             build_yolofs
         fi
@@ -59,7 +62,7 @@ function install_yolo {
 # Ubuntu LTS releases. A recent enough cargo on the host is used as it is; otherwise rustup
 # installs the stable toolchain (minimal profile) for the stack user under $YOLO_RUSTUP_HOME
 # and $YOLO_CARGO_HOME, touching nothing system-wide and nothing on PATH. A prebuilt binary
-# (YOLOFS_BIN_SOURCE) needs no toolchain at all.
+# (YOLOFS_BIN_SOURCE) or wheel (YOLOFS_WHEEL) needs no toolchain at all.
 
 # Succeeds if the cargo run by the given command is 1.85 or newer.
 function _yolo_cargo_is_recent {

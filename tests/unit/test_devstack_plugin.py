@@ -123,7 +123,8 @@ def test_yolofs_runs_as_root_with_the_socket_for_nova_computes_group(tmp_path):
         '--control-socket', '/run/yolofs/control.sock',
         # devstack runs nova-compute with group $LIBVIRT_GROUP.
         '--control-socket-group', 'libvirt', '--control-socket-mode', '0660',
-        '--learn', '--mlock', '--pin-qemu', '--record-idle-secs', '30']
+        '--learn', '--mlock', '--pin-qemu', '--record-idle-secs', '30',
+        '--metrics-address', '127.0.0.1:9466']
     # Started after nova.conf has the driver, and after a dead mount is detached.
     assert calls.index(('yolo-configure',) + named(calls, 'yolo-configure')[0]) < \
         calls.index(('sudo', 'fusermount3', '-uz', str(data / 'nova/yolofs'))) < \
@@ -284,6 +285,16 @@ def test_a_prebuilt_binary_needs_no_toolchain(tmp_path):
     assert not named(calls, 'cargo') and not named(calls, 'curl')
     assert ('install', '-m', '0755', '/srv/yolofs', '/usr/local/bin/yolofs') in \
         named(calls, 'sudo')
+
+
+def test_a_yolofs_wheel_needs_no_toolchain(tmp_path):
+    node = Devstack(tmp_path, COMPUTE, cargo=None, YOLOFS_WHEEL='/srv/yolofs-0.1.0.whl')
+    calls = node.stack('install')
+    assert not named(calls, 'cargo') and not named(calls, 'curl')
+    assert ('pip_install', '/srv/yolofs-0.1.0.whl') in calls
+    installed = [c for c in named(calls, 'sudo') if c[:3] == ('install', '-m', '0755')]
+    assert installed == [('install', '-m', '0755', str(node.bin / 'yolofs'),
+                          '/usr/local/bin/yolofs')]
 
 
 def test_a_failed_download_stops_devstack(tmp_path):
