@@ -1,107 +1,131 @@
-"""YOLO's main job, end to end on one machine.
+"""YOLO's point on one machine, in a few minutes: boots under I/O contention.
 
-Builds (or reuses) the bootable test image, stores it as Nova would (``_base/<sha1(image id)>``,
-raw), learns its boot image from one real QEMU boot through a learning yolofs mount, then boots it
-normally (backing file in ``_base``) and through yolofs (backing file on the mount, boot image
-preloaded), each from a cold page cache, and prints both boot times.
+Builds (or reuses) the bootable test image, learns its boot image from one real QEMU boot, then
+boots it three ways on an emulated HDD (the boot benchmark's: a throttled loop device) while fio
+stressors keep that disk busy, each from a cold page cache: normally (backing file on the disk),
+through yolofs (boot reads from the boot image in memory), and with the whole image already in
+page cache (the best a cache can do, at the cost of the whole image in RAM). Prints the three
+boot times side by side. The boot benchmark (docs/boot-benchmark.md) measures the same with
+repetitions and more conditions.
 
-Usage: python3 tools/demo.py [--workdir DIR] [--runs N]
+Usage: python3 tools/demo.py [--workdir DIR] [--stressors N] [--runs N]
 """
 
 import argparse
+import contextlib
 import json
 import pathlib
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
-import uuid
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from yolo_common import images  # noqa: E402
-from yolo_common import learning  # noqa: E402
-from yolo_common import qemu  # noqa: E402
+from yolo_bench import plan  # noqa: E402
+from yolo_bench import runner  # noqa: E402
 from yolo_common import yolofs  # noqa: E402
 
+POLICY_NAMES = {'normal': 'normal (backing file on the busy disk)',
+                'yolo': 'YOLO (boot reads from the boot image)',
+                'warm': 'warm (whole image in page cache)'}
 
-def log(message):
-    print('==> ' + message, flush=True)
 
+@contextlib.contextmanager
+def progress(label, every=15):
+    """A line every ``every`` seconds while a long step runs, so a silent minute is explained."""
+    started = time.monotonic()
+    done = threading.Event()
 
-def boot(backing, overlay, console_log):
-    images.create_overlay(backing, overlay)
+    def tick():
+        while not done.wait(every):
+            runner.log('   ... %s: %d s so far' % (label, time.monotonic() - started))
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
     try:
-        return qemu.boot(overlay, timeout=900, console_log=console_log)
+        yield
     finally:
-        overlay.unlink()
+        done.set()
+        thread.join()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--workdir', default='/var/tmp/yolo-demo', type=pathlib.Path)
-    parser.add_argument('--runs', type=int, default=1, help='cold boots per policy')
+    parser.add_argument('--workdir', default='/var/tmp/yolo-demo', type=pathlib.Path,
+                        help='scratch space, removed at the end (default: %(default)s)')
+    parser.add_argument('--stressors', type=int, default=8,
+                        help='fio processes keeping the disk busy (default: %(default)s)')
+    parser.add_argument('--runs', type=int, default=1,
+                        help='cold boots per policy (default: %(default)s)')
     args = parser.parse_args()
 
     work = args.workdir
     if work.exists():
-        subprocess.run(['fusermount3', '-uz', str(work / 'mnt')], capture_output=True)
         shutil.rmtree(work)
-    base_dir = work / 'instances' / '_base'
-    base_dir.mkdir(parents=True)
+    work.mkdir(parents=True)
+    try:
+        run_demo(work, args.stressors, args.runs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
-    log('the test image (tools/build-test-image.sh builds it once, about 5 minutes, then '
-        'reuses it)')
+
+def run_demo(work, stressors, repetitions):
+    runner.log('the test image (tools/build-test-image.sh builds it once, about 5 minutes, '
+               'then reuses it)')
     # Its progress lines and, if it fails, its cause go to the terminal.
     build = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], stdout=subprocess.PIPE,
                            text=True)
     if build.returncode != 0:
         sys.exit('demo: building the test image failed (exit %d): see its messages above'
                  % build.returncode)
-    image = build.stdout.split()[-1]
-    image_id = str(uuid.uuid4())
-    base = base_dir / images.base_file_name(image_id)
-    started = time.monotonic()
-    images.convert_to_raw(image, base)
-    log('image %s (%d bytes qcow2) -> raw base %s (%d bytes) in %.1fs' % (
-        image, pathlib.Path(image).stat().st_size, base, base.stat().st_size,
-        time.monotonic() - started))
+    test_image = build.stdout.split()[-1]
 
-    log('learning the boot image from one boot through a learning yolofs mount')
-    learned = learning.learn_boot_image(base, work, console_log=work / 'console-learn.log')
-    info = json.loads(yolofs.run('inspect', '--json', learned.boot_image).stdout)
-    reads = sum(1 for line in learned.trace.read_text().splitlines() if not line.startswith('#'))
-    log('boot image: %d reads -> %d extents, %.1f MiB (%.2f%% of the image), learned in %.1fs '
-        '(boot %.1fs)' % (reads, info['extent_count'], info['covered_bytes'] / 2**20,
-                          100 * info['coverage'], learned.boot_seconds + learned.build_seconds,
-                          learned.boot_seconds))
+    runner.log('learning the boot image from one boot through a learning yolofs mount')
+    with progress('learning boot'):
+        trace = runner.learn_boot_image(test_image, work)
+    reads = sum(1 for line in trace.read_text().splitlines() if not line.startswith('#'))
 
-    mount_args = dict(source=base_dir, mountpoint=work / 'mnt',
-                      boot_images=learned.boot_image.parent, control_socket=work / 'control.sock')
-    normal, yolo = [], []
-    with yolofs.Mount(log_path=work / 'yolofs.log', mlock=True, **mount_args) as mount:
-        for run in range(args.runs):
-            qemu.drop_caches()
-            normal.append(boot(base, work / 'normal.qcow2', work / 'console-normal.log'))
-            log('run %d: normal boot (backing file in _base): %.2fs' % (run + 1, normal[-1]))
-            qemu.drop_caches()
-            mount.client.evict(base.name)
-            mount.client.preload(base.name)
-            yolo.append(boot(mount.mountpoint / base.name, work / 'yolo.qcow2',
-                             work / 'console-yolo.log'))
-            log('run %d: YOLO boot (backing file on yolofs): %.2fs' % (run + 1, yolo[-1]))
-        stats = mount.client.stats(base.name)[base.name]
+    runs = plan.plan(['hdd'], 'contention', [stressors], list(POLICY_NAMES), repetitions)
+    disk = runner.make_disk('hdd', work)
+    runner.log('storage: %s; %d fio stressors will keep it busy' % (disk.describe(), stressors))
+    times = {policy: [] for policy in POLICY_NAMES}
+    with runner.StorageSession(disk, work, test_image, 1, trace, stressors) as session:
+        info = yolofs.run('inspect', '--json',
+                          session.store / (session.bases[0].name + '.yolo')).stdout
+        runner.log('boot image: %d boot reads, %s' % (reads, coverage(info)))
+        for i, run in enumerate(runs):
+            policy = run.point.policy
+            console_dir = work / 'consoles' / str(i)
+            console_dir.mkdir(parents=True)
+            runner.log('%d/%d: %s boot, cold page cache' % (i + 1, len(runs), policy))
+            with progress('%s boot' % policy):
+                result = runner.measure(session, run, console_dir)
+            times[policy].append(result.boot_ms / 1000)
+            runner.log('%d/%d: %s boot took %.1f s' % (i + 1, len(runs), policy,
+                                                       times[policy][-1]))
+        stats = session.mount.client.stats(session.bases[0].name)[session.bases[0].name]
 
-    served = stats['bytes_memory'] + stats['bytes_passthrough']
+    normal = statistics.median(times['normal'])
     print()
-    print('boot time, cold page cache, median of %d:' % args.runs)
-    print('  normal  %7.2f s' % statistics.median(normal))
-    print('  YOLO    %7.2f s   (normal / YOLO = %.2f)' % (
-        statistics.median(yolo), statistics.median(normal) / statistics.median(yolo)))
-    print('YOLO boots read %.1f MiB through yolofs, %.1f%% from the boot image' % (
+    print('boot time under I/O contention (%d fio stressors on the emulated HDD), cold page '
+          'cache%s:' % (stressors, ', median of %d' % repetitions if repetitions > 1 else ''))
+    for policy, label in POLICY_NAMES.items():
+        median = statistics.median(times[policy])
+        print('  %-42s %6.1f s   normal / this = %.2f' % (label, median, normal / median))
+    served = stats['bytes_memory'] + stats['bytes_passthrough']
+    print('YOLO boots read %.1f MiB through yolofs, %.1f%% of it from the boot image.' % (
         served / 2**20, 100 * stats['bytes_memory'] / max(served, 1)))
+    print('warm holds the whole image in page cache; YOLO holds only its boot image.')
+
+
+def coverage(inspect_json):
+    info = json.loads(inspect_json)
+    return '%d extents, %.1f MiB (%.2f%% of the image)' % (
+        info['extent_count'], info['covered_bytes'] / 2**20, 100 * info['coverage'])
 
 
 if __name__ == '__main__':

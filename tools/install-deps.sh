@@ -11,6 +11,8 @@ debian_packages=(
     fio vmtouch                         # benchmarks
     libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev  # driver tests
     pkg-config python3-venv shellcheck
+    build-essential python3-dev         # Python packages built from source (libvirt-python)
+    kmod                                # modprobe fuse where /dev/fuse is missing
 )
 missing=()
 for pkg in "${debian_packages[@]}"; do
@@ -42,6 +44,7 @@ if [[ ! -x $repo/.venv/bin/python ]]; then
     echo "==> creating the Python venv in .venv"
     python3 -m venv "$repo/.venv"
 fi
+echo "==> Python packages into .venv (Nova, Glance and their test fixtures: several minutes the first time)"
 "$repo/.venv/bin/pip" install -q -r "$repo/test-requirements.txt"
 # The project itself (console scripts, the nova.virt.yolo driver module); tests import the
 # checkout's packages first (pytest.ini), this is what makes Nova find the driver.

@@ -150,7 +150,12 @@ def world_readable_dir():
     path = pathlib.Path(tempfile.mkdtemp(prefix='yolo-libvirt-', dir='/var/tmp'))
     path.chmod(0o755)
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    # A mount a test left inside would keep the directory (mounts stop after this teardown).
+    with open('/proc/self/mounts') as mounts:
+        inside = [line.split()[1] for line in mounts if line.split()[1].startswith(str(path))]
+    for mountpoint in inside:
+        subprocess.run(['fusermount3', '-uz', mountpoint], check=False, capture_output=True)
+    shutil.rmtree(path)
 
 
 def domain_xml(instance, disk, console_log):

@@ -1,19 +1,17 @@
 """The Glance worker's qemu-img conversions of the test image (built as root by
 tools/build-test-image.sh): a truncated upload, and the limits conversions run under. The
-worker's other tests, on small disks, are unit tests (tests/unit/glance)."""
+worker's other tests use small disks (test_worker.py)."""
 
 from oslo_concurrency import processutils
 import pytest
 
-from tests.unit.glance.test_worker import glance  # noqa: F401
-from tests.unit.glance.test_worker import make_worker  # noqa: F401
-from tests.unit.glance.test_worker import MiB
+from tests.functional.glance.fakes import MiB
 from yolo_common import images
 from yolo_glance import glance as glance_api
 from yolo_glance import worker as worker_mod
 
 
-def test_truncated_qcow2_fails_with_a_reason(glance, make_worker, test_image):  # noqa: F811
+def test_truncated_qcow2_fails_with_a_reason(glance, make_worker, test_image):
     # The test image cut short: still qcow2 to every inspector, but qemu-img cannot read it.
     with open(test_image, 'rb') as image:
         source = glance.add(image.read(64 * MiB), disk_format='qcow2')

@@ -9,8 +9,8 @@ import urllib.request
 from oslo_config import cfg
 import pytest
 
-from tests.unit.glance.test_worker import MiB
-from tests.unit.glance.test_worker import raw_disk
+from tests.functional.glance.fakes import MiB
+from tests.functional.glance.fakes import raw_disk
 from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod

@@ -1,127 +1,26 @@
 """The worker's decisions: what it skips, retries, repeats, deletes.
 
-Glance is an in-memory fake here and the profiling boot is replaced by a fixed trace (the
-functional tests use the real Glance API and real boots); downloads, format checks, the raw
-conversion and every yolofs step are real.
+Glance is an in-memory fake here (tests/functional/glance/fakes.py) and the profiling boot is
+replaced by a fixed trace (tests/functional/test_glance_worker.py uses the real Glance API and
+real boots); downloads, format checks, the qemu-img conversion and every yolofs step are real.
 """
 
 import copy
-import itertools
-import pathlib
-import shutil
 import subprocess
 import threading
 from unittest import mock
 
 import pytest
 
+from tests.functional.glance.fakes import fake_learner
+from tests.functional.glance.fakes import MiB
+from tests.functional.glance.fakes import raw_disk
 from yolo_common import images
 from yolo_common import learning
 from yolo_common import yolofs
 from yolo_glance import glance as glance_api
-from yolo_glance import import_plugin
 from yolo_glance import service
 from yolo_glance import worker as worker_mod
-
-MiB = 1 << 20
-
-
-class FakeGlance:
-    """The part of the Glance API the worker uses, in memory."""
-
-    def __init__(self, root):
-        self.root = pathlib.Path(root)
-        self.images = {}
-        self.ids = itertools.count(1)
-        self.downloads = 0
-        self.fail_downloads = 0
-
-    def add(self, data=None, **fields):
-        image_id = 'img-%d' % next(self.ids)
-        image = {'id': image_id, 'status': 'active', 'disk_format': 'raw',
-                 'container_format': 'bare', 'created_at': '2026-11-21T00:00:%02d' % len(
-                     self.images), 'owner': 'p1',
-                 'size': None if data is None else len(data), **fields}
-        if data is not None:
-            path = self.root / image_id
-            path.write_bytes(data)
-            image['file'] = path
-        self.images[image_id] = image
-        return image_id
-
-    def get(self, image_id):
-        if image_id not in self.images:
-            raise glance_api.NotFound()
-        return copy.deepcopy(self.images[image_id])
-
-    def active_images(self):
-        return [copy.deepcopy(i) for i in self.images.values() if i['status'] == 'active']
-
-    def boot_images_of(self, source_id, container_format):
-        return [copy.deepcopy(i) for i in self.images.values()
-                if i.get(glance_api.SOURCE_IMAGE_ID) == source_id
-                and i['container_format'] == container_format]
-
-    def download(self, image_id, path):
-        self.downloads += 1
-        if self.fail_downloads:
-            self.fail_downloads -= 1
-            raise OSError('connection reset')
-        shutil.copyfile(self.get(image_id)['file'], path)
-        return pathlib.Path(path).stat().st_size
-
-    def set_properties(self, image_id, remove=(), **properties):
-        image = self.images.get(image_id)
-        if image is None:
-            raise glance_api.NotFound()
-        for key in remove:
-            image.pop(key, None)
-        image.update(properties)
-
-    def publish(self, source, path, container_format, properties):
-        data = pathlib.Path(path).read_bytes()
-        return self.add(data, container_format=container_format, os_hidden=True,
-                        **{glance_api.SOURCE_IMAGE_ID: source['id']}, **properties)
-
-    def delete(self, image_id):
-        self.images.pop(image_id, None)
-
-
-def raw_disk(size=4 * MiB):
-    return b''.join(('block %d;' % i).encode().ljust(4096, b'.') for i in range(size // 4096))
-
-
-def fake_learner(reads=((0, 65536), (MiB, 8192))):
-    """Stands in for the profiling boot: the same trace every time."""
-    calls = []
-
-    def learn(base, work, **options):
-        calls.append(options)
-        work = pathlib.Path(work)
-        work.mkdir(parents=True)
-        trace = work / 'boot.trace'
-        trace.write_text(''.join('%d %d\n' % r for r in reads))
-        return learning.Learned(trace, None, 12.5, 0.1, 'ready')
-    learn.calls = calls
-    return learn
-
-
-@pytest.fixture
-def glance(tmp_path):
-    (tmp_path / 'glance').mkdir()
-    return FakeGlance(tmp_path / 'glance')
-
-
-@pytest.fixture
-def make_worker(glance, tmp_path):
-    def make(**kwargs):
-        options = dict(glance=glance, work_dir=str(tmp_path / 'work'),
-                       profiling=worker_mod.ProfilingOptions('login:', 30.0, 600.0),
-                       learner=fake_learner(), yolofs_binary=yolofs.binary(),
-                       worker_id='w1', retry_delay=0)
-        options.update(kwargs)
-        return worker_mod.Worker(**options)
-    return make
 
 
 def raw_of(glance, image_id, tmp_path):
@@ -382,67 +281,3 @@ def test_shutdown_lets_running_builds_finish_and_drops_queued_ones(glance, make_
     threading.Timer(0.5, finish.set).start()
     dispatcher.shutdown(wait=True)
     assert running.result(0) == 'built' and queued.cancelled() and built == ['img-1']
-
-
-class TestNotifications:
-
-    def notify(self, event_type, payload):
-        dispatcher = mock.Mock()
-        result = service.NotificationEndpoint(dispatcher).info(
-            {}, 'image.localhost', event_type, payload, {})
-        assert result == 'handled'
-        return dispatcher
-
-    def test_activate_builds_once_active(self):
-        self.notify('image.activate', {'id': 'i1', 'status': 'importing'}) \
-            .build.assert_called_once_with('i1', wait_active=True)
-
-    def test_delete_deletes(self):
-        self.notify('image.delete', {'id': 'i1'}).delete.assert_called_once_with('i1')
-
-    def test_updates_of_active_images_build_but_not_our_own(self):
-        self.notify('image.update', {'id': 'i1', 'status': 'active', 'properties': {}}) \
-            .build.assert_called_once_with('i1')
-        for status in service.OWN_STATUSES:
-            dispatcher = self.notify('image.update', {
-                'id': 'i1', 'status': 'active',
-                'properties': {glance_api.STATUS: status}})
-            dispatcher.build.assert_not_called()
-
-    def test_the_filter_selects_image_events(self):
-        rule = service.NotificationEndpoint.filter_rule
-        assert rule.match({}, 'image.localhost', 'image.activate', {}, {})
-        assert not rule.match({}, 'image.localhost', 'image.upload', {}, {})
-        assert not rule.match({}, 'image.localhost', 'image.member.create', {}, {})
-
-
-class TestImportPlugin:
-
-    def run_flow(self, action_wrapper):
-        flow = import_plugin.get_flow(task_id='t1', task_type='api_image_import',
-                                      action_wrapper=action_wrapper)
-        for task in flow:
-            task.execute()
-
-    def test_marks_the_image_pending(self):
-        wrapper = mock.MagicMock()
-        self.run_flow(wrapper)
-        wrapper.__enter__.return_value.set_image_extra_properties.assert_called_once_with(
-            {glance_api.STATUS: 'pending'})
-
-    def test_never_fails_the_import(self):
-        wrapper = mock.MagicMock()
-        wrapper.__enter__.side_effect = RuntimeError('image is locked')
-        self.run_flow(wrapper)
-
-
-def test_transient_glance_errors_are_retried_per_call():
-    from glanceclient import exc as glance_exc
-    client = mock.Mock()
-    client.images.get.side_effect = [glance_exc.HTTPInternalServerError('database is locked'),
-                                     {'id': 'i1', 'status': 'active'}]
-    assert glance_api.Glance(client).get('i1') == {'id': 'i1', 'status': 'active'}
-    assert client.images.get.call_count == 2
-    client.images.get.side_effect = glance_api.NotFound()
-    with pytest.raises(glance_api.NotFound):
-        glance_api.Glance(client).get('i2')   # not transient: not retried

@@ -11,8 +11,8 @@ from oslo_config import cfg
 import pytest
 import stevedore
 
-from tests.unit.glance.test_worker import fake_learner
-from tests.unit.glance.test_worker import raw_disk
+from tests.functional.glance.fakes import fake_learner
+from tests.functional.glance.fakes import raw_disk
 from yolo_common import qemu
 from yolo_common import yolofs
 from yolo_glance import conf as yolo_conf
