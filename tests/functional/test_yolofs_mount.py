@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import errno
+import json
 import mmap
 import os
 import random
@@ -9,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -118,6 +120,108 @@ def test_reads_equal_the_source_without_a_boot_image(mount_factory, base_dir, co
     else:
         assert stats['opens_kernel_passthrough'] == 0, stats
         assert stats['bytes_passthrough'] >= SIZE, stats
+
+
+def covered_offset(boot_image_dir):
+    """An offset inside the boot image's first extent."""
+    info = yolofs.run('inspect', '--json', '--extents', boot_image_dir / (NAME + '.yolo')).stdout
+    extent = json.loads(info)['extents'][0]
+    return extent['source_offset'] + extent['length'] // 2
+
+
+def change_in_place(path, offset, keep_mtime):
+    """Flips one byte of a file in place: same inode, size and birth time."""
+    before = os.stat(path)
+    with open(path, 'r+b') as f:
+        f.seek(offset)
+        old = f.read(1)
+        f.seek(offset)
+        f.write(bytes([old[0] ^ 0xff]))
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    return path.read_bytes()
+
+
+def served(mount, ranges, reader):
+    return reader(mount.mountpoint / NAME, ranges)
+
+
+@pytest.mark.parametrize('keep_mtime', [False, True], ids=['mtime', 'mtime_restored'])
+def test_a_changed_base_file_is_never_served_from_its_boot_image(
+        mount_factory, base_dir, boot_image_dir, content, keep_mtime):
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
+    offset = covered_offset(boot_image_dir)
+    ranges = [(offset - offset % 4096, 4096)] + list(random_ranges(3, 1200, align=4096))
+    assert served(mount, ranges, read_direct) == expected(content, ranges)
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] > 0
+    # One byte changed where the boot image covers, with the file open and the boot image loaded.
+    with open(mount.mountpoint / NAME, 'rb') as held:
+        held.read(1 << 20)
+        changed = change_in_place(base_dir / NAME, offset, keep_mtime)
+        # O_DIRECT reads (QEMU's, with cache=none) see the new byte at once: every read checks.
+        assert served(mount, ranges, read_direct) == expected(changed, ranges)
+        assert os.pread(held.fileno(), 1, offset) == changed[offset:offset + 1]
+    # Buffered reads go through the mount's page cache: the watcher drops it on the write.
+    assert served(mount, ranges, read_buffered) == expected(changed, ranges)
+    # Verified again in the background: the changed bytes no longer match, it is refused.
+    wait_for(lambda: mount.client.status()['rejected'])
+    assert 'differs from the source file' in mount.client.status()['rejected'][0]['reason']
+    memory = mount.client.stats(NAME)[NAME]['bytes_memory']
+    assert served(mount, ranges, read_direct) == expected(changed, ranges)
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] == memory
+
+
+def test_a_base_file_whose_times_were_set_is_served_again_once_verified(
+        mount_factory, base_dir, boot_image_dir, content):
+    # Nova's image cache manager touches base files in use: their ctime moves, their bytes not.
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
+    ranges = list(random_ranges(4, 200, align=4096))
+    assert served(mount, ranges, read_direct) == expected(content, ranges)
+    os.utime(base_dir / NAME)
+    wait_for(lambda: NAME in {e['name'] for e in mount.client.status()['loaded']})
+    memory = mount.client.stats(NAME)[NAME]['bytes_memory']
+    assert served(mount, ranges, read_direct) == expected(content, ranges)
+    assert mount.client.stats(NAME)[NAME]['bytes_memory'] > memory
+    assert not mount.client.status()['rejected']
+
+
+def test_reads_during_a_change_are_old_or_new_and_new_once_it_is_written(
+        mount_factory, base_dir, boot_image_dir, content):
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
+    offset = covered_offset(boot_image_dir)
+    page = offset - offset % 4096
+    reads, stop = [], threading.Event()
+
+    def reader():
+        fd = os.open(mount.mountpoint / NAME, os.O_RDONLY | os.O_DIRECT)
+        buf = mmap.mmap(-1, 4096)
+        while not stop.is_set():
+            started = time.monotonic()
+            os.preadv(fd, [buf], page)
+            reads.append((started, bytes(buf)))
+        os.close(fd)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    changed = change_in_place(base_dir / NAME, offset, keep_mtime=True)
+    written = time.monotonic()
+    time.sleep(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    old, new = content[page:page + 4096], changed[page:page + 4096]
+    assert all(data in (old, new) for _, data in reads)
+    after = [data for started, data in reads if started > written]
+    assert after and all(data == new for data in after), sum(data == old for data in after)
+
+
+def wait_for(predicate, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.1)
 
 
 def test_boot_image_arriving_while_passthrough_opens_remain(mount_factory, base_dir,

@@ -27,7 +27,7 @@ use thiserror::Error;
 use crate::format::BootImage;
 use crate::recorder::{Recorder, Recording};
 use crate::stats::{FileStats, StatsRegistry};
-use crate::store::BootImageStore;
+use crate::store::{BootImageStore, SourceKey};
 
 pub const ROOT_INO: u64 = 1;
 
@@ -178,7 +178,8 @@ impl InodeTable {
 pub struct OpenFile {
     name: String,
     source: File,
-    boot_image: Option<Arc<BootImage>>,
+    /// The boot image, valid while the source's key (its ctime above all) is the one here.
+    boot_image: RwLock<Option<(Arc<BootImage>, SourceKey)>>,
     recording: Option<Arc<Recording>>,
     stats: Arc<FileStats>,
 }
@@ -253,6 +254,34 @@ impl MirrorFs {
     /// Lets files without a boot image be served by the kernel (FUSE passthrough), or stops it.
     pub fn set_kernel_passthrough(&self, enabled: bool) {
         self.kernel_passthrough.store(enabled, Ordering::Relaxed);
+    }
+
+    pub fn source_root(&self) -> &Path {
+        &self.source_root
+    }
+
+    /// Base file `name` changed: its boot image is to be verified again (if it has one and is
+    /// not a download in progress). Returns the inodes whose page cache the kernel must drop.
+    pub fn source_changed(&self, name: &str) -> Vec<u64> {
+        if is_transient(name) {
+            return Vec::new();
+        }
+        let path = self.source_root.join(name);
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            return Vec::new();
+        };
+        if meta.is_file() {
+            self.store
+                .source_changed(&self.source_root, name, SourceKey::from_metadata(&meta));
+        }
+        let inodes = self.inodes.read().unwrap();
+        // Only yolofs inodes have a page cache of ours; kernel passthrough reads the file itself.
+        inodes
+            .by_source
+            .get(&(meta.dev(), meta.ino(), Serving::Yolofs))
+            .copied()
+            .into_iter()
+            .collect()
     }
 
     pub fn stats(&self) -> &StatsRegistry {
@@ -351,6 +380,8 @@ impl MirrorFs {
         // a boot image: that goes with a fresh lookup).
         let kernel_passthrough = serving == Serving::Kernel && self.kernel_passthrough();
         let meta = source.metadata()?;
+        // The key before the store loads: if the file changes meanwhile, the first read sees it.
+        let source_key = SourceKey::from_metadata(&meta);
         let boot_image = if serving == Serving::Yolofs && meta.is_file() {
             self.store.get(&name, &source)
         } else {
@@ -373,7 +404,7 @@ impl MirrorFs {
         let handle = OpenFile {
             name,
             source,
-            boot_image,
+            boot_image: RwLock::new(boot_image.map(|image| (image, source_key))),
             recording,
             stats,
         };
@@ -412,8 +443,8 @@ impl MirrorFs {
         if let Some(recording) = &handle.recording {
             recording.record(offset, size as u64);
         }
-        let result = match &handle.boot_image {
-            Some(image) => read_mixed(image, &handle.source, offset, size as u64),
+        let result = match self.fresh_boot_image(&handle)? {
+            Some(image) => read_mixed(&image, &handle.source, offset, size as u64),
             None => pread_full(&handle.source, offset, size as u64).map(|data| {
                 let n = data.len() as u64;
                 (data, 0, n)
@@ -430,6 +461,31 @@ impl MirrorFs {
                 Err(e)
             }
         }
+    }
+
+    /// The boot image of an open file if its base file has not changed since the boot image was
+    /// verified for it: checked at every read (one fstat), so that no read that starts after a
+    /// write to the base file is served from the boot image. A change sends the store to verify
+    /// it again; meanwhile reads pass through, and once it is verified for the file as it now is,
+    /// they are served from it again.
+    fn fresh_boot_image(&self, handle: &OpenFile) -> Result<Option<Arc<BootImage>>> {
+        let now = {
+            let current = handle.boot_image.read().unwrap();
+            let Some((image, verified_for)) = current.as_ref() else {
+                return Ok(None);
+            };
+            let now = SourceKey::of(&handle.source)?;
+            if now == *verified_for {
+                return Ok(Some(image.clone()));
+            }
+            now
+        };
+        if let Some(image) = self.store.cached(&handle.name, &now) {
+            *handle.boot_image.write().unwrap() = Some((image.clone(), now));
+            return Ok(Some(image));
+        }
+        self.store.source_changed(&self.source_root, &handle.name, now);
+        Ok(None)
     }
 
     pub fn statfs(&self) -> Result<libc::statvfs> {

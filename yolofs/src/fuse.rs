@@ -142,7 +142,13 @@ impl fuser::Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Without ASYNC_DIO the kernel serialises O_DIRECT AIO (QEMU with cache=none) to one
         // request at a time; PARALLEL_DIROPS lets lookups of different names run at once.
-        for capability in [InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_PARALLEL_DIROPS] {
+        // AUTO_INVAL_DATA: the kernel drops its cache of a file whose mtime or size it sees change
+        // (the source directory watcher drops it at once; this is the net under it).
+        for capability in [
+            InitFlags::FUSE_ASYNC_DIO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+        ] {
             if config.add_capabilities(capability).is_err() {
                 warn!("the kernel does not offer {capability:?}");
             }

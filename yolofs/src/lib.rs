@@ -20,3 +20,4 @@ pub mod pin;
 pub mod recorder;
 pub mod stats;
 pub mod store;
+pub mod watch;

@@ -264,11 +264,13 @@ fn build_command(args: BuildArgs) -> Result<()> {
         rendition: args.rendition,
         source_size: source.metadata()?.len(),
     };
+    // Taken before the build reads the source: the stamp vouches for the bytes as they were then.
+    let source_key = store::SourceKey::of(&source)?;
     let summary: BuildSummary = build::build_boot_image(&reads, &source, &identity, args.block_size, &args.output)
         .with_context(|| format!("building {}", args.output.display()))?;
     if args.mark {
         let image = BootImage::open(&args.output)?;
-        store::write_stamp(&args.output, &image, &source)?;
+        store::write_stamp(&args.output, &image, source_key)?;
     }
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
@@ -545,6 +547,16 @@ fn mount(args: MountArgs) -> Result<()> {
     let session = fuser::spawn_mount(adapter, &args.mountpoint, &config)
         .with_context(|| format!("mounting {}", args.mountpoint.display()))?;
 
+    let notifier = session.notifier();
+    let watched = yolofs::watch::watch_source(fs.clone(), move |ino| {
+        // ENOENT: the kernel holds nothing of that inode.
+        if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), 0, 0) {
+            log::debug!("dropping the page cache of inode {ino}: {e}");
+        }
+    });
+    if let Err(e) = watched {
+        warn!("cannot watch {} for changes ({e}): a changed base file's page cache on the mount lasts until its attributes expire", source.display());
+    }
     let daemon = Arc::new(Daemon {
         source: source.clone(),
         mountpoint: args.mountpoint.clone(),

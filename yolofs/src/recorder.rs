@@ -242,10 +242,11 @@ impl Recorder {
             rendition: "raw".into(),
             ..Default::default()
         };
+        let source_key = store::SourceKey::of(&recording.source)?;
         let output = self.store.path_for(&recording.name);
         let summary = build::build_boot_image(&reads, &recording.source, &identity, self.config.block_size, &output)?;
         let image = BootImage::open(&output)?;
-        store::write_stamp(&output, &image, &recording.source)?;
+        store::write_stamp(&output, &image, source_key)?;
         // Whatever was known of an earlier boot image of this file (refused, or in memory).
         self.store.evict(&recording.name);
         info!(

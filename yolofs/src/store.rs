@@ -61,15 +61,18 @@ const STORE_SUFFIXES: [&str; 7] = [
 /// Longest image id kept (a boot image header holds 63 bytes; Glance ids are 36).
 pub const MAX_IMAGE_ID_LEN: usize = 63;
 
-/// Identity of a base file: what a verification stamp is valid for.
+/// Identity of a base file and of its content: what a verification stamp is valid for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceKey {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
-    /// Birth time in nanoseconds, where the filesystem records one (mtime changes: Nova touches
-    /// base files in use, so it cannot be part of the key).
+    /// Birth time in nanoseconds, where the filesystem records one.
     pub btime_ns: Option<u128>,
+    /// Status change time in nanoseconds: every write moves it, and nothing can set it back, so
+    /// an unchanged ctime means unchanged bytes. Nova's touches of base files in use move it too
+    /// (they set mtime): those cost a verification again, never a stale byte.
+    pub ctime_ns: i128,
 }
 
 impl SourceKey {
@@ -87,6 +90,7 @@ impl SourceKey {
                 .ok()
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map(|d| d.as_nanos()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
         }
     }
 }
@@ -121,11 +125,13 @@ pub fn stamp_path(boot_image_path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Writes the verification stamp for `image` (read from `boot_image_path`) and `source`.
-pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> std::io::Result<()> {
+/// Writes the verification stamp for `image` (read from `boot_image_path`) and the base file
+/// `source`, as it was (its key taken) before the comparison began: a write during the
+/// comparison moves its ctime, so the stamp does not vouch for it.
+pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: SourceKey) -> std::io::Result<()> {
     let stamp = Stamp {
         boot_image: BootImageKey::of(image),
-        source: SourceKey::of(source)?,
+        source,
     };
     let path = stamp_path(boot_image_path);
     let tmp = path.with_extension("verified.tmp");
@@ -137,8 +143,9 @@ pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> 
 /// matches, writes the verification stamp next to the boot image: what `yolofs verify --mark`
 /// does, and what an install does in the staging directory.
 pub fn verify_and_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> Result<(), StampError> {
+    let key = SourceKey::of(source).map_err(StampError::Write)?;
     image.verify_against(source)?;
-    write_stamp(boot_image_path, image, source).map_err(StampError::Write)
+    write_stamp(boot_image_path, image, key).map_err(StampError::Write)
 }
 
 /// Why [`verify_and_stamp`] did not stamp.
@@ -353,6 +360,9 @@ pub struct BootImageStore {
     install_lock: Mutex<()>,
     staged: AtomicU64,
     counters: StoreCounters,
+    /// The state of each changed base file whose boot image was sent to be verified again
+    /// ([`BootImageStore::source_changed`]).
+    reverified: Mutex<HashMap<String, SourceKey>>,
 }
 
 struct StoreState {
@@ -378,6 +388,7 @@ impl BootImageStore {
             install_lock: Mutex::new(()),
             staged: AtomicU64::new(0),
             counters: StoreCounters::default(),
+            reverified: Mutex::default(),
         }
     }
 
@@ -789,7 +800,7 @@ impl BootImageStore {
                 name: name.into(),
                 source,
             })?;
-            if let Err(e) = write_stamp(path, &image, source) {
+            if let Err(e) = write_stamp(path, &image, *key) {
                 warn!("{name}: could not write the verification stamp: {e}");
             }
         }
@@ -829,6 +840,46 @@ impl BootImageStore {
                 "{evicted}: boot image evicted from memory (budget {} bytes)",
                 self.config.memory_budget
             );
+        }
+    }
+
+    /// The boot image of `name` if it is in memory, verified for the base file as `source` says
+    /// it is now (no loading, no verification: for the read path).
+    pub fn cached(&self, name: &str, source: &SourceKey) -> Option<Arc<BootImage>> {
+        let mut state = self.state.lock().unwrap();
+        state
+            .loaded
+            .get(name)
+            .filter(|loaded| loaded.source == *source)
+            .map(|loaded| loaded.image.clone())
+    }
+
+    /// Base file `name` in `source_dir` changed (a write, or its times set) since its boot image
+    /// was verified, and is now as `now` says: the boot image is dropped from memory and verified
+    /// again in the background, once per state of the file, so that the next boots find it
+    /// ready (or refused).
+    pub fn source_changed(self: &Arc<Self>, source_dir: &Path, name: &str, now: SourceKey) {
+        if self.reverified.lock().unwrap().insert(name.to_string(), now) == Some(now) {
+            return;
+        }
+        self.evict(name);
+        if !self.path_for(name).exists() {
+            return;
+        }
+        let (store, path, file) = (self.clone(), source_dir.join(name), name.to_string());
+        let spawned =
+            std::thread::Builder::new()
+                .name("yolofs-reverify".into())
+                .spawn(move || match open_regular_file(&path) {
+                    Ok(source) => match store.load(&file, &source) {
+                        Ok(_) => info!("{file}: boot image verified again after its base file changed"),
+                        Err(e) => debug!("{file}: not verified again: {e}"),
+                    },
+                    Err(e) => debug!("{file}: not verified again: {e}"),
+                });
+        if let Err(e) = spawned {
+            warn!("{name}: cannot verify its boot image again now: {e}");
+            self.reverified.lock().unwrap().remove(name);
         }
     }
 

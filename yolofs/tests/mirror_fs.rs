@@ -279,12 +279,13 @@ fn a_file_deleted_while_open_keeps_its_own_bytes() {
 }
 
 #[test]
-fn a_source_truncated_under_a_boot_image_gives_eio_not_zeros() {
+fn a_source_truncated_under_a_boot_image_is_read_as_it_now_is() {
     let fixture = Fixture::new();
     let image = fixture.build_boot_image();
     let (fs, _, _) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
-    // Nova never does this to a base file; if something does, a mixed read must fail, not invent bytes.
+    // Nova never does this to a base file; if something does, reads see the file as it now is,
+    // not the boot image's bytes past its new end, nor invented zeros.
     File::options()
         .write(true)
         .open(fixture.base().join("disk"))
@@ -292,7 +293,21 @@ fn a_source_truncated_under_a_boot_image_gives_eio_not_zeros() {
         .set_len(1 << 20)
         .unwrap();
     let gap_after_last = image.extents.last().unwrap().source_end();
-    let err = fs.read(opened.fh, gap_after_last - 100, 5000).err().unwrap();
+    assert!(gap_after_last > 1 << 20);
+    assert!(fs.read(opened.fh, gap_after_last - 100, 5000).unwrap().is_empty());
+    assert_eq!(fs.read(opened.fh, 0, 4096).unwrap(), fixture.content[..4096]);
+}
+
+#[test]
+fn a_mixed_read_past_the_end_of_a_shorter_source_gives_eio_not_zeros() {
+    let fixture = Fixture::new();
+    let image = fixture.build_boot_image();
+    let short = tempfile::tempfile().unwrap();
+    short.set_len(1 << 20).unwrap();
+    let gap_after_last = image.extents.last().unwrap().source_end();
+    let err = yolofs::fs::read_mixed(&image, &short, gap_after_last - 100, 5000)
+        .err()
+        .unwrap();
     assert_eq!(err.errno(), libc::EIO);
 }
 
