@@ -38,6 +38,13 @@ import math
 MAX_UTILISATION = 0.99
 
 
+# Bounds of what a host may report (its stats come over the message bus and through the
+# database): beyond them the model's arithmetic overflows, and the scheduler must not raise.
+MAX_IO_EXPONENT = 3.0
+MAX_SECONDS = 86400.0
+MAX_CPUS = 1 << 16
+
+
 @dataclasses.dataclass(frozen=True)
 class BootTimeParameters:
     """The calibrated parameters of one host (seconds) and its CPU count."""
@@ -48,12 +55,13 @@ class BootTimeParameters:
     io_exponent: float = 1.0
 
     def __post_init__(self):
-        for name in ('alpha', 'beta', 'alpha_yolo', 'io_exponent'):
+        for name, most in (('alpha', MAX_SECONDS), ('beta', MAX_SECONDS),
+                           ('alpha_yolo', MAX_SECONDS), ('io_exponent', MAX_IO_EXPONENT)):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError('%s must be a finite number >= 0, not %r' % (name, value))
-        if not (isinstance(self.cpus, int) and self.cpus >= 1):
-            raise ValueError('cpus must be an integer >= 1, not %r' % (self.cpus,))
+            if not (isinstance(value, (int, float)) and 0 <= value <= most):
+                raise ValueError('%s must be a number from 0 to %g, not %r' % (name, most, value))
+        if not (isinstance(self.cpus, int) and 1 <= self.cpus <= MAX_CPUS):
+            raise ValueError('cpus must be an integer from 1 to %d, not %r' % (MAX_CPUS, self.cpus))
 
 
 def clamp(utilisation):
@@ -94,9 +102,6 @@ def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurren
     io = io_time(alpha, io_utilisation, params.io_exponent) * (1 + others)
     cpu = cpu_time(params.beta, cpu_utilisation, runnable) * max(1.0, (1 + others) / params.cpus)
     return io + cpu
-
-
-MAX_IO_EXPONENT = 3.0
 
 
 def io_exponent_from(params, loaded_boot_s, io_utilisation, cpu_utilisation=0.0, runnable=None):

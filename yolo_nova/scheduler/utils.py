@@ -34,7 +34,13 @@ def predict(host_state, image_id):
     if state is None:
         return None, None
     state = with_aggregate_parameters(host_state, state)
-    return state.predict(image_id, host_state.num_io_ops), state
+    try:
+        return state.predict(image_id, host_state.num_io_ops), state
+    except (ArithmeticError, TypeError, ValueError) as e:
+        # Inputs are bounded where they are parsed; whatever slips through costs this host its
+        # prediction, never the scheduling request.
+        LOG.warning('%s: no boot time prediction: %s', host_state, e)
+        return None, None
 
 
 def with_aggregate_parameters(host_state, state):

@@ -127,7 +127,14 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
 
     def get_available_resource(self, nodename):
         data = super().get_available_resource(nodename)
-        data['stats'] = dict(data.get('stats') or {}, **self._yolo_stats(data))
+        try:
+            yolo_stats = self._yolo_stats(data)
+        except Exception:
+            # The resource tracker's periodic task must never fail because of YOLO: the host
+            # then schedules as one without it.
+            LOG.exception('Reporting yolo_active=false: YOLO stats could not be computed')
+            yolo_stats = {'yolo_active': 'false'}
+        data['stats'] = dict(data.get('stats') or {}, **yolo_stats)
         return data
 
     def _yolo_stats(self, resources):

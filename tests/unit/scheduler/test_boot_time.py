@@ -74,6 +74,27 @@ class TestYoloBootFilter(NoDBTestCase):
                  host('partial', partial), host('fresh', stats(age=30))]
         self.assertEqual(['fresh'], self.passing(hosts))
 
+    def test_out_of_range_reports_count_as_no_data_and_never_raise(self):
+        self.flags(pass_hosts_without_data=False, max_boot_time_ratio=0,
+                   max_predicted_boot_time=0, group='yolo')
+        reports = {'io_exponent': '1e308', 'alpha': '1e300', 'beta': 'inf', 'alpha_yolo': 'nan',
+                   'cpus': str(1 << 40), 'io_utilisation': '1e308', 'runnable': '-1e308'}
+        hosts = []
+        for key, value in reports.items():
+            report = stats(io=0.5)
+            report['yolo_' + key] = value
+            hosts.append(host(key, report))
+        hosts.append(host('sane', stats(io=0.5)))
+        # A utilisation out of range is clamped, a negative run queue ignored: both still predict.
+        self.assertEqual(['io_utilisation', 'runnable', 'sane'], self.passing(hosts))
+        weigher = boot_time.YoloBootTimeWeigher()
+        self.assertEqual(len(hosts), len(weigher.weigh_objects(
+            [weights.WeighedHost(h, 0.0) for h in hosts], spec())))
+        # Nor through aggregates.
+        huge = host('a', stats(), aggregates=[{'yolo_boot_time_alpha': '1e308'}])
+        self.flags(max_predicted_boot_time=40, group='yolo')
+        self.assertTrue(self.filt.host_passes(huge, spec()))
+
     def test_saturated_host_is_clamped_not_crashing(self):
         self.flags(max_predicted_boot_time=1000, max_boot_time_ratio=0, group='yolo')
         hosts = [host('saturated', stats(io=1.0, cpu=1.0)), host('over', stats(io=3.5))]

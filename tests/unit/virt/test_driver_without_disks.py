@@ -6,6 +6,7 @@ is tested in tests/functional/test_nova_driver_fakelibvirt.py.
 
 from unittest import mock
 
+import fixtures
 from nova.tests import fixtures as nova_fixtures
 from nova.virt import driver as virt_driver
 from nova.virt import fake as fake_virt
@@ -26,6 +27,42 @@ class TestLoading(nova_base.NoDBTestCase):
         self.assertEqual('YoloQcow2', drvr.image_backend.backend('qcow2').__name__)
         self.assertEqual('YoloQcow2', drvr.image_backend.backend('default').__name__)
         self.assertNotIn('ironic', type(drvr).__name__.lower())
+
+
+class TestAvailableResource(nova_base.NoDBTestCase):
+    """The resource tracker's periodic call: YOLO adds its stats, and never makes it fail."""
+
+    def setUp(self):
+        super().setUp()
+        self.useFixture(nova_fixtures.LibvirtFixture())
+        self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
+                                                    'yolo.YoloLibvirtDriver')
+        self.useFixture(fixtures.MockPatchObject(
+            libvirt_driver.LibvirtDriver, 'get_available_resource',
+            side_effect=lambda nodename: {'vcpus': 2, 'stats': {'other': 'kept'}}))
+        self.client = self.drvr.yolo_backing.client
+        self.useFixture(fixtures.MockPatchObject(self.drvr.yolo_backing, 'status',
+                                                 return_value={'boot_images': []}))
+
+    def test_a_healthy_yolofs_reports_its_state(self):
+        load = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5, 'iops': 10.0,
+                'bytes_per_second': 1e6, 'runnable_per_cpu': 0.1}
+        with mock.patch.object(self.client, 'host_load', return_value=load):
+            stats = self.drvr.get_available_resource('node')['stats']
+        self.assertEqual('true', stats['yolo_active'])
+        self.assertEqual('kept', stats['other'])
+        self.assertIn('yolo_io_utilisation', stats)
+
+    def test_anything_going_wrong_reports_yolo_inactive_and_never_raises(self):
+        for failure in ({'return_value': {}},                       # a report without its keys
+                        {'return_value': {'cpu_utilisation': 'x', 'io_utilisation': None}},
+                        {'side_effect': RuntimeError('unexpected')}):
+            with mock.patch.object(self.client, 'host_load', **failure):
+                stats = self.drvr.get_available_resource('node')['stats']
+            self.assertEqual({'other': 'kept', 'yolo_active': 'false'}, stats, failure)
+        with mock.patch.object(self.drvr, '_calibration', side_effect=ZeroDivisionError):
+            stats = self.drvr.get_available_resource('node')['stats']
+        self.assertEqual('false', stats['yolo_active'])
 
 
 class TestQcow2DisksInXml(nova_base.NoDBTestCase):
