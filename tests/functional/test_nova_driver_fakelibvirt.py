@@ -499,14 +499,23 @@ class TestMoves(DriverTestCase):
             self.yolofs_down()
         self.instance.system_metadata = {'image_base_image_ref': IMAGE_ID}
         self.instance.vm_state = 'shelved_offloaded'
+        # Nova's safe rebase reads the disk's backing file: it must be _base's, whatever the
+        # nested image creation (Nova's cache() of the original image, through our backend) did.
+        rebase = libvirt_driver.LibvirtDriver._rebase_with_qemu_img
+        seen = []
 
-        def fetch(backend, fetch_func, context, filename, image_id, instance, size):
-            self.fetch_image(str(self.base_dir / filename))
+        def safe_rebase(path, backing):
+            seen.append(self.backing_of(path))
+            return rebase(path, backing)
 
-        with mock.patch.object(self.drvr, '_try_fetch_image_cache', side_effect=fetch), \
+        with mock.patch('nova.virt.libvirt.utils.fetch_image', side_effect=(
+                lambda context, target, image_id, trusted_certs=None: self.fetch_image(target))), \
+                mock.patch.object(libvirt_driver.LibvirtDriver, '_rebase_with_qemu_img',
+                                  side_effect=safe_rebase), \
                 mock.patch.object(self.drvr, '_needs_rebase_original_qcow2_image',
                                   return_value=True):
             self.drvr._rebase_original_qcow2_image(self.context, self.instance, disk)
+        self.assertEqual([str(snapshot_base)], seen)
         return self.backing_of(disk.path)
 
     def test_unshelve_rebases_onto_the_original_image_then_the_mount(self):

@@ -28,6 +28,8 @@ class BackingFiles:
         self.mount_point = os.path.realpath(mount_point)
         self.client = yolofs.ControlClient(control_socket, timeout=control_timeout)
         self.enabled = enabled
+        # Disks inside on_base(): any placement Nova's nested calls make keeps them on _base.
+        self._held_on_base = set()
 
     def mounted(self):
         return yolofs.is_mounted(self.mount_point)
@@ -70,7 +72,9 @@ class BackingFiles:
         name = os.path.basename(backing)
         if self.directory_of(backing) is None or not self.is_image_base(name):
             return backing
-        if healthy is None:
+        if os.path.realpath(disk_path) in self._held_on_base:
+            healthy = False
+        elif healthy is None:
             healthy = self.yolofs_healthy()
         wanted = self.mount_path(name) if healthy and os.path.exists(self.mount_path(name)) \
             else self.base_path(name)
@@ -83,20 +87,22 @@ class BackingFiles:
     def on_base(self, disk_path):
         """Backs ``disk_path`` by ``_base`` for the duration, then places it again.
 
-        For Nova's own ``qemu-img`` runs on a disk (resize, cold snapshot), which open the whole
-        backing chain: through the mount they would need yolofs up, and their reads would be
-        taken by a learning yolofs for the start of a boot.
+        For Nova's own ``qemu-img`` runs on a disk (resize, cold snapshot, the safe rebase of
+        unshelve), which open the whole backing chain: through the mount they would need yolofs
+        up, and their reads would be taken by a learning yolofs for the start of a boot. Placements
+        made meanwhile (unshelve creates the original image's disk object again, which places
+        it) keep it on ``_base``.
         """
-        info = backing_info(disk_path)
-        if info is None or self.directory_of(info[0]) != 'mount':
-            yield
-            return
-        name = os.path.basename(info[0])
-        rebase_unsafe(disk_path, self.base_path(name), info[1])
+        held = os.path.realpath(disk_path)
+        self._held_on_base.add(held)
         try:
+            info = backing_info(disk_path)
+            if info is not None and self.directory_of(info[0]) == 'mount':
+                rebase_unsafe(disk_path, self.base_path(os.path.basename(info[0])), info[1])
             yield
         finally:
-            self.place(disk_path)
+            self._held_on_base.discard(held)
+        self.place(disk_path)
 
     def directory_of(self, backing):
         """'mount' or 'base' for a backing file in either directory, else None."""
