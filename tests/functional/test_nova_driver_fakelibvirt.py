@@ -417,6 +417,19 @@ class TestGuestStart(DriverTestCase):
         for disk in (rescue, self.disk):
             self.assertEqual(str(self.base), self.backing_of(disk.path))
 
+    def test_unrescue_with_yolofs_down_defines_no_chain_on_the_mount(self):
+        # rescue saved the live XML, whose backingStore names the mount; unrescue defines it again.
+        live = self.domain_xml(self.disk.path).replace(
+            "<target dev='vda'",
+            "<backingStore type='file'><format type='raw'/><source file='%s'/><backingStore/>"
+            "</backingStore><target dev='vda'" % (self.mount / self.name))
+        self.yolofs_down()
+        self.drvr._create_guest(self.context, live, self.instance)
+        defined = self.created.call_args.args[1]
+        self.assertNotIn(str(self.mount), defined)
+        self.assertIn("<source file='%s'/>" % self.disk.path, defined.replace('"', "'"))
+        self.assertEqual(str(self.base), self.backing_of(self.disk.path))
+
     def test_defining_without_starting_changes_nothing(self):
         self.yolofs_down()
         self.start(power_on=False)

@@ -19,6 +19,7 @@ import os
 import time
 import xml.etree.ElementTree as ET
 
+from lxml import etree
 import nova.conf
 from nova import exception
 from nova.virt.libvirt import driver as libvirt_driver
@@ -62,6 +63,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                       post_xml_callback=None):
         if power_on or pause:
             self._place_backing_files(xml, instance)
+            # A domain XML saved from a running guest (unrescue's) names the backing chain it
+            # had, the mount maybe: libvirt would open that rather than what the disks' headers
+            # now say. Without it, libvirt reads the chain from the headers just placed.
+            xml = without_backing_stores(xml)
         return super()._create_guest(context, xml, instance, power_on=power_on, pause=pause,
                                      post_xml_callback=post_xml_callback)
 
@@ -177,6 +182,19 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 value = getattr(measured or UNCALIBRATED, field)
             fields[field] = value
         return calibration.Calibration(cpus=1, **fields)
+
+
+def without_backing_stores(xml):
+    """``xml`` without the ``<backingStore>`` of its file-backed qcow2 disks (unchanged if none)."""
+    if '<backingStore' not in xml:
+        return xml
+    root = etree.fromstring(xml)
+    for disk in root.iterfind('./devices/disk'):
+        driver = disk.find('driver')
+        if disk.get('type') == 'file' and driver is not None and driver.get('type') == 'qcow2':
+            for chain in disk.findall('backingStore'):
+                disk.remove(chain)
+    return etree.tostring(root, encoding='unicode')
 
 
 def qcow2_file_disks(xml):
