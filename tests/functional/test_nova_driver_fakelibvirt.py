@@ -537,6 +537,56 @@ class TestMoves(DriverTestCase):
     def test_unshelve_with_yolofs_down_stays_on_base(self):
         self.assertEqual(str(self.base), self.unshelve(healthy=False))
 
+    def test_a_destination_that_cannot_serve_the_shared_disk_is_refused_in_its_check(self):
+        self.create_root_disk()
+        self.yolofs_down()
+        with mock.patch.object(libvirt_driver.LibvirtDriver,
+                               'cleanup_live_migration_destination_check') as cleanup:
+            with mock.patch.object(libvirt_driver.LibvirtDriver,
+                                   'check_can_live_migrate_destination'):
+                self.assertRaises(exception.MigrationPreCheckError,
+                                  self.drvr.check_can_live_migrate_destination,
+                                  self.context, self.instance, {}, {})
+        cleanup.assert_called_once()   # the check's temporary file on the shared storage
+        # YOLO disabled on the destination: no mount there either.
+        self.yolofs_up()
+        self.flags(enabled=False, group='yolo')
+        self.drvr.yolo_backing.enabled = False
+        with mock.patch.object(libvirt_driver.LibvirtDriver,
+                               'check_can_live_migrate_destination'), \
+                mock.patch.object(libvirt_driver.LibvirtDriver,
+                                  'cleanup_live_migration_destination_check'):
+            error = self.assertRaises(exception.MigrationPreCheckError,
+                                      self.drvr.check_can_live_migrate_destination,
+                                      self.context, self.instance, {}, {})
+        self.assertIn('disabled', str(error))
+
+    def test_a_destination_that_serves_or_does_not_share_the_disk_passes(self):
+        with mock.patch.object(libvirt_driver.LibvirtDriver,
+                               'check_can_live_migrate_destination', return_value='data'):
+            # No disk here: not shared storage, the destination disk will be made here.
+            self.yolofs_down()
+            self.assertEqual('data', self.drvr.check_can_live_migrate_destination(
+                self.context, self.instance, {}, {}))
+            self.yolofs_up()
+            self.create_root_disk()
+            self.assertEqual('data', self.drvr.check_can_live_migrate_destination(
+                self.context, self.instance, {}, {}))
+
+    def test_the_migration_destination_xml_has_no_backing_store(self):
+        from nova.virt.libvirt import migration as libvirt_migrate
+        self.assertTrue(libvirt_migrate.get_updated_guest_xml.without_backing_stores)
+        live = self.domain_xml('/i/disk').replace(
+            "<target dev='vda'", "<backingStore type='file'><format type='raw'/><source "
+            "file='%s'/></backingStore><target dev='vda'" % (self.mount / self.name))
+        updated = yolo_driver.returning_no_backing_stores(lambda *a, **k: live)(1, key=2)
+        self.assertNotIn('backingStore', updated)
+        self.assertIn("/i/disk", updated)
+        # Installed once, however many drivers are made.
+        virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
+        self.assertFalse(getattr(libvirt_migrate.get_updated_guest_xml.__wrapped__,
+                                 'without_backing_stores', False))
+
     def test_live_migration_shared_path_refused_when_yolofs_down_here(self):
         self.create_root_disk()
         self.yolofs_down()

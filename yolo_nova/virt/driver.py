@@ -15,6 +15,7 @@ What it changes, and where (docs/nova-driver.md has the full list of Nova's path
   ``stats``; after the image cache manager's cleanups yolofs prunes its boot image store.
 """
 
+import functools
 import os
 import time
 import xml.etree.ElementTree as ET
@@ -23,6 +24,7 @@ from lxml import etree
 import nova.conf
 from nova import exception
 from nova.virt.libvirt import driver as libvirt_driver
+from nova.virt.libvirt import migration as libvirt_migrate
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
 
@@ -57,6 +59,13 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes)
         self.image_backend = imagebackend.YoloBackend(
             CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images)
+        # The destination XML of a live migration is the source guest's live XML: its
+        # backingStore names the source's chain (the mount, maybe), which the destination would
+        # open as named. Nova builds it in one module function; its result is passed on without
+        # backingStore, so the destination reads the chain from the disks' headers, placed there.
+        if not getattr(libvirt_migrate.get_updated_guest_xml, 'without_backing_stores', False):
+            libvirt_migrate.get_updated_guest_xml = returning_no_backing_stores(
+                libvirt_migrate.get_updated_guest_xml)
 
     # Every path that starts a guest goes through here.
     def _create_guest(self, context, xml, instance, power_on=True, pause=False,
@@ -112,19 +121,41 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         with self.yolo_backing.on_base(backend.path):
             super()._rebase_original_qcow2_image(context, instance, backend)
 
+    # Live migration with a shared instance path: the running guest's disk keeps its header, so
+    # if it is backed by the mount, the destination's yolofs must serve it (the header cannot be
+    # rewritten under the running source guest). Checked on the destination before the
+    # migration is chosen, where the conductor can still pick another host; and again just
+    # before it starts, in case yolofs went down since. Without shared storage the destination
+    # disk is created here and placed by this host's health, as at any start.
+    def check_can_live_migrate_destination(self, context, instance, src_compute_info,
+                                           dst_compute_info, block_migration=False,
+                                           disk_over_commit=False):
+        data = super().check_can_live_migrate_destination(
+            context, instance, src_compute_info, dst_compute_info,
+            block_migration=block_migration, disk_over_commit=disk_over_commit)
+        try:
+            self._check_shared_disk_is_served(instance)
+        except exception.MigrationPreCheckError:
+            self.cleanup_live_migration_destination_check(context, data)
+            raise
+        return data
+
     def pre_live_migration(self, context, instance, block_device_info, network_info,
                            disk_info, migrate_data):
-        # With a shared instance path the running guest's disk keeps its header: if it is backed
-        # by the mount, this host's yolofs must serve it (the header cannot be rewritten under
-        # the running source guest).
-        if migrate_data.is_shared_instance_path and not self.yolo_backing.yolofs_healthy():
-            root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
-            if os.path.exists(root) and self.yolo_backing.uses_mount(root):
-                raise exception.MigrationPreCheckError(
-                    reason='the instance disk is backed by yolofs, which is not healthy on '
-                           'this host (%s)' % CONF.yolo.mount_point)
+        if migrate_data.is_shared_instance_path:
+            self._check_shared_disk_is_served(instance)
         return super().pre_live_migration(context, instance, block_device_info, network_info,
                                           disk_info, migrate_data)
+
+    def _check_shared_disk_is_served(self, instance):
+        """MigrationPreCheckError if the instance's disk, seen from this host (so on storage
+        shared with its source), is backed by the mount and this host's yolofs does not serve."""
+        root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
+        if os.path.exists(root) and self.yolo_backing.uses_mount(root) \
+                and not self.yolo_backing.yolofs_healthy():
+            raise exception.MigrationPreCheckError(
+                reason='the instance disk is backed by yolofs, which is %s on this host (%s)' % (
+                    'not healthy' if CONF.yolo.enabled else 'disabled', CONF.yolo.mount_point))
 
     def manage_image_cache(self, context, all_instances):
         super().manage_image_cache(context, all_instances)
@@ -182,6 +213,15 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 value = getattr(measured or UNCALIBRATED, field)
             fields[field] = value
         return calibration.Calibration(cpus=1, **fields)
+
+
+def returning_no_backing_stores(make_xml):
+    """``make_xml`` whose domain XML comes without backingStore (see without_backing_stores)."""
+    @functools.wraps(make_xml)
+    def wrapped(*args, **kwargs):
+        return without_backing_stores(make_xml(*args, **kwargs))
+    wrapped.without_backing_stores = True
+    return wrapped
 
 
 def without_backing_stores(xml):
