@@ -30,6 +30,7 @@ from nova.tests.unit import fake_instance
 from nova.virt import driver as virt_driver
 from nova.virt import fake as fake_virt
 from nova.virt.libvirt import driver as libvirt_driver
+from nova.virt.libvirt import utils as libvirt_utils
 
 from tests.unit import nova_base
 from yolo_common import images
@@ -451,6 +452,32 @@ class TestGuestStart(DriverTestCase):
             self.disk.resize_image(2048 * MiB)
         extend.assert_called_once()
         self.assertEqual(str(self.mount / self.name), self.backing_of(self.disk.path))
+
+    def test_live_snapshot_with_yolofs_down_reads_base(self):
+        # The disk stays on the mount while its guest runs; yolofs then goes down.
+        self.yolofs_down()
+        out = self.root / 'live-snapshot.raw'
+        guest = mock.Mock()
+        guest.get_block_device.return_value.is_job_complete.return_value = True
+        guest.has_persistent_configuration.return_value = False
+        with mock.patch.object(self.drvr, '_can_quiesce'), \
+                mock.patch.object(self.drvr, 'quiesce',
+                                  side_effect=exception.InstanceQuiesceNotSupported(
+                                      instance_id='i', reason='test')), \
+                mock.patch.object(self.drvr._host, 'write_instance_config'), \
+                mock.patch('nova.virt.libvirt.utils.extract_snapshot',
+                           wraps=libvirt_utils.extract_snapshot) as extract:
+            self.drvr._live_snapshot(self.context, self.instance, guest, self.disk.path,
+                                     str(out), 'qcow2', 'raw', objects.ImageMeta())
+        delta = extract.call_args.args[0]
+        self.assertTrue(delta.endswith('.delta'))
+        # The delta the guest's disk was copied into is backed by _base, not by the mount.
+        copy = guest.get_block_device.return_value.rebase
+        copy.assert_called_once_with(delta, copy=True, reuse_ext=True, shallow=True)
+        with open(out, 'rb') as snap, open(self.base, 'rb') as base:
+            self.assertEqual(base.read(8 * MiB), snap.read(8 * MiB))
+        # Basenames, which every other caller asks for, are the header's.
+        self.assertEqual(self.name, libvirt_utils.get_disk_backing_file(self.disk.path))
 
     def test_cold_snapshot_with_yolofs_down_works(self):
         self.yolofs_down()

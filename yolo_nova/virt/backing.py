@@ -7,6 +7,7 @@ mounted and answering; every start of a guest re-applies it, so an instance alwa
 """
 
 import contextlib
+import functools
 import os
 
 from oslo_log import log as logging
@@ -103,6 +104,28 @@ class BackingFiles:
         finally:
             self._held_on_base.discard(held)
         self.place(disk_path)
+
+    def name_base_files_in_nova(self):
+        """Makes Nova's ``get_disk_backing_file(path, basename=False)`` name a backing file on
+        this mount by the same file in ``_base`` (same bytes, same name). The wrapper is put in
+        place once per process and serves the last BackingFiles that asked (a compute service
+        has one driver)."""
+        from nova.virt.libvirt import utils as libvirt_utils
+        current = libvirt_utils.get_disk_backing_file
+        if hasattr(current, 'backing_files'):
+            current.backing_files = self
+            return
+
+        @functools.wraps(current)
+        def get_disk_backing_file(path, basename=True, format=None):
+            backing = current(path, basename=basename, format=format)
+            files = get_disk_backing_file.backing_files
+            if backing and not basename and files.directory_of(backing) == 'mount':
+                return files.base_path(os.path.basename(backing))
+            return backing
+
+        get_disk_backing_file.backing_files = self
+        libvirt_utils.get_disk_backing_file = get_disk_backing_file
 
     def directory_of(self, backing):
         """'mount' or 'base' for a backing file in either directory, else None."""
