@@ -1,11 +1,13 @@
 """A server's life through Nova with YOLO on, as a non-admin user: every path that restarts the
 guest ends with the guest ready again. The tests run in order on one server."""
 
+import subprocess
+
 import pytest
 
 from tests.e2e.conftest import (
-    INSTANCES, MOUNT_POINT, RESIZE_FLAVOR, admin, backing_file, base_file_name, create_server,
-    delete_server, demo, wait_for_ready, wait_for_status, wait_until)
+    AIO, BASE_DIR, INSTANCES, MOUNT_POINT, RESIZE_FLAVOR, admin, backing_file, base_file_name,
+    create_server, delete_server, demo, wait_for_ready, wait_for_status, wait_until)
 
 CLOUD = 'aio-demo'
 
@@ -90,6 +92,34 @@ def test_resize_to_the_same_host(guest):
     wait_for_status(CLOUD, guest.id, 'ACTIVE')
     assert admin('server', 'show', guest.id)['OS-EXT-SRV-ATTR:host'] == host
     guest.wait_ready()
+
+
+def test_yolofs_stopped_under_a_guest_on_the_mount(guest, published_boot_image):
+    """yolofs stops while the guest runs from the mount: Nova's paths that read the disk's chain
+    or redefine the guest from its saved live XML work from _base."""
+    source, _ = published_boot_image
+    name = base_file_name(source['id'])
+    assert backing_file(guest.id) == str(MOUNT_POINT / name)
+    subprocess.run([str(AIO), 'stop-yolofs'], check=True)
+    try:
+        # A live snapshot's delta and its extraction read the chain: from _base.
+        snapshot = demo('server', 'image', 'create', '--wait', '--name', 'e2e-snapshot-down',
+                        guest.id)
+        try:
+            assert demo('image', 'show', snapshot['id'])['status'] == 'active'
+        finally:
+            demo('image', 'delete', snapshot['id'], parse=False, check=False)
+        # Rescue saves the live XML, whose backingStore names the mount; unrescue defines it again.
+        guest.act('rescue', 'RESCUE')
+        guest.wait_ready()
+        guest.act('unrescue', 'ACTIVE')
+        guest.wait_ready()
+        assert backing_file(guest.id) == str(BASE_DIR / name)
+    finally:
+        subprocess.run([str(AIO), 'start-yolofs'], check=True)
+    demo('server', 'reboot', '--hard', '--wait', guest.id, parse=False)
+    guest.wait_ready()
+    assert backing_file(guest.id) == str(MOUNT_POINT / name)
 
 
 def test_delete(guest):
