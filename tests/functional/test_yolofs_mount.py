@@ -455,6 +455,35 @@ def test_metrics_count_learning_windows(mount_factory, base_dir, tmp_path):
     assert metrics[('yolofs_learning_windows_open', ())] == 0
 
 
+def test_a_boot_image_learned_from_a_window_that_closed_early_heals_at_the_next_boot(
+        mount_factory, base_dir, content, tmp_path):
+    mount = mount_factory(base_dir, boot_images=tmp_path / 'learned', learn=True,
+                          record_idle_secs=0.5, no_kernel_passthrough=True)
+    early, late = [(0, 1 << 20)], [(8 << 20, 1 << 20)]
+    # The first boot pauses longer than the idle gap: the window closes before it reads `late`.
+    fd = os.open(mount.mountpoint / NAME, os.O_RDONLY | os.O_DIRECT)
+    try:
+        os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 0)
+        wait_for(lambda: NAME in {b['file'] for b in mount.client.status()['boot_images']})
+        os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 8 << 20)
+    finally:
+        os.close(fd)
+    # Ending a window that already ended is not an error.
+    answer = mount.client.record_stop(NAME)
+    assert answer['built'] is True and answer['window_was_open'] is False
+    assert served(mount, early + late, read_direct) == expected(content, early + late)
+    wait_for(lambda: mount.client.stats(NAME)[NAME]['boots'])
+    second = mount.client.stats(NAME)[NAME]['boots'][0]
+    assert second['partial'] is True and second['bytes_passthrough'] == 1 << 20, second
+    assert second['extended_bytes'] > 0, second
+    # The third boot is served from the extended boot image.
+    assert served(mount, early + late, read_direct) == expected(content, early + late)
+    wait_for(lambda: len(mount.client.stats(NAME)[NAME]['boots']) == 2)
+    third = mount.client.stats(NAME)[NAME]['boots'][1]
+    assert third['coverage'] == 1.0 and third['partial'] is False, third
+    assert third['bytes_memory'] == 2 << 20
+
+
 def test_a_taken_metrics_address_fails_the_mount(mount_factory, base_dir, tmp_path):
     first = mount_factory(base_dir, metrics_address='127.0.0.1:0')
     taken = re.search(r'metrics on http://(\S+)/metrics', first.log_path.read_text()).group(1)

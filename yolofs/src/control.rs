@@ -237,7 +237,7 @@ impl Daemon {
                 "loaded": self.store.loaded(),
                 "rejected": self.store.rejected().into_iter().map(|(n, r)| json!({"name": n, "reason": r})).collect::<Vec<_>>(),
                 "boot_images": self.store.boot_images(&self.source),
-                "learning": self.recorder.is_some(),
+                "learning": self.recorder.as_ref().is_some_and(|r| r.learns()),
                 "recording": self.recorder.as_ref().map(|r| r.active()).unwrap_or_default(),
                 "open_files": self.fs.open_handles(),
                 "pinned_bytes": self.pinned_bytes,
@@ -262,12 +262,15 @@ impl Daemon {
                 let recorder = self
                     .recorder
                     .as_ref()
+                    .filter(|r| r.learns())
                     .ok_or("this mount is not learning boot images (--learn)")?;
-                if !recorder.stop(name) {
-                    return Err(format!("{name} is not being recorded").into());
-                }
+                // A window that already ended (an idle gap, its maximum) is not an error: what
+                // it learned is there, and later boots extend it.
+                let window_was_open = recorder.stop(name);
                 recorder.wait_idle();
-                Ok(json!({ "file": name, "built": self.store.path_for(name).exists() }))
+                Ok(
+                    json!({ "file": name, "window_was_open": window_was_open, "built": self.store.path_for(name).exists() }),
+                )
             }
             Request::Install {
                 file,
@@ -276,11 +279,7 @@ impl Daemon {
             } => install(&self.source, &self.store, &file, &boot_image, &image_id, client_uid),
             Request::Remember { file, image_id } => Ok(remember(&self.source, &self.store, &file, &image_id)?),
             Request::Prune => {
-                let recording: Vec<String> = self
-                    .recorder
-                    .as_ref()
-                    .map(|r| r.active().into_iter().map(|r| r.name).collect())
-                    .unwrap_or_default();
+                let recording: Vec<String> = self.recorder.as_ref().map(|r| r.learning()).unwrap_or_default();
                 let removed = self
                     .store
                     .prune(&self.source, |name| recording.iter().any(|r| r == name))

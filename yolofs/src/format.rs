@@ -475,6 +475,26 @@ impl BootImage {
         &self.data[extent.data_offset as usize..(extent.data_offset + extent.length) as usize]
     }
 
+    /// The parts of `[offset, offset + length)`, within the source, that no extent covers.
+    pub fn uncovered(&self, offset: u64, length: u64) -> Vec<(u64, u64)> {
+        let end = offset.saturating_add(length).min(self.identity.source_size);
+        let mut gaps = Vec::new();
+        let mut cursor = offset;
+        for extent in &self.extents[self.first_extent_ending_after(offset)..] {
+            if cursor >= end {
+                break;
+            }
+            if extent.source_offset > cursor {
+                gaps.push((cursor, extent.source_offset.min(end) - cursor));
+            }
+            cursor = cursor.max(extent.source_end());
+        }
+        if cursor < end {
+            gaps.push((cursor, end - cursor));
+        }
+        gaps
+    }
+
     /// Index of the first extent that ends after `offset` (binary search).
     pub fn first_extent_ending_after(&self, offset: u64) -> usize {
         self.extents.partition_point(|e| e.source_end() <= offset)

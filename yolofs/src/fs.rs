@@ -308,7 +308,7 @@ impl MirrorFs {
         let kernel = self.kernel_passthrough()
             && meta.is_file()
             && !is_transient(&name)
-            && self.recorder.is_none()
+            && !self.recorder.as_ref().is_some_and(|r| r.learns())
             && !self.store.has_usable(&name);
         if kernel {
             Serving::Kernel
@@ -387,17 +387,18 @@ impl MirrorFs {
         } else {
             None
         };
-        let recording = match (&boot_image, &self.recorder) {
-            _ if serving == Serving::Kernel => None,
-            (None, Some(recorder)) if !is_transient(&name) && meta.len() > 0 => recorder.begin(&name, &source),
-            _ => None,
+        let recording = match (&self.recorder, &boot_image) {
+            _ if serving == Serving::Kernel || is_transient(&name) || meta.len() == 0 => None,
+            (Some(recorder), Some(image)) => recorder.observe(&name, &source, image.clone()),
+            (Some(recorder), None) => recorder.begin(&name, &source),
+            (None, _) => None,
         };
         let stats = self.stats.for_file(&name);
         stats.opened();
         let opened = Opened {
             fh: self.next_fh.fetch_add(1, Ordering::Relaxed),
             from_boot_image: boot_image.is_some(),
-            recording: recording.is_some(),
+            recording: recording.as_ref().is_some_and(|r| r.learning()),
             immutable: !is_transient(&name),
             kernel_passthrough,
         };
@@ -440,9 +441,6 @@ impl MirrorFs {
     /// Reads up to `size` bytes at `offset`: fewer only at the end of the file.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let handle = self.handle(fh)?;
-        if let Some(recording) = &handle.recording {
-            recording.record(offset, size as u64);
-        }
         let result = match self.fresh_boot_image(&handle)? {
             Some(image) => read_mixed(&image, &handle.source, offset, size as u64),
             None => pread_full(&handle.source, offset, size as u64).map(|data| {
@@ -450,6 +448,10 @@ impl MirrorFs {
                 (data, 0, n)
             }),
         };
+        if let Some(recording) = &handle.recording {
+            let (memory, passthrough) = result.as_ref().map_or((0, 0), |(_, m, p)| (*m, *p));
+            recording.record(offset, size as u64, memory, passthrough);
+        }
         match result {
             Ok((data, from_memory, passed_through)) => {
                 handle.stats.read(from_memory, passed_through);

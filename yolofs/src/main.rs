@@ -116,13 +116,15 @@ struct MountArgs {
     /// Lock loaded boot images in RAM (mlock).
     #[arg(long)]
     mlock: bool,
-    /// Learn a boot image for every base file opened without one, from its first boot.
+    /// Learn a boot image for every base file opened without one, from its first boot, and
+    /// extend boot images with what later boots read outside them.
     #[arg(long)]
     learn: bool,
-    /// Recording: the boot window ends after this many seconds without a read.
-    #[arg(long, default_value_t = 5.0)]
+    /// Boot windows end after this many seconds without a read (a TCG boot can pause for
+    /// several seconds: a short gap learns part of a boot, which later boots then extend).
+    #[arg(long, default_value_t = 30.0)]
     record_idle_secs: f64,
-    /// Recording: the boot window ends this many seconds after the first read at the latest.
+    /// Boot windows end this many seconds after the first read at the latest.
     #[arg(long, default_value_t = 300.0)]
     record_max_secs: f64,
     /// Block size of learned boot images, in bytes.
@@ -500,16 +502,17 @@ fn mount(args: MountArgs) -> Result<()> {
         warn!("could not empty the store's staging directory: {e}");
     }
     let stats = Arc::new(StatsRegistry::default());
-    let recorder = args.learn.then(|| {
-        Recorder::new(
-            RecordConfig {
-                idle: Duration::from_secs_f64(args.record_idle_secs),
-                max_duration: Duration::from_secs_f64(args.record_max_secs),
-                block_size: args.block_size,
-            },
-            store.clone(),
-        )
-    });
+    // Always: boots served from boot images are observed (their coverage); --learn learns.
+    let recorder = Some(Recorder::new(
+        RecordConfig {
+            idle: Duration::from_secs_f64(args.record_idle_secs),
+            max_duration: Duration::from_secs_f64(args.record_max_secs),
+            block_size: args.block_size,
+            learn: args.learn,
+        },
+        store.clone(),
+        stats.clone(),
+    ));
     let fs = Arc::new(MirrorFs::new(&source, store.clone(), stats.clone(), recorder.clone())?);
     let host_load = HostLoadSampler::start(
         &source,

@@ -207,8 +207,26 @@ impl Collector for DaemonMetrics {
             single(
                 e,
                 "yolofs_learning_windows_open",
-                "Boots being recorded now.",
-                ConstGauge::new(recorder.active().len() as i64),
+                "Boots being learned now.",
+                ConstGauge::new(recorder.learning().len() as i64),
+            )?;
+            counters(
+                e,
+                "yolofs_observed_boots",
+                "Boots served from a boot image, by whether they were partial (under 90% of their bytes from it).",
+                [
+                    (
+                        [("partial", "false")],
+                        c.observed.load(Relaxed).saturating_sub(c.partial.load(Relaxed)),
+                    ),
+                    ([("partial", "true")], c.partial.load(Relaxed)),
+                ],
+            )?;
+            single(
+                e,
+                "yolofs_boot_image_extensions",
+                "Boot images extended with what a boot read outside them (--learn).",
+                ConstCounter::new(c.extended.load(Relaxed)),
             )?;
         }
 

@@ -1,13 +1,21 @@
-//! Record mode: learning a boot image from a real boot.
+//! Boot windows: learning a boot image from a real boot, and watching the boots served from one.
 //!
-//! When a base file without a boot image is opened, a recording starts; every read on it is
-//! appended to a trace. The boot window ends at the first of: a `record_stop` control request, an
-//! idle gap (no read for `idle`), or `max_duration` after the first read. The trace is then
-//! written next to the boot images and a boot image is built from it and the base file (through
-//! the file descriptor the recording holds, so it is the file that was traced). A boot image built
-//! from the file itself matches it by construction, so its verification stamp is written at once.
-//! Its header names the Glance image the base file belongs to when the store knows it (the
-//! `remember` control request, made by Nova before the boot).
+//! When a base file is opened, a *boot window* opens for it (one per file, shared by the opens
+//! that overlap it). It ends at the first of: a `record_stop` control request, an idle gap (no
+//! read for `idle`), or `max_duration` after the first read.
+//!
+//! - A file without a boot image is *learned* (record mode, `--learn`): every read is appended to
+//!   a trace, which is written next to the boot images when the window ends, and a boot image is
+//!   built from it and the base file (through the file descriptor the window holds, so it is the
+//!   file that was traced). A boot image built from the file itself matches it by construction,
+//!   so its verification stamp is written at once. Its header names the Glance image the base
+//!   file belongs to when the store knows it (`remember`, made by Nova before the boot).
+//! - A boot served from a boot image is *observed*: its window counts the bytes served from memory
+//!   and passed through, which `ctl stats` reports per boot (its coverage), and a boot that read
+//!   much outside its boot image is marked partial. With `--learn`, what it read outside extends
+//!   the boot image, built again from the base file like a learned one and bounded (at most
+//!   doubling it per boot, never past `--max-boot-image-bytes`), so a boot image learned from a
+//!   window that closed too early heals at the next boot.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -15,14 +23,18 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use log::{info, warn};
 use serde::Serialize;
 
 use crate::build::{self, TraceRead};
 use crate::format::{BootImage, SourceIdentity};
+use crate::stats::{BootRecord, StatsRegistry};
 use crate::store::{self, BootImageStore};
+
+/// An observed boot that read less than this share of its bytes from its boot image is partial.
+pub const PARTIAL_COVERAGE: f64 = 0.9;
 
 #[derive(Clone, Debug)]
 pub struct RecordConfig {
@@ -32,40 +44,62 @@ pub struct RecordConfig {
     pub max_duration: Duration,
     /// Block size of the boot images built.
     pub block_size: u32,
+    /// Learn boot images of files without one, and extend those boots read outside of.
+    pub learn: bool,
 }
 
 pub struct Recording {
     name: String,
     source: File,
     started: Instant,
+    started_unix: u64,
+    /// The boot image the boot is served from (an observed boot); None: a boot being learned.
+    boot_image: Option<Arc<BootImage>>,
     state: Mutex<RecordingState>,
     finished: AtomicBool,
 }
 
+#[derive(Default)]
 struct RecordingState {
     reads: Vec<TraceRead>,
     first_read: Option<Instant>,
     last_read: Option<Instant>,
+    bytes_memory: u64,
+    bytes_passthrough: u64,
 }
 
 impl Recording {
-    pub fn record(&self, offset: u64, length: u64) {
+    /// A read of the boot; `memory` and `passthrough`: where its bytes came from.
+    pub fn record(&self, offset: u64, length: u64, memory: u64, passthrough: u64) {
         if self.finished.load(Ordering::Relaxed) {
             return;
         }
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
-        state.reads.push(TraceRead { offset, length });
+        // An observed boot keeps only what it read outside its boot image.
+        if self.boot_image.is_none() || passthrough > 0 {
+            state.reads.push(TraceRead { offset, length });
+        }
+        state.bytes_memory += memory;
+        state.bytes_passthrough += passthrough;
         state.first_read.get_or_insert(now);
         state.last_read = Some(now);
     }
 
-    fn window_over(&self, config: &RecordConfig, now: Instant) -> bool {
+    /// Whether this window learns a new boot image (its reads must all reach yolofs).
+    pub fn learning(&self) -> bool {
+        self.boot_image.is_none()
+    }
+
+    /// Why the window is over at `now`, if it is.
+    fn window_over(&self, config: &RecordConfig, now: Instant) -> Option<&'static str> {
         let state = self.state.lock().unwrap();
         match (state.first_read, state.last_read) {
-            (Some(first), Some(last)) => now - last >= config.idle || now - first >= config.max_duration,
+            (Some(first), _) if now - first >= config.max_duration => Some("max"),
+            (Some(_), Some(last)) if now - last >= config.idle => Some("idle"),
             // Opened but never read: give up after the longest window.
-            _ => now - self.started >= config.max_duration,
+            (None, _) if now - self.started >= config.max_duration => Some("max"),
+            _ => None,
         }
     }
 }
@@ -76,32 +110,41 @@ pub struct RecordingInfo {
     pub name: String,
     pub reads: usize,
     pub seconds: f64,
+    /// "learn" or "observe".
+    pub kind: &'static str,
 }
 
 pub struct Recorder {
     config: RecordConfig,
     store: Arc<BootImageStore>,
+    stats: Arc<StatsRegistry>,
     active: Mutex<HashMap<String, Arc<Recording>>>,
     /// Builds in progress, joined by [`Recorder::wait_idle`] (tests, shutdown).
     builds: Mutex<Vec<thread::JoinHandle<()>>>,
     counters: RecorderCounters,
 }
 
-/// Learning windows since the mount started, for metrics.
+/// Boot windows since the mount started, for metrics.
 #[derive(Default)]
 pub struct RecorderCounters {
     pub started: AtomicU64,
-    /// Windows that ended with a boot image built.
+    /// Learning windows that ended with a boot image built.
     pub learned: AtomicU64,
-    /// Windows that ended without reads, or whose boot image could not be built.
+    /// Learning windows that ended without reads, or whose boot image could not be built.
     pub failed: AtomicU64,
+    /// Observed boots, and those that were partial.
+    pub observed: AtomicU64,
+    pub partial: AtomicU64,
+    /// Observed boots whose reads outside the boot image extended it.
+    pub extended: AtomicU64,
 }
 
 impl Recorder {
-    pub fn new(config: RecordConfig, store: Arc<BootImageStore>) -> Arc<Recorder> {
+    pub fn new(config: RecordConfig, store: Arc<BootImageStore>, stats: Arc<StatsRegistry>) -> Arc<Recorder> {
         let recorder = Arc::new(Recorder {
             config,
             store,
+            stats,
             active: Mutex::default(),
             builds: Mutex::default(),
             counters: RecorderCounters::default(),
@@ -124,8 +167,26 @@ impl Recorder {
         &self.counters
     }
 
-    /// The recording for `name`, started now if none is under way. `source` is the open base file.
+    /// Whether this mount learns boot images (`--learn`).
+    pub fn learns(&self) -> bool {
+        self.config.learn
+    }
+
+    /// The learning window of `name`, opened now if none is; None if this mount does not learn.
+    /// `source` is the open base file.
     pub fn begin(&self, name: &str, source: &File) -> Option<Arc<Recording>> {
+        if !self.config.learn {
+            return None;
+        }
+        self.window(name, source, None)
+    }
+
+    /// The window of a boot of `name` served from `boot_image`, opened now if none is.
+    pub fn observe(&self, name: &str, source: &File, boot_image: Arc<BootImage>) -> Option<Arc<Recording>> {
+        self.window(name, source, Some(boot_image))
+    }
+
+    fn window(&self, name: &str, source: &File, boot_image: Option<Arc<BootImage>>) -> Option<Arc<Recording>> {
         let mut active = self.active.lock().unwrap();
         if let Some(recording) = active.get(name) {
             return Some(recording.clone());
@@ -133,33 +194,33 @@ impl Recorder {
         let source = match source.try_clone() {
             Ok(file) => file,
             Err(e) => {
-                warn!("{name}: cannot record: {e}");
+                warn!("{name}: cannot watch this boot: {e}");
                 return None;
             }
         };
-        info!("{name}: no boot image; recording this boot to learn one");
-        self.counters.started.fetch_add(1, Ordering::Relaxed);
+        if boot_image.is_none() {
+            info!("{name}: no boot image; recording this boot to learn one");
+            self.counters.started.fetch_add(1, Ordering::Relaxed);
+        }
         let recording = Arc::new(Recording {
             name: name.to_string(),
             source,
             started: Instant::now(),
-            state: Mutex::new(RecordingState {
-                reads: Vec::new(),
-                first_read: None,
-                last_read: None,
-            }),
+            started_unix: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            boot_image,
+            state: Mutex::default(),
             finished: AtomicBool::new(false),
         });
         active.insert(name.to_string(), recording.clone());
         Some(recording)
     }
 
-    /// Ends the window of `name` now (the `record_stop` control request).
+    /// Ends the window of `name` now (the `record_stop` control request); false if none is open.
     pub fn stop(self: &Arc<Self>, name: &str) -> bool {
         let recording = self.active.lock().unwrap().remove(name);
         match recording {
             Some(recording) => {
-                self.finish(recording);
+                self.finish(recording, "stop");
                 true
             }
             None => false,
@@ -174,7 +235,18 @@ impl Recorder {
                 name: r.name.clone(),
                 reads: r.state.lock().unwrap().reads.len(),
                 seconds: r.started.elapsed().as_secs_f64(),
+                kind: if r.learning() { "learn" } else { "observe" },
             })
+            .collect()
+    }
+
+    /// Names with a learning window open.
+    pub fn learning(&self) -> Vec<String> {
+        let active = self.active.lock().unwrap();
+        active
+            .values()
+            .filter(|r| r.learning())
+            .map(|r| r.name.clone())
             .collect()
     }
 
@@ -187,41 +259,45 @@ impl Recorder {
     }
 
     fn end_finished_windows(self: &Arc<Self>, now: Instant) {
-        let ended: Vec<Arc<Recording>> = {
+        let ended: Vec<(Arc<Recording>, &'static str)> = {
             let mut active = self.active.lock().unwrap();
-            let names: Vec<String> = active
+            let over: Vec<(String, &'static str)> = active
                 .iter()
-                .filter(|(_, r)| r.window_over(&self.config, now))
-                .map(|(n, _)| n.clone())
+                .filter_map(|(n, r)| r.window_over(&self.config, now).map(|why| (n.clone(), why)))
                 .collect();
-            names.iter().filter_map(|n| active.remove(n)).collect()
+            over.into_iter()
+                .filter_map(|(n, why)| active.remove(&n).map(|r| (r, why)))
+                .collect()
         };
-        for recording in ended {
-            self.finish(recording);
+        for (recording, ended_by) in ended {
+            self.finish(recording, ended_by);
         }
     }
 
-    fn finish(self: &Arc<Self>, recording: Arc<Recording>) {
+    fn finish(self: &Arc<Self>, recording: Arc<Recording>, ended_by: &'static str) {
         recording.finished.store(true, Ordering::Relaxed);
         let recorder = self.clone();
         let handle = thread::Builder::new()
             .name("yolofs-build".into())
-            .spawn(move || {
-                let outcome = match recorder.build_from(&recording) {
-                    Ok(true) => &recorder.counters.learned,
-                    Ok(false) => &recorder.counters.failed,
-                    Err(e) => {
-                        warn!("{}: could not learn a boot image: {e:#}", recording.name);
-                        &recorder.counters.failed
-                    }
-                };
-                outcome.fetch_add(1, Ordering::Relaxed);
+            .spawn(move || match &recording.boot_image {
+                None => {
+                    let outcome = match recorder.build_from(&recording) {
+                        Ok(true) => &recorder.counters.learned,
+                        Ok(false) => &recorder.counters.failed,
+                        Err(e) => {
+                            warn!("{}: could not learn a boot image: {e:#}", recording.name);
+                            &recorder.counters.failed
+                        }
+                    };
+                    outcome.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(image) => recorder.conclude_observed(&recording, image, ended_by),
             })
             .expect("spawn build thread");
         self.builds.lock().unwrap().push(handle);
     }
 
-    /// Builds the boot image of a finished recording; false if there was nothing to learn.
+    /// Builds the boot image of a finished learning window; false if there was nothing to learn.
     fn build_from(&self, recording: &Recording) -> anyhow::Result<bool> {
         let reads = std::mem::take(&mut recording.state.lock().unwrap().reads);
         if reads.is_empty() {
@@ -242,13 +318,7 @@ impl Recorder {
             rendition: "raw".into(),
             ..Default::default()
         };
-        let source_key = store::SourceKey::of(&recording.source)?;
-        let output = self.store.path_for(&recording.name);
-        let summary = build::build_boot_image(&reads, &recording.source, &identity, self.config.block_size, &output)?;
-        let image = BootImage::open(&output)?;
-        store::write_stamp(&output, &image, source_key)?;
-        // Whatever was known of an earlier boot image of this file (refused, or in memory).
-        self.store.evict(&recording.name);
+        let summary = self.build_into_store(&recording.name, &recording.source, &reads, &identity)?;
         info!(
             "{}: learned a boot image{} from {} reads: {} bytes in {} extents, built in {:.2}s",
             recording.name,
@@ -264,6 +334,142 @@ impl Recorder {
         );
         Ok(true)
     }
+
+    /// Builds a boot image of `reads` from `source` into the store, stamped as verified for the
+    /// file as it was before the build read it, and drops what was known of the old one.
+    fn build_into_store(
+        &self,
+        name: &str,
+        source: &File,
+        reads: &[TraceRead],
+        identity: &SourceIdentity,
+    ) -> anyhow::Result<build::BuildSummary> {
+        let source_key = store::SourceKey::of(source)?;
+        let output = self.store.path_for(name);
+        let summary = build::build_boot_image(reads, source, identity, self.config.block_size, &output)?;
+        let image = BootImage::open(&output)?;
+        store::write_stamp(&output, &image, source_key)?;
+        // Whatever was known of an earlier boot image of this file (refused, or in memory).
+        self.store.evict(name);
+        Ok(summary)
+    }
+
+    /// Records an observed boot's coverage and, when learning, extends its boot image with what
+    /// it read outside of it.
+    fn conclude_observed(&self, recording: &Recording, image: &BootImage, ended_by: &'static str) {
+        let (reads, memory, passthrough, seconds) = {
+            let mut state = recording.state.lock().unwrap();
+            let seconds = match (state.first_read, state.last_read) {
+                (Some(first), Some(last)) => (last - first).as_secs_f64(),
+                _ => 0.0,
+            };
+            (
+                std::mem::take(&mut state.reads),
+                state.bytes_memory,
+                state.bytes_passthrough,
+                seconds,
+            )
+        };
+        if memory + passthrough == 0 {
+            return;
+        }
+        let coverage = memory as f64 / (memory + passthrough) as f64;
+        let partial = coverage < PARTIAL_COVERAGE;
+        self.counters.observed.fetch_add(1, Ordering::Relaxed);
+        if partial {
+            self.counters.partial.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                "{}: partial boot image: this boot read {:.1}% of its bytes from it ({passthrough} bytes outside)",
+                recording.name,
+                100.0 * coverage
+            );
+        }
+        let extended_bytes = if self.config.learn && passthrough > 0 {
+            match self.extend(recording, image, &reads) {
+                Ok(added) => added,
+                Err(e) => {
+                    warn!("{}: could not extend the boot image: {e:#}", recording.name);
+                    0
+                }
+            }
+        } else {
+            0
+        };
+        self.stats.for_file(&recording.name).boot_ended(BootRecord {
+            started_unix: recording.started_unix,
+            seconds,
+            ended_by: ended_by.into(),
+            bytes_memory: memory,
+            bytes_passthrough: passthrough,
+            coverage,
+            partial,
+            extended_bytes,
+        });
+    }
+
+    /// The boot image with the ranges `reads` had outside it, built again from the base file;
+    /// returns the bytes it grew by. At most as many new bytes as it holds, and never past the
+    /// store's size limit.
+    fn extend(&self, recording: &Recording, image: &BootImage, reads: &[TraceRead]) -> anyhow::Result<u64> {
+        let old = image.covered_bytes();
+        // The blocks the boot read outside the boot image, the first it read first, up to as many
+        // bytes as the boot image holds.
+        let block = image.block_size as u64;
+        let most = old.max(block).div_ceil(block) as usize;
+        let mut added = std::collections::BTreeSet::new();
+        'reads: for read in reads {
+            for (offset, length) in image.uncovered(read.offset, read.length) {
+                for index in offset / block..(offset + length).div_ceil(block) {
+                    if added.len() == most {
+                        break 'reads;
+                    }
+                    added.insert(index);
+                }
+            }
+        }
+        if added.is_empty() {
+            return Ok(0);
+        }
+        let mut new_reads: Vec<TraceRead> = Vec::new();
+        for index in added {
+            match new_reads.last_mut() {
+                Some(run) if run.offset + run.length == index * block => run.length += block,
+                _ => new_reads.push(TraceRead {
+                    offset: index * block,
+                    length: block,
+                }),
+            }
+        }
+        // The old extents first, in their first-access order, then the new reads.
+        let mut extents = image.extents.clone();
+        extents.sort_by_key(|e| e.data_offset);
+        let mut all: Vec<TraceRead> = extents
+            .iter()
+            .map(|e| TraceRead {
+                offset: e.source_offset,
+                length: e.length,
+            })
+            .collect();
+        all.extend(new_reads);
+        let planned: u64 = build::plan_extents(&all, self.config.block_size as u64, image.identity.source_size)
+            .iter()
+            .map(|(_, blocks)| blocks * self.config.block_size as u64)
+            .sum();
+        if planned > self.store.config().max_boot_image_bytes {
+            anyhow::bail!(
+                "it would hold {planned} bytes, more than --max-boot-image-bytes ({})",
+                self.store.config().max_boot_image_bytes
+            );
+        }
+        let summary = self.build_into_store(&recording.name, &recording.source, &all, &image.identity)?;
+        let added = summary.covered_bytes.saturating_sub(old);
+        self.counters.extended.fetch_add(1, Ordering::Relaxed);
+        info!(
+            "{}: boot image extended by {added} bytes read outside it during a boot: {} bytes in {} extents",
+            recording.name, summary.covered_bytes, summary.extents
+        );
+        Ok(added)
+    }
 }
 
 #[cfg(test)]
@@ -275,10 +481,12 @@ mod tests {
             name: "base".into(),
             source: tempfile::tempfile().unwrap(),
             started,
+            started_unix: 0,
+            boot_image: None,
             state: Mutex::new(RecordingState {
-                reads: Vec::new(),
                 first_read: first,
                 last_read: last,
+                ..Default::default()
             }),
             finished: AtomicBool::new(false),
         }
@@ -290,28 +498,29 @@ mod tests {
             idle: Duration::from_secs(5),
             max_duration: Duration::from_secs(60),
             block_size: 4096,
+            learn: true,
         };
         let t0 = Instant::now();
         let s = Duration::from_secs;
         // Opened, never read: waits up to the maximum duration.
-        assert!(!recording(t0, None, None).window_over(&config, t0 + s(30)));
-        assert!(recording(t0, None, None).window_over(&config, t0 + s(61)));
+        assert_eq!(recording(t0, None, None).window_over(&config, t0 + s(30)), None);
+        assert_eq!(recording(t0, None, None).window_over(&config, t0 + s(61)), Some("max"));
         // Reading: an idle gap ends it.
         let busy = recording(t0, Some(t0), Some(t0 + s(50)));
-        assert!(!busy.window_over(&config, t0 + s(52)));
-        assert!(busy.window_over(&config, t0 + s(56)));
+        assert_eq!(busy.window_over(&config, t0 + s(52)), None);
+        assert_eq!(busy.window_over(&config, t0 + s(56)), Some("idle"));
         // Reading without pause: the maximum duration ends it.
         let endless = recording(t0, Some(t0), Some(t0 + s(59)));
-        assert!(!endless.window_over(&config, t0 + s(59)));
-        assert!(endless.window_over(&config, t0 + s(60)));
+        assert_eq!(endless.window_over(&config, t0 + s(59)), None);
+        assert_eq!(endless.window_over(&config, t0 + s(60)), Some("max"));
     }
 
     #[test]
     fn reads_after_the_window_are_not_recorded() {
         let r = recording(Instant::now(), None, None);
-        r.record(0, 512);
+        r.record(0, 512, 0, 512);
         r.finished.store(true, Ordering::Relaxed);
-        r.record(4096, 512);
+        r.record(4096, 512, 0, 512);
         assert_eq!(
             r.state.lock().unwrap().reads,
             vec![TraceRead { offset: 0, length: 512 }]

@@ -1,7 +1,7 @@
 //! Per-file read statistics: how many bytes and requests were served from boot images and how
 //! many were passed through to the base file. Lock-free counters, one set per file name.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
@@ -17,10 +17,33 @@ pub struct FileStats {
     bytes_memory: AtomicU64,
     bytes_passthrough: AtomicU64,
     errors: AtomicU64,
+    /// The last boots served from a boot image, oldest first.
+    boots: Mutex<VecDeque<BootRecord>>,
+}
+
+/// How many boots of each file `stats` remembers.
+pub const BOOTS_KEPT: usize = 8;
+
+/// One boot served from a boot image, over its boot window.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BootRecord {
+    pub started_unix: u64,
+    /// From its first read to its last.
+    pub seconds: f64,
+    /// What ended the window: "idle", "max" or "stop".
+    pub ended_by: String,
+    pub bytes_memory: u64,
+    pub bytes_passthrough: u64,
+    /// Share of the bytes read that came from the boot image.
+    pub coverage: f64,
+    /// Coverage under 0.9: the boot image misses part of what boots read.
+    pub partial: bool,
+    /// Bytes the boot image grew by from this boot's reads outside it (with --learn).
+    pub extended_bytes: u64,
 }
 
 /// A snapshot of one file's counters.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct FileStatsSnapshot {
     pub opens: u64,
     /// Opens whose reads the kernel served from the source file itself (not counted below).
@@ -34,6 +57,8 @@ pub struct FileStatsSnapshot {
     pub bytes_memory: u64,
     pub bytes_passthrough: u64,
     pub errors: u64,
+    /// The last boots served from a boot image (at most [`BOOTS_KEPT`]), oldest first.
+    pub boots: Vec<BootRecord>,
 }
 
 impl FileStats {
@@ -61,6 +86,14 @@ impl FileStats {
         self.errors.fetch_add(1, Relaxed);
     }
 
+    pub fn boot_ended(&self, boot: BootRecord) {
+        let mut boots = self.boots.lock().unwrap();
+        if boots.len() == BOOTS_KEPT {
+            boots.pop_front();
+        }
+        boots.push_back(boot);
+    }
+
     pub fn snapshot(&self) -> FileStatsSnapshot {
         FileStatsSnapshot {
             opens: self.opens.load(Relaxed),
@@ -71,6 +104,7 @@ impl FileStats {
             bytes_memory: self.bytes_memory.load(Relaxed),
             bytes_passthrough: self.bytes_passthrough.load(Relaxed),
             errors: self.errors.load(Relaxed),
+            boots: self.boots.lock().unwrap().iter().cloned().collect(),
         }
     }
 }

@@ -80,16 +80,23 @@ impl Fixture {
 
     /// A mirror that learns boot images, its window closing after `idle` without reads.
     fn learning_mirror(&self, idle: Duration) -> (MirrorFs, Arc<Recorder>) {
+        let (fs, recorder, _) = self.watching_mirror(idle, true);
+        (fs, recorder)
+    }
+
+    /// A mirror whose boot windows close after `idle` without reads; `learn`: as --learn.
+    fn watching_mirror(&self, idle: Duration, learn: bool) -> (MirrorFs, Arc<Recorder>, Arc<StatsRegistry>) {
         let store = self.store();
         let config = RecordConfig {
             idle,
             max_duration: Duration::from_secs(60),
             block_size: 4096,
+            learn,
         };
-        let recorder = Recorder::new(config, store.clone());
         let stats = Arc::new(StatsRegistry::default());
-        let fs = MirrorFs::new(&self.base(), store, stats, Some(recorder.clone())).unwrap();
-        (fs, recorder)
+        let recorder = Recorder::new(config, store.clone(), stats.clone());
+        let fs = MirrorFs::new(&self.base(), store, stats.clone(), Some(recorder.clone())).unwrap();
+        (fs, recorder, stats)
     }
 }
 
@@ -350,6 +357,79 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     assert!(opened.from_boot_image && !opened.recording);
     check_random_reads(&fs, opened.fh, &fixture.content, 5);
     assert!(fixture.dir.path().join("images/disk.trace").exists());
+}
+
+/// Waits for every boot window to end and its work to be done.
+fn windows_ended(recorder: &Recorder) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !recorder.active().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the boot window never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    recorder.wait_idle();
+}
+
+// Past the ranges Fixture::build_boot_image covers (up to 2.8 MB).
+const OUTSIDE: (u64, u32) = (3_000_000, 65_536);
+
+#[test]
+fn boots_from_a_boot_image_report_their_coverage() {
+    let fixture = Fixture::new();
+    let before = fixture.build_boot_image();
+    let (fs, recorder, stats) = fixture.watching_mirror(Duration::from_millis(300), false);
+    let (_, opened) = open_disk(&fs);
+    assert!(opened.from_boot_image && !opened.recording);
+    let first = before.extents[0];
+    fs.read(opened.fh, first.source_offset, first.length as u32).unwrap();
+    fs.read(opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
+    windows_ended(&recorder);
+    let boots = stats.snapshot(Some("disk"))["disk"].boots.clone();
+    assert_eq!(boots.len(), 1);
+    let boot = &boots[0];
+    assert_eq!(
+        (boot.bytes_memory, boot.bytes_passthrough),
+        (first.length, OUTSIDE.1 as u64)
+    );
+    assert!(boot.partial && boot.coverage < 0.9 && boot.ended_by == "idle");
+    // Without --learn the boot image is left as it is.
+    assert_eq!(boot.extended_bytes, 0);
+    let after = BootImage::open(&fixture.boot_image_path()).unwrap();
+    assert_eq!(after.header_crc32c, before.header_crc32c);
+}
+
+#[test]
+fn what_a_boot_reads_outside_its_boot_image_extends_it_when_learning() {
+    let fixture = Fixture::new();
+    let before = fixture.build_boot_image();
+    let (fs, recorder, stats) = fixture.watching_mirror(Duration::from_millis(300), true);
+    let (_, opened) = open_disk(&fs);
+    fs.read(opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
+    check_random_reads(&fs, opened.fh, &fixture.content, 8);
+    fs.release(opened.fh);
+    windows_ended(&recorder);
+    let after = BootImage::open(&fixture.boot_image_path()).unwrap();
+    // Bounded: at most doubled in one boot; what was covered stays covered.
+    assert!(after.covered_bytes() > before.covered_bytes());
+    assert!(after.covered_bytes() <= 2 * before.covered_bytes() + 4096);
+    for extent in &before.extents {
+        assert!(after.uncovered(extent.source_offset, extent.length).is_empty());
+    }
+    assert!(
+        after.uncovered(OUTSIDE.0, OUTSIDE.1 as u64).is_empty(),
+        "the first read outside is in"
+    );
+    assert_eq!(after.identity, before.identity);
+    let boot = stats.snapshot(Some("disk"))["disk"].boots[0].clone();
+    assert_eq!(boot.extended_bytes, after.covered_bytes() - before.covered_bytes());
+    // Stamped (built from the file) and served: the next boot reads that range from memory.
+    assert!(fixture.store().boot_images(&fixture.base())[0].verified);
+    let (_, opened) = open_disk(&fs);
+    fs.read(opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
+    windows_ended(&recorder);
+    let boot = stats.snapshot(Some("disk"))["disk"].boots[1].clone();
+    assert_eq!((boot.bytes_memory, boot.bytes_passthrough), (OUTSIDE.1 as u64, 0));
+    assert!(!boot.partial && boot.coverage == 1.0 && boot.extended_bytes == 0);
+    check_random_reads(&fs, opened.fh, &fixture.content, 9);
 }
 
 #[test]
