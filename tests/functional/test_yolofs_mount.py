@@ -1,6 +1,7 @@
 """A real yolofs FUSE mount: every read compared with the source file, byte for byte."""
 
 import concurrent.futures
+import contextlib
 import errno
 import json
 import mmap
@@ -390,6 +391,38 @@ def test_sigterm_unmounts_cleanly(mount_factory, base_dir):
     assert mount.stop() == 0
     assert not yolofs.is_mounted(mountpoint)
     assert not mount.control_socket.exists()
+
+
+def test_a_mount_started_right_after_a_kill_replaces_the_dead_one(
+        mount_factory, base_dir, content, tmp_path):
+    dead = mount_factory(base_dir, no_kernel_passthrough=True)
+    held = os.open(dead.mountpoint / NAME, os.O_RDONLY)
+    try:
+        dead.process.kill()     # not waited for: the new one starts while it is being reaped
+        again = yolofs.Mount(base_dir, dead.mountpoint, tmp_path / 'boot-images',
+                             dead.control_socket, log_path=tmp_path / 'again.log',
+                             no_kernel_passthrough=True)
+        with again:
+            assert (again.mountpoint / NAME).read_bytes() == content
+            # The file held open on the dead mount fails; it never reads the new one's bytes.
+            with pytest.raises(OSError) as err:
+                os.pread(held, 4096, 0)
+            assert err.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    finally:
+        with contextlib.suppress(OSError):   # closing flushes: ENOTCONN
+            os.close(held)
+        dead.process.wait()
+        dead.process = None
+
+
+def test_a_second_yolofs_does_not_replace_a_live_one(mount_factory, base_dir, content, tmp_path):
+    live = mount_factory(base_dir)
+    second = yolofs.Mount(base_dir, live.mountpoint, tmp_path / 'boot-images', live.control_socket)
+    refused = subprocess.run(second.command(), capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1
+    assert 'already running' in refused.stderr
+    assert (live.mountpoint / NAME).read_bytes() == content
+    assert live.client.status()
 
 
 def test_ctl_command_line(mount_factory, base_dir, boot_image_dir):

@@ -440,15 +440,66 @@ fn pin_command(binaries: &[String], list: bool) -> Result<()> {
     Ok(())
 }
 
-/// A mount point left by a yolofs that died answers ENOTCONN: detach it so we can mount again.
-fn clear_stale_mount(mountpoint: &Path) {
-    if let Err(e) = std::fs::metadata(mountpoint) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
-            warn!("{} is a stale FUSE mount; detaching it", mountpoint.display());
-            let _ = std::process::Command::new("fusermount3")
-                .arg("-uz")
-                .arg(mountpoint)
-                .status();
+/// Whether `path` (absolute, symbolic links resolved) is a mount point, per /proc/self/mountinfo.
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    // Field 5 is the mount point, with space, tab, newline and backslash escaped in octal.
+    let escaped = path
+        .to_string_lossy()
+        .replace('\\', "\\134")
+        .replace(' ', "\\040")
+        .replace('\t', "\\011")
+        .replace('\n', "\\012");
+    mountinfo
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(escaped.as_str()))
+}
+
+/// Detaches whatever is mounted on `path` (lazily: files still open there keep their mount).
+fn detach(path: &Path) {
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: c_path is a valid NUL-terminated string; umount2 has no other preconditions.
+    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } != 0 {
+        // Not root: fusermount3 (setuid) detaches the user's own FUSE mounts.
+        let _ = std::process::Command::new("fusermount3").arg("-uz").arg(path).status();
+    }
+}
+
+/// Makes the mount point ready. A yolofs that was killed leaves its mount, answering ENOTCONN
+/// once the process is gone, and even while it is being reaped: it is detached (files still open
+/// on it keep failing; new opens get the new mount). A yolofs still answering on the control
+/// socket is not replaced.
+fn prepare_mount_point(mountpoint: &Path, control_socket: &Path) -> Result<()> {
+    if control::call(control_socket, &json!({"op": "status"})).is_ok() {
+        bail!(
+            "a yolofs is already running: its control socket {} answers",
+            control_socket.display()
+        );
+    }
+    let absolute = match (mountpoint.parent(), mountpoint.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+            .map(|p| p.join(name))
+            .unwrap_or_else(|_| mountpoint.to_path_buf()),
+        _ => mountpoint.to_path_buf(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if is_mount_point(&absolute) {
+            warn!(
+                "{} is still mounted (a yolofs that died); detaching it",
+                absolute.display()
+            );
+            detach(&absolute);
+        }
+        match std::fs::create_dir_all(&absolute) {
+            Ok(()) => return Ok(()),
+            // The old mount is going away (its process not reaped yet): try again shortly.
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => return Err(e).with_context(|| format!("mount point {}", mountpoint.display())),
         }
     }
 }
@@ -488,8 +539,7 @@ fn mount(args: MountArgs) -> Result<()> {
         },
     };
     let source = wait_for_source(&args.source)?;
-    clear_stale_mount(&args.mountpoint);
-    std::fs::create_dir_all(&args.mountpoint).with_context(|| format!("mount point {}", args.mountpoint.display()))?;
+    prepare_mount_point(&args.mountpoint, &args.control_socket)?;
     std::fs::create_dir_all(&args.boot_images)
         .with_context(|| format!("boot image store {}", args.boot_images.display()))?;
     let store = Arc::new(BootImageStore::new(StoreConfig {
