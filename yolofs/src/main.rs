@@ -44,7 +44,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Mount a read-only mirror of SOURCE that serves boot reads from boot images (runs in the
-    /// foreground until SIGTERM or SIGINT, then unmounts).
+    /// foreground until SIGTERM or SIGINT, then unmounts). A mount left by a yolofs that died is
+    /// detached first; files still open on it keep failing until their guest restarts.
     Mount(MountArgs),
     /// Build a boot image from a read trace and the source file.
     Build(BuildArgs),
