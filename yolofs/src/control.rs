@@ -373,7 +373,18 @@ pub fn serve(path: &Path, access: SocketAccess, daemon: Arc<Daemon>) -> std::io:
 
 /// Sends one request to a running yolofs and returns its answer.
 pub fn call(path: &Path, request: &Value) -> std::io::Result<Value> {
-    let mut stream = UnixStream::connect(path)?;
+    call_on(UnixStream::connect(path)?, request)
+}
+
+/// [`call`], giving up after `timeout` without an answer.
+pub fn call_within(path: &Path, request: &Value, timeout: std::time::Duration) -> std::io::Result<Value> {
+    let stream = UnixStream::connect(path)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    call_on(stream, request)
+}
+
+fn call_on(mut stream: UnixStream, request: &Value) -> std::io::Result<Value> {
     writeln!(stream, "{request}")?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line)?;

@@ -189,7 +189,9 @@ pub struct OpenFile {
 pub struct Opened {
     pub fh: u64,
     pub from_boot_image: bool,
-    pub recording: bool,
+    /// Every read must reach yolofs, not the page cache: the boot is being learned, or watched
+    /// to extend its boot image (with --learn), and kernel readahead would add what it never read.
+    pub direct_io: bool,
     /// Not a download in progress: its bytes never change, so its pages may be cached.
     pub immutable: bool,
     /// Served by the kernel from the source file (FUSE passthrough), not by yolofs.
@@ -275,12 +277,11 @@ impl MirrorFs {
                 .source_changed(&self.source_root, name, SourceKey::from_metadata(&meta));
         }
         let inodes = self.inodes.read().unwrap();
-        // Only yolofs inodes have a page cache of ours; kernel passthrough reads the file itself.
-        inodes
-            .by_source
-            .get(&(meta.dev(), meta.ino(), Serving::Yolofs))
-            .copied()
-            .into_iter()
+        // Both of the file's inodes: a kernel-served one is served by yolofs, through the page
+        // cache, once the kernel refuses passthrough.
+        [Serving::Yolofs, Serving::Kernel]
+            .iter()
+            .filter_map(|serving| inodes.by_source.get(&(meta.dev(), meta.ino(), *serving)).copied())
             .collect()
     }
 
@@ -398,7 +399,9 @@ impl MirrorFs {
         let opened = Opened {
             fh: self.next_fh.fetch_add(1, Ordering::Relaxed),
             from_boot_image: boot_image.is_some(),
-            recording: recording.as_ref().is_some_and(|r| r.learning()),
+            direct_io: recording
+                .as_ref()
+                .is_some_and(|r| r.learning() || self.recorder.as_ref().is_some_and(|r| r.learns())),
             immutable: !is_transient(&name),
             kernel_passthrough,
         };

@@ -4,8 +4,9 @@
 //! debug, the rest at warn) and reply with the error's errno.
 //!
 //! Opening picks how the kernel serves the file:
-//! - files being recorded: `direct_io`, so every read the guest makes reaches the recorder instead
-//!   of being absorbed by kernel readahead and page cache;
+//! - files being learned (and, with `--learn`, boots watched to extend their boot image):
+//!   `direct_io`, so every read the guest makes reaches the recorder instead of being absorbed by
+//!   the page cache, and kernel readahead adds nothing the guest did not read;
 //! - files on a kernel-served inode (`Serving::Kernel`: no boot image): FUSE passthrough, the
 //!   kernel reads the source file itself and yolofs is off the I/O path (Linux >= 6.9);
 //! - the rest (files with a boot image): through the page cache, with `keep_cache` (base files are
@@ -193,7 +194,7 @@ impl fuser::Filesystem for FuseAdapter {
         match self.fs.open(ino.0, flags.0) {
             Ok(opened) if opened.kernel_passthrough => self.open_passthrough(ino.0, opened.fh, reply),
             Ok(opened) => {
-                let flags = if opened.recording {
+                let flags = if opened.direct_io {
                     FopenFlags::FOPEN_DIRECT_IO
                 } else if self.keep_cache && opened.immutable {
                     FopenFlags::FOPEN_KEEP_CACHE

@@ -189,7 +189,7 @@ struct BuildArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Mount(_) | Command::Pin { .. }) {
+    if !matches!(cli.command, Command::Mount(_) | Command::Pin { list: false, .. }) {
         // A command whose output goes into `head` ends quietly when the pipe closes, as other
         // Unix tools do. The daemons keep ignoring SIGPIPE: a control client that goes away must
         // not stop the mount.
@@ -441,12 +441,12 @@ fn pin_command(binaries: &[String], list: bool) -> Result<()> {
     Ok(())
 }
 
-/// Whether `path` (absolute, symbolic links resolved) is a mount point, per /proc/self/mountinfo.
-fn is_mount_point(path: &Path) -> bool {
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    // Field 5 is the mount point, with space, tab, newline and backslash escaped in octal.
+/// The type and source of the filesystem mounted on `path` (absolute, symbolic links resolved),
+/// if one is, per /proc/self/mountinfo (the last mount there): `fuse yolofs` for a yolofs.
+fn mounted_filesystem(path: &Path) -> Option<String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // Field 5 is the mount point, with space, tab, newline and backslash escaped in octal; the
+    // filesystem type follows the " - " separator.
     let escaped = path
         .to_string_lossy()
         .replace('\\', "\\134")
@@ -455,10 +455,16 @@ fn is_mount_point(path: &Path) -> bool {
         .replace('\n', "\\012");
     mountinfo
         .lines()
-        .any(|line| line.split(' ').nth(4) == Some(escaped.as_str()))
+        .rev()
+        .filter(|line| line.split(' ').nth(4) == Some(escaped.as_str()))
+        .filter_map(|line| {
+            let mut fields = line.split(" - ").nth(1)?.split(' ');
+            Some(format!("{} {}", fields.next()?, fields.next()?))
+        })
+        .next()
 }
 
-/// Detaches whatever is mounted on `path` (lazily: files still open there keep their mount).
+/// Detaches the mount on `path` (lazily: files still open there keep their mount).
 fn detach(path: &Path) {
     let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return;
@@ -475,7 +481,7 @@ fn detach(path: &Path) {
 /// on it keep failing; new opens get the new mount). A yolofs still answering on the control
 /// socket is not replaced.
 fn prepare_mount_point(mountpoint: &Path, control_socket: &Path) -> Result<()> {
-    if control::call(control_socket, &json!({"op": "status"})).is_ok() {
+    if control::call_within(control_socket, &json!({"op": "status"}), Duration::from_secs(2)).is_ok() {
         bail!(
             "a yolofs is already running: its control socket {} answers",
             control_socket.display()
@@ -489,12 +495,16 @@ fn prepare_mount_point(mountpoint: &Path, control_socket: &Path) -> Result<()> {
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if is_mount_point(&absolute) {
-            warn!(
-                "{} is still mounted (a yolofs that died); detaching it",
-                absolute.display()
-            );
-            detach(&absolute);
+        match mounted_filesystem(&absolute).as_deref() {
+            None => {}
+            Some("fuse yolofs" | "fuse.yolofs yolofs") => {
+                warn!(
+                    "{} is still mounted (a yolofs that died); detaching it",
+                    absolute.display()
+                );
+                detach(&absolute);
+            }
+            Some(other) => bail!("{} is a mount point already ({other})", absolute.display()),
         }
         match std::fs::create_dir_all(&absolute) {
             Ok(()) => return Ok(()),

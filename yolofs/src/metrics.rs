@@ -213,12 +213,9 @@ impl Collector for DaemonMetrics {
             counters(
                 e,
                 "yolofs_observed_boots",
-                "Boots served from a boot image, by whether they were partial (under 90% of their bytes from it).",
+                "Boots served from a boot image, by whether they were partial (under 90% of the bytes that reached yolofs came from it).",
                 [
-                    (
-                        [("partial", "false")],
-                        c.observed.load(Relaxed).saturating_sub(c.partial.load(Relaxed)),
-                    ),
+                    ([("partial", "false")], c.complete.load(Relaxed)),
                     ([("partial", "true")], c.partial.load(Relaxed)),
                 ],
             )?;

@@ -29,9 +29,9 @@ use log::{info, warn};
 use serde::Serialize;
 
 use crate::build::{self, TraceRead};
-use crate::format::{BootImage, SourceIdentity};
+use crate::format::{self, BootImage, SourceIdentity};
 use crate::stats::{BootRecord, StatsRegistry};
-use crate::store::{self, BootImageStore};
+use crate::store::{self, BootImageKey, BootImageStore};
 
 /// An observed boot that read less than this share of its bytes from its boot image is partial.
 pub const PARTIAL_COVERAGE: f64 = 0.9;
@@ -119,7 +119,8 @@ pub struct Recorder {
     store: Arc<BootImageStore>,
     stats: Arc<StatsRegistry>,
     active: Mutex<HashMap<String, Arc<Recording>>>,
-    /// Builds in progress, joined by [`Recorder::wait_idle`] (tests, shutdown).
+    /// Builds under way (and some just finished), joined by [`Recorder::wait_idle`] (tests,
+    /// shutdown, `record_stop`).
     builds: Mutex<Vec<thread::JoinHandle<()>>>,
     counters: RecorderCounters,
 }
@@ -132,8 +133,8 @@ pub struct RecorderCounters {
     pub learned: AtomicU64,
     /// Learning windows that ended without reads, or whose boot image could not be built.
     pub failed: AtomicU64,
-    /// Observed boots, and those that were partial.
-    pub observed: AtomicU64,
+    /// Observed boots, complete and partial.
+    pub complete: AtomicU64,
     pub partial: AtomicU64,
     /// Observed boots whose reads outside the boot image extended it.
     pub extended: AtomicU64,
@@ -277,7 +278,8 @@ impl Recorder {
     fn finish(self: &Arc<Self>, recording: Arc<Recording>, ended_by: &'static str) {
         recording.finished.store(true, Ordering::Relaxed);
         let recorder = self.clone();
-        let handle = thread::Builder::new()
+        let name = recording.name.clone();
+        let spawned = thread::Builder::new()
             .name("yolofs-build".into())
             .spawn(move || match &recording.boot_image {
                 None => {
@@ -292,9 +294,16 @@ impl Recorder {
                     outcome.fetch_add(1, Ordering::Relaxed);
                 }
                 Some(image) => recorder.conclude_observed(&recording, image, ended_by),
-            })
-            .expect("spawn build thread");
-        self.builds.lock().unwrap().push(handle);
+            });
+        match spawned {
+            Ok(handle) => {
+                let mut builds = self.builds.lock().unwrap();
+                // Finished ones are dropped (detached), so only those under way are kept.
+                builds.retain(|build| !build.is_finished());
+                builds.push(handle);
+            }
+            Err(e) => warn!("{name}: the boot window ended, but nothing can be built now: {e}"),
+        }
     }
 
     /// Builds the boot image of a finished learning window; false if there was nothing to learn.
@@ -318,7 +327,7 @@ impl Recorder {
             rendition: "raw".into(),
             ..Default::default()
         };
-        let summary = self.build_into_store(&recording.name, &recording.source, &reads, &identity)?;
+        let summary = self.build_into_store(&recording.name, &recording.source, &reads, &identity, None)?;
         info!(
             "{}: learned a boot image{} from {} reads: {} bytes in {} extents, built in {:.2}s",
             recording.name,
@@ -336,16 +345,28 @@ impl Recorder {
     }
 
     /// Builds a boot image of `reads` from `source` into the store, stamped as verified for the
-    /// file as it was before the build read it, and drops what was known of the old one.
+    /// file as it was before the build read it, and drops what was known of the old one. Only
+    /// if the store still holds `replaces` for `name` (None: no boot image): one installed or
+    /// built meanwhile is not overwritten.
     fn build_into_store(
         &self,
         name: &str,
         source: &File,
         reads: &[TraceRead],
         identity: &SourceIdentity,
+        replaces: Option<BootImageKey>,
     ) -> anyhow::Result<build::BuildSummary> {
-        let source_key = store::SourceKey::of(source)?;
+        let _exclusive = self.store.exclusive();
         let output = self.store.path_for(name);
+        let current = format::read_header(&output).ok().map(|h| BootImageKey {
+            header_crc32c: h.header_crc32c,
+            index_crc32c: h.index_crc32c,
+        });
+        if current != replaces {
+            anyhow::bail!("its boot image changed meanwhile (installed or built); it is kept");
+        }
+        let source_key = store::SourceKey::settled(source, Duration::from_secs(10))?
+            .ok_or_else(|| anyhow::anyhow!("the base file keeps changing"))?;
         let summary = build::build_boot_image(reads, source, identity, self.config.block_size, &output)?;
         let image = BootImage::open(&output)?;
         store::write_stamp(&output, &image, source_key)?;
@@ -375,7 +396,6 @@ impl Recorder {
         }
         let coverage = memory as f64 / (memory + passthrough) as f64;
         let partial = coverage < PARTIAL_COVERAGE;
-        self.counters.observed.fetch_add(1, Ordering::Relaxed);
         if partial {
             self.counters.partial.fetch_add(1, Ordering::Relaxed);
             warn!(
@@ -383,6 +403,8 @@ impl Recorder {
                 recording.name,
                 100.0 * coverage
             );
+        } else {
+            self.counters.complete.fetch_add(1, Ordering::Relaxed);
         }
         let extended_bytes = if self.config.learn && passthrough > 0 {
             match self.extend(recording, image, &reads) {
@@ -461,7 +483,13 @@ impl Recorder {
                 self.store.config().max_boot_image_bytes
             );
         }
-        let summary = self.build_into_store(&recording.name, &recording.source, &all, &image.identity)?;
+        let summary = self.build_into_store(
+            &recording.name,
+            &recording.source,
+            &all,
+            &image.identity,
+            Some(BootImageKey::of(image)),
+        )?;
         let added = summary.covered_bytes.saturating_sub(old);
         self.counters.extended.fetch_add(1, Ordering::Relaxed);
         info!(

@@ -28,7 +28,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use log::{debug, info, warn};
 use lru::LruCache;
@@ -75,9 +75,35 @@ pub struct SourceKey {
     pub ctime_ns: i128,
 }
 
+/// How long after its last change a base file's ctime is trusted to move at the next write: a
+/// filesystem with coarse timestamps (one tick, before Linux 6.13's multigrain ones) leaves the
+/// ctime where it is for a write in the same tick as the one that set it (git's "racily clean").
+pub const SETTLE: Duration = Duration::from_secs(1);
+
 impl SourceKey {
     pub fn of(file: &File) -> std::io::Result<SourceKey> {
         Ok(SourceKey::from_metadata(&file.metadata()?))
+    }
+
+    /// The key of `file` once its ctime is at least [`SETTLE`] old, so that any later write moves
+    /// it; waits for that up to `wait`, and is None if the file keeps changing.
+    pub fn settled(file: &File, wait: Duration) -> std::io::Result<Option<SourceKey>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let key = SourceKey::of(file)?;
+            let now_ns = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i128);
+            let age = now_ns.saturating_sub(key.ctime_ns);
+            if age >= SETTLE.as_nanos() as i128 {
+                return Ok(Some(key));
+            }
+            let pause = Duration::from_nanos((SETTLE.as_nanos() as i128 - age).max(1_000_000) as u64);
+            if Instant::now() + pause > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(pause);
+        }
     }
 
     pub fn from_metadata(meta: &Metadata) -> SourceKey {
@@ -143,7 +169,9 @@ pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: SourceKey)
 /// matches, writes the verification stamp next to the boot image: what `yolofs verify --mark`
 /// does, and what an install does in the staging directory.
 pub fn verify_and_stamp(boot_image_path: &Path, image: &BootImage, source: &File) -> Result<(), StampError> {
-    let key = SourceKey::of(source).map_err(StampError::Write)?;
+    let key = SourceKey::settled(source, Duration::from_secs(10))
+        .map_err(StampError::Write)?
+        .ok_or(StampError::Changing)?;
     image.verify_against(source)?;
     write_stamp(boot_image_path, image, key).map_err(StampError::Write)
 }
@@ -155,6 +183,8 @@ pub enum StampError {
     Mismatch(#[from] VerifyError),
     #[error("writing the verification stamp: {0}")]
     Write(std::io::Error),
+    #[error("the base file kept changing: it cannot be vouched for")]
+    Changing,
 }
 
 fn stamp_matches(boot_image_path: &Path, image: BootImageKey, source: &SourceKey) -> bool {
@@ -283,6 +313,8 @@ pub enum StoreError {
     Io { name: String, source: std::io::Error },
     #[error("boot image for {name} was refused earlier: {reason}")]
     Refused { name: String, reason: String },
+    #[error("{0} keeps changing: its boot image is not used")]
+    Changing(String),
 }
 
 impl StoreError {
@@ -293,7 +325,7 @@ impl StoreError {
             StoreError::Mismatch { .. } => Some("mismatch"),
             StoreError::WrongSize { .. } => Some("wrong_size"),
             StoreError::Io { .. } => Some("io"),
-            StoreError::Missing(_) | StoreError::Refused { .. } => None,
+            StoreError::Missing(_) | StoreError::Refused { .. } | StoreError::Changing(_) => None,
         }
     }
 }
@@ -343,6 +375,14 @@ struct Rejection {
     reason: String,
 }
 
+#[derive(Default)]
+struct ReverifyQueue {
+    /// Base file names, and when to verify each.
+    due: HashMap<String, Instant>,
+    /// Whether a thread works through it.
+    running: bool,
+}
+
 /// A summary of one loaded boot image, for `status`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadedInfo {
@@ -356,13 +396,15 @@ pub struct LoadedInfo {
 pub struct BootImageStore {
     config: StoreConfig,
     state: Mutex<StoreState>,
-    /// Held by installs and prunes: one at a time, so the staging directory holds only theirs.
+    /// Held by installs, prunes and builds ([`BootImageStore::exclusive`]): one at a time, so
+    /// the staging directory holds only theirs and no two write a boot image at once.
     install_lock: Mutex<()>,
     staged: AtomicU64,
     counters: StoreCounters,
     /// The state of each changed base file whose boot image was sent to be verified again
-    /// ([`BootImageStore::source_changed`]).
+    /// ([`BootImageStore::source_changed`]), and the queue of those to verify.
     reverified: Mutex<HashMap<String, SourceKey>>,
+    reverify_queue: Mutex<ReverifyQueue>,
 }
 
 struct StoreState {
@@ -389,6 +431,7 @@ impl BootImageStore {
             staged: AtomicU64::new(0),
             counters: StoreCounters::default(),
             reverified: Mutex::default(),
+            reverify_queue: Mutex::default(),
         }
     }
 
@@ -398,6 +441,12 @@ impl BootImageStore {
 
     pub fn counters(&self) -> &StoreCounters {
         &self.counters
+    }
+
+    /// The store to oneself: what writes boot images holds it (installs, prunes, the recorder's
+    /// builds).
+    pub fn exclusive(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.install_lock.lock().unwrap()
     }
 
     /// Path of the boot image for base file `name`.
@@ -542,6 +591,10 @@ impl BootImageStore {
                     source,
                 },
                 StampError::Write(e) => store_error(e),
+                StampError::Changing => InstallError::Base {
+                    name: name.into(),
+                    source: std::io::Error::other("it keeps changing"),
+                },
             })?;
             fs::write(&staged_id, image_id).map_err(store_error)?;
             fs::rename(&staged_stamp, stamp_path(&self.path_for(name))).map_err(store_error)?;
@@ -714,6 +767,10 @@ impl BootImageStore {
         match self.load(name, source) {
             Ok(image) => Some(image),
             Err(StoreError::Missing(_)) => None,
+            Err(err @ StoreError::Changing(_)) => {
+                info!("{err}");
+                None
+            }
             Err(err) => {
                 debug!("{name}: serving by passthrough: {err}");
                 None
@@ -727,7 +784,11 @@ impl BootImageStore {
             name: name.to_string(),
             source,
         };
-        let source_key = SourceKey::of(source).map_err(io)?;
+        // A file changed within the last second could change again without its ctime moving:
+        // wait for it to settle (a fresh download, at most a second), else serve it by passthrough.
+        let source_key = SourceKey::settled(source, 2 * SETTLE)
+            .map_err(io)?
+            .ok_or_else(|| StoreError::Changing(name.into()))?;
         let path = self.path_for(name);
         {
             let mut state = self.state.lock().unwrap();
@@ -855,31 +916,70 @@ impl BootImageStore {
     }
 
     /// Base file `name` in `source_dir` changed (a write, or its times set) since its boot image
-    /// was verified, and is now as `now` says: the boot image is dropped from memory and verified
-    /// again in the background, once per state of the file, so that the next boots find it
-    /// ready (or refused).
+    /// was verified, and is now as `now` says. Once per state of the file: the boot image is
+    /// dropped from memory and, if it was there (in use), queued to be verified again by one
+    /// background thread a second after the change, so that the next boots find it ready (or
+    /// refused) without verifying at open. Boot images not in memory are verified when next
+    /// loaded.
     pub fn source_changed(self: &Arc<Self>, source_dir: &Path, name: &str, now: SourceKey) {
-        if self.reverified.lock().unwrap().insert(name.to_string(), now) == Some(now) {
+        {
+            let mut seen = self.reverified.lock().unwrap();
+            if seen.get(name) == Some(&now) || !self.path_for(name).exists() {
+                return;
+            }
+            seen.insert(name.to_string(), now);
+        }
+        if !self.evict(name) {
             return;
         }
-        self.evict(name);
-        if !self.path_for(name).exists() {
+        let mut queue = self.reverify_queue.lock().unwrap();
+        queue
+            .due
+            .entry(name.to_string())
+            .or_insert_with(|| Instant::now() + SETTLE);
+        if queue.running {
             return;
         }
-        let (store, path, file) = (self.clone(), source_dir.join(name), name.to_string());
-        let spawned =
-            std::thread::Builder::new()
-                .name("yolofs-reverify".into())
-                .spawn(move || match open_regular_file(&path) {
-                    Ok(source) => match store.load(&file, &source) {
-                        Ok(_) => info!("{file}: boot image verified again after its base file changed"),
-                        Err(e) => debug!("{file}: not verified again: {e}"),
-                    },
-                    Err(e) => debug!("{file}: not verified again: {e}"),
-                });
-        if let Err(e) = spawned {
-            warn!("{name}: cannot verify its boot image again now: {e}");
-            self.reverified.lock().unwrap().remove(name);
+        let (store, source_dir) = (self.clone(), source_dir.to_path_buf());
+        match std::thread::Builder::new()
+            .name("yolofs-reverify".into())
+            .spawn(move || store.reverify_queued(&source_dir))
+        {
+            Ok(_) => queue.running = true,
+            Err(e) => {
+                warn!("cannot verify changed boot images again now: {e}");
+                queue.due.clear();
+            }
+        }
+    }
+
+    /// The queue of [`source_changed`](Self::source_changed), until it is empty.
+    fn reverify_queued(&self, source_dir: &Path) {
+        loop {
+            let (name, due) = {
+                let mut queue = self.reverify_queue.lock().unwrap();
+                let next = queue
+                    .due
+                    .iter()
+                    .min_by_key(|(_, due)| **due)
+                    .map(|(n, d)| (n.clone(), *d));
+                match next {
+                    Some(next) => next,
+                    None => {
+                        queue.running = false;
+                        return;
+                    }
+                }
+            };
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            self.reverify_queue.lock().unwrap().due.remove(&name);
+            match open_regular_file(&source_dir.join(&name)) {
+                Ok(source) => match self.load(&name, &source) {
+                    Ok(_) => info!("{name}: boot image verified again after its base file changed"),
+                    Err(e) => debug!("{name}: not verified again: {e}"),
+                },
+                Err(e) => debug!("{name}: not verified again: {e}"),
+            }
         }
     }
 
@@ -950,6 +1050,23 @@ impl BootImageStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_taken_once_the_file_has_settled() {
+        let file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut &file, b"just written").unwrap();
+        let started = Instant::now();
+        let key = SourceKey::settled(&file, Duration::from_secs(5)).unwrap().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        let now_ns = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as i128;
+        assert!(now_ns - key.ctime_ns >= SETTLE.as_nanos() as i128);
+        // Settled already: at once. Still changing past the wait: none.
+        let started = Instant::now();
+        assert_eq!(SourceKey::settled(&file, Duration::ZERO).unwrap(), Some(key));
+        assert!(started.elapsed() < Duration::from_millis(100));
+        std::io::Write::write_all(&mut &file, b" again").unwrap();
+        assert_eq!(SourceKey::settled(&file, Duration::from_millis(100)).unwrap(), None);
+    }
     use crate::build::{build_boot_image, TraceRead};
     use crate::format::SourceIdentity;
 

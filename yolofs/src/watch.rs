@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::thread;
 
-use inotify::{Inotify, WatchMask};
+use inotify::{EventMask, Inotify, WatchMask};
 use log::{debug, warn};
 
 use crate::fs::MirrorFs;
@@ -36,12 +36,30 @@ pub fn watch_source(fs: Arc<MirrorFs>, drop_cache: impl Fn(u64) + Send + 'static
                 }
             };
             for event in events {
-                let Some(name) = event.name.and_then(|n| n.to_str()) else {
-                    continue;
+                let names = if event.mask.contains(EventMask::Q_OVERFLOW) {
+                    // Events were lost: whatever changed, every file is to be treated as changed.
+                    warn!(
+                        "too many changes in {} at once: treating every file as changed",
+                        fs.source_root().display()
+                    );
+                    std::fs::read_dir(fs.source_root())
+                        .map(|entries| {
+                            entries
+                                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                                .collect::<Vec<_>>()
+                        })
+                        .unwrap_or_default()
+                } else {
+                    match event.name.and_then(|n| n.to_str()) {
+                        Some(name) => vec![name.to_string()],
+                        None => continue,
+                    }
                 };
-                debug!("{name}: changed ({:?})", event.mask);
-                for ino in fs.source_changed(name) {
-                    drop_cache(ino);
+                for name in names {
+                    debug!("{name}: changed ({:?})", event.mask);
+                    for ino in fs.source_changed(&name) {
+                        drop_cache(ino);
+                    }
                 }
             }
         }

@@ -325,7 +325,7 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     // Nova says which image the base file is before the boot: the boot image carries it.
     fixture.store().remember_image_id("disk", IMAGE_ID).unwrap();
     let (_, opened) = open_disk(&fs);
-    assert!(opened.recording && !opened.from_boot_image);
+    assert!(opened.direct_io && !opened.from_boot_image);
     let reads = [(1_000_000u64, 4096u32), (0, 512), (2_000_000, 70_000)];
     for (offset, size) in reads {
         fs.read(opened.fh, offset, size).unwrap();
@@ -352,9 +352,9 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
             (2_000_000 / 4096 * 4096, 73_728)
         ]
     );
-    // The next open is served from what was learned.
+    // The next open is served from what was learned (and watched, to extend it).
     let (_, opened) = open_disk(&fs);
-    assert!(opened.from_boot_image && !opened.recording);
+    assert!(opened.from_boot_image && opened.direct_io);
     check_random_reads(&fs, opened.fh, &fixture.content, 5);
     assert!(fixture.dir.path().join("images/disk.trace").exists());
 }
@@ -378,7 +378,7 @@ fn boots_from_a_boot_image_report_their_coverage() {
     let before = fixture.build_boot_image();
     let (fs, recorder, stats) = fixture.watching_mirror(Duration::from_millis(300), false);
     let (_, opened) = open_disk(&fs);
-    assert!(opened.from_boot_image && !opened.recording);
+    assert!(opened.from_boot_image && !opened.direct_io);
     let first = before.extents[0];
     fs.read(opened.fh, first.source_offset, first.length as u32).unwrap();
     fs.read(opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
@@ -464,7 +464,7 @@ fn learning_mounts_never_hand_out_kernel_served_inodes() {
     let (fs, _recorder) = fixture.learning_mirror(Duration::from_secs(60));
     fs.set_kernel_passthrough(true);
     let (_, opened) = open_disk(&fs);
-    assert!(opened.recording && !opened.kernel_passthrough);
+    assert!(opened.direct_io && !opened.kernel_passthrough);
 }
 
 #[test]
