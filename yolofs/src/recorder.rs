@@ -12,8 +12,8 @@
 //!   file belongs to when the store knows it (`remember`, made by Nova before the boot).
 //! - A boot served from a boot image is *observed*: its window counts the bytes served from memory
 //!   and passed through, which `ctl stats` reports per boot (its coverage), and a boot that read
-//!   much outside its boot image is marked partial. With `--learn`, what it read outside extends
-//!   the boot image, built again from the base file like a learned one and bounded (at most
+//!   much outside its boot image is marked partial. With `--learn`, what a partial boot read
+//!   outside extends the boot image, built again from the base file like a learned one and bounded (at most
 //!   doubling it per boot, never past `--max-boot-image-bytes`), so a boot image learned from a
 //!   window that closed too early heals at the next boot.
 
@@ -406,7 +406,10 @@ impl Recorder {
         } else {
             self.counters.complete.fetch_add(1, Ordering::Relaxed);
         }
-        let extended_bytes = if self.config.learn && passthrough > 0 {
+        // Only a partial boot extends its boot image: a few stray reads are not worth rebuilding
+        // it (which reads all of it from the base file again), and growth stays tied to what
+        // boots miss, not to whatever a guest reads in its first minutes.
+        let extended_bytes = if self.config.learn && partial {
             match self.extend(recording, image, &reads) {
                 Ok(added) => added,
                 Err(e) => {
