@@ -222,7 +222,7 @@ impl Collector for DaemonMetrics {
             single(
                 e,
                 "yolofs_boot_image_extensions",
-                "Boot images extended with what a boot read outside them (--learn).",
+                "Boot images extended with what a partial boot read outside them (--learn).",
                 ConstCounter::new(c.extended.load(Relaxed)),
             )?;
         }
