@@ -237,7 +237,7 @@ impl Daemon {
                 "loaded": self.store.loaded(),
                 "rejected": self.store.rejected().into_iter().map(|(n, r)| json!({"name": n, "reason": r})).collect::<Vec<_>>(),
                 "boot_images": self.store.boot_images(&self.source),
-                "learning": self.recorder.as_ref().is_some_and(|r| r.learns()),
+                "learning": self.fs.learns(),
                 "recording": self.recorder.as_ref().map(|r| r.active()).unwrap_or_default(),
                 "open_files": self.fs.open_handles(),
                 "pinned_bytes": self.pinned_bytes,

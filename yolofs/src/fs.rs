@@ -258,6 +258,11 @@ impl MirrorFs {
         self.kernel_passthrough.store(enabled, Ordering::Relaxed);
     }
 
+    /// Whether this mount learns boot images (`--learn`).
+    pub fn learns(&self) -> bool {
+        self.recorder.as_ref().is_some_and(|r| r.learns())
+    }
+
     pub fn source_root(&self) -> &Path {
         &self.source_root
     }
@@ -309,7 +314,7 @@ impl MirrorFs {
         let kernel = self.kernel_passthrough()
             && meta.is_file()
             && !is_transient(&name)
-            && !self.recorder.as_ref().is_some_and(|r| r.learns())
+            && !self.learns()
             && !self.store.has_usable(&name);
         if kernel {
             Serving::Kernel
@@ -399,9 +404,8 @@ impl MirrorFs {
         let opened = Opened {
             fh: self.next_fh.fetch_add(1, Ordering::Relaxed),
             from_boot_image: boot_image.is_some(),
-            direct_io: recording
-                .as_ref()
-                .is_some_and(|r| r.learning() || self.recorder.as_ref().is_some_and(|r| r.learns())),
+            // Learning windows exist only on learning mounts, where watched boots extend theirs.
+            direct_io: recording.is_some() && self.learns(),
             immutable: !is_transient(&name),
             kernel_passthrough,
         };

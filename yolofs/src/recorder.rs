@@ -358,10 +358,7 @@ impl Recorder {
     ) -> anyhow::Result<build::BuildSummary> {
         let _exclusive = self.store.exclusive();
         let output = self.store.path_for(name);
-        let current = format::read_header(&output).ok().map(|h| BootImageKey {
-            header_crc32c: h.header_crc32c,
-            index_crc32c: h.index_crc32c,
-        });
+        let current = format::read_header(&output).ok().map(|h| BootImageKey::of_header(&h));
         if current != replaces {
             anyhow::bail!("its boot image changed meanwhile (installed or built); it is kept");
         }

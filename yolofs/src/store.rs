@@ -135,6 +135,14 @@ impl BootImageKey {
             index_crc32c: image.index_crc32c,
         }
     }
+
+    /// The key of a boot image file read from its header alone.
+    pub fn of_header(header: &format::HeaderSummary) -> BootImageKey {
+        BootImageKey {
+            header_crc32c: header.header_crc32c,
+            index_crc32c: header.index_crc32c,
+        }
+    }
 }
 
 /// The record that a boot image matched a base file.
@@ -694,11 +702,7 @@ impl BootImageStore {
         };
         let stamped = match (&header, &base) {
             (Some(header), Some(meta)) => {
-                let key = BootImageKey {
-                    header_crc32c: header.header_crc32c,
-                    index_crc32c: header.index_crc32c,
-                };
-                stamp_matches(&path, key, &SourceKey::from_metadata(meta))
+                stamp_matches(&path, BootImageKey::of_header(header), &SourceKey::from_metadata(meta))
             }
             _ => false,
         };
@@ -789,14 +793,12 @@ impl BootImageStore {
         let source_key = SourceKey::settled(source, 2 * SETTLE)
             .map_err(io)?
             .ok_or_else(|| StoreError::Changing(name.into()))?;
+        if let Some(image) = self.cached(name, &source_key) {
+            return Ok(image);
+        }
         let path = self.path_for(name);
         {
-            let mut state = self.state.lock().unwrap();
-            if let Some(loaded) = state.loaded.get(name) {
-                if loaded.source == source_key {
-                    return Ok(loaded.image.clone());
-                }
-            }
+            let state = self.state.lock().unwrap();
             if let Some(rejection) = state.rejected.get(name) {
                 let same_file = boot_image_file_key(&path).ok() == Some(rejection.file_key);
                 if same_file && rejection.source == source_key {
