@@ -1057,15 +1057,11 @@ mod tests {
     fn a_key_is_taken_once_the_file_has_settled() {
         let file = tempfile::tempfile().unwrap();
         std::io::Write::write_all(&mut &file, b"just written").unwrap();
-        let started = Instant::now();
         let key = SourceKey::settled(&file, Duration::from_secs(5)).unwrap().unwrap();
-        assert!(started.elapsed() >= Duration::from_millis(900));
         let now_ns = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as i128;
         assert!(now_ns - key.ctime_ns >= SETTLE.as_nanos() as i128);
-        // Settled already: at once. Still changing past the wait: none.
-        let started = Instant::now();
+        // Settled already: no wait needed (none is allowed). Still changing past the wait: none.
         assert_eq!(SourceKey::settled(&file, Duration::ZERO).unwrap(), Some(key));
-        assert!(started.elapsed() < Duration::from_millis(100));
         std::io::Write::write_all(&mut &file, b" again").unwrap();
         assert_eq!(SourceKey::settled(&file, Duration::from_millis(100)).unwrap(), None);
     }
