@@ -142,12 +142,14 @@ class Mount:
 
     Extra command-line options are given as keyword arguments (``learn=True`` becomes
     ``--learn``, ``record_idle_secs=5`` becomes ``--record-idle-secs 5``). ``preexec_fn`` runs
-    in the child before yolofs starts (to join a cgroup, say).
+    in the child before yolofs starts (to join a cgroup, say). ``kept=True`` runs it under
+    ``yolofs keep``, which restarts it on the same mount whenever it dies.
     """
 
     def __init__(self, source, mountpoint, boot_images, control_socket,
-                 log_path=None, preexec_fn=None, **options):
+                 log_path=None, preexec_fn=None, kept=False, **options):
         self.preexec_fn = preexec_fn
+        self.kept = kept
         self.source = pathlib.Path(source)
         self.mountpoint = pathlib.Path(mountpoint)
         self.boot_images = pathlib.Path(boot_images)
@@ -158,7 +160,8 @@ class Mount:
         self.client = ControlClient(self.control_socket)
 
     def command(self):
-        cmd = [binary(), 'mount', '--source', str(self.source),
+        keeper = [binary(), 'keep', '--'] if self.kept else []
+        cmd = keeper + [binary(), 'mount', '--source', str(self.source),
                '--mountpoint', str(self.mountpoint),
                '--boot-images', str(self.boot_images),
                '--control-socket', str(self.control_socket)]

@@ -153,6 +153,8 @@ pub struct Daemon {
     pub host_load: Arc<HostLoadSampler>,
     pub pinned_bytes: u64,
     pub started: Instant,
+    /// This process took the mount over from an earlier yolofs (a restart under a keeper).
+    pub took_over_mount: bool,
 }
 
 fn base_file_name(file: &str) -> Result<&str, String> {
@@ -227,6 +229,8 @@ impl Daemon {
         match request {
             Request::Status => Ok(json!({
                 "version": env!("CARGO_PKG_VERSION"),
+                "pid": std::process::id(),
+                "took_over_mount": self.took_over_mount,
                 "source": self.source,
                 "mountpoint": self.mountpoint,
                 "boot_image_dir": self.store.config().dir,

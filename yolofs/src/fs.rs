@@ -1,8 +1,10 @@
 //! The semantics of the yolofs mount, independent of FUSE.
 //!
 //! yolofs is a read-only mirror of a source directory (Nova's `instances/_base`): same names, same
-//! attributes, same bytes. Inode numbers are our own, allocated per source (device, inode) pair, so
-//! a `.part` file renamed into place keeps its inode and a replaced file gets a new one.
+//! attributes, same bytes. Inode numbers are our own, a function of the source file (device,
+//! inode, birth time), so a `.part` file renamed into place keeps its inode, a replaced file gets
+//! a new one, and a yolofs that takes the mount over from a crashed one knows what the kernel
+//! holds (see `InodeTable`).
 //!
 //! A read of a file that has a verified boot image is assembled extent by extent: ranges the boot
 //! image covers are copied from memory, the gaps between them are read from the source file with
@@ -151,26 +153,81 @@ struct InodeEntry {
     path: PathBuf,
     source: (u64, u64),
     serving: Serving,
+    /// A `Kernel` inode handed out by an earlier yolofs on this mount: opened without passthrough.
+    inherited: bool,
 }
 
-/// Our inodes: their source path, source (device, inode) and serving; and back.
-#[derive(Default)]
+/// Inode numbers are a function of the source file, not a counter, so that a yolofs taking over
+/// the mount of one that crashed or was upgraded understands the numbers the kernel holds:
+/// - `Yolofs` inodes are even: `key << 1`, the key a hash of the source's device, inode number
+///   and birth time (a file recreated under a reused inode number is another inode);
+/// - `Kernel` inodes are odd and carry the generation of the yolofs that handed them out in their
+///   top bits: the kernel ties the passthrough opens of an inode to the backing file of the
+///   process that opened it first, which a later process cannot name, so each process hands out
+///   its own; ones inherited from an earlier process are served by yolofs (direct I/O, which the
+///   kernel lets coexist with passthrough opens).
+const GENERATION_SHIFT: u32 = 41;
+const KERNEL_KEY_MASK: u64 = (1 << (GENERATION_SHIFT - 1)) - 1;
+
+/// splitmix64's finaliser: a fixed, well-spread mix (std's hashers may change between releases,
+/// and inode numbers must not change with the yolofs binary).
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn source_key(meta: &Metadata) -> u64 {
+    let born = meta
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64);
+    mix(meta.dev() ^ mix(meta.ino() ^ mix(born)))
+}
+
+fn yolofs_ino(key: u64) -> u64 {
+    // Never 0 (invalid) nor 1 (the root).
+    (key << 1).max(2)
+}
+
+fn kernel_ino(key: u64, generation: u64) -> u64 {
+    generation << GENERATION_SHIFT | (key & KERNEL_KEY_MASK) << 1 | 1
+}
+
+/// A generation for this process's `Kernel` inodes: never 0, and different from an earlier
+/// process's but for a one in four million chance.
+fn new_generation() -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    (mix(now ^ u64::from(std::process::id()) << 32) >> GENERATION_SHIFT).max(1)
+}
+
+/// Our inodes: their source path, source (device, inode) and serving.
 struct InodeTable {
     entries: HashMap<u64, InodeEntry>,
-    by_source: HashMap<(u64, u64, Serving), u64>,
-    next: u64,
+    generation: u64,
 }
 
 impl InodeTable {
     fn ino_for(&mut self, meta: &Metadata, path: PathBuf, serving: Serving) -> u64 {
+        let key = source_key(meta);
+        let ino = match serving {
+            Serving::Yolofs => yolofs_ino(key),
+            Serving::Kernel => kernel_ino(key, self.generation),
+        };
         let source = (meta.dev(), meta.ino());
-        let next = &mut self.next;
-        let ino = *self.by_source.entry((source.0, source.1, serving)).or_insert_with(|| {
-            *next += 1;
-            *next
-        });
-        self.entries.insert(ino, InodeEntry { path, source, serving });
+        self.entries.insert(ino, InodeEntry { path, source, serving, inherited: false });
         ino
+    }
+
+    /// Whether `ino` is the number an earlier or this process gave the file `meta` describes.
+    fn names(ino: u64, meta: &Metadata) -> bool {
+        let key = source_key(meta);
+        if ino & 1 == 0 {
+            ino == yolofs_ino(key)
+        } else {
+            (ino >> 1) & KERNEL_KEY_MASK == key & KERNEL_KEY_MASK
+        }
     }
 }
 
@@ -187,6 +244,7 @@ pub struct OpenFile {
 /// How a file was opened, for the FUSE adapter's open flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Opened {
+    pub ino: u64,
     pub fh: u64,
     pub from_boot_image: bool,
     /// Every read must reach yolofs, not the page cache: the boot is being learned, or watched
@@ -231,21 +289,24 @@ impl MirrorFs {
             ));
         }
         let mut inodes = InodeTable {
-            next: ROOT_INO,
-            ..Default::default()
+            entries: HashMap::new(),
+            generation: new_generation(),
         };
         let root = InodeEntry {
             path: PathBuf::new(),
             source: (meta.dev(), meta.ino()),
             serving: Serving::Yolofs,
+            inherited: false,
         };
         inodes.entries.insert(ROOT_INO, root);
+        // Handles of this process never repeat an earlier one's, which the kernel may still hold.
+        let first_fh = inodes.generation << 40 | 1;
         Ok(MirrorFs {
             source_root: source_root.to_path_buf(),
             root_key: (meta.dev(), meta.ino()),
             inodes: RwLock::new(inodes),
             handles: RwLock::default(),
-            next_fh: AtomicU64::new(1),
+            next_fh: AtomicU64::new(first_fh),
             store,
             stats,
             recorder,
@@ -281,12 +342,15 @@ impl MirrorFs {
             self.store
                 .source_changed(&self.source_root, name, SourceKey::from_metadata(&meta));
         }
-        let inodes = self.inodes.read().unwrap();
-        // Both of the file's inodes: a kernel-served one is served by yolofs, through the page
+        let source = (meta.dev(), meta.ino());
+        // All of the file's inodes: a kernel-served one is served by yolofs, through the page
         // cache, once the kernel refuses passthrough.
-        [Serving::Yolofs, Serving::Kernel]
+        let inodes = self.inodes.read().unwrap();
+        inodes
+            .entries
             .iter()
-            .filter_map(|serving| inodes.by_source.get(&(meta.dev(), meta.ino(), *serving)).copied())
+            .filter(|(_, entry)| entry.source == source)
+            .map(|(ino, _)| *ino)
             .collect()
     }
 
@@ -303,9 +367,39 @@ impl MirrorFs {
     }
 
     fn entry(&self, ino: u64) -> Result<(PathBuf, (u64, u64), Serving)> {
-        let inodes = self.inodes.read().unwrap();
-        let entry = inodes.entries.get(&ino).ok_or(FsError::UnknownInode(ino))?;
-        Ok((entry.path.clone(), entry.source, entry.serving))
+        if let Some(entry) = self.inodes.read().unwrap().entries.get(&ino) {
+            return Ok((entry.path.clone(), entry.source, entry.serving));
+        }
+        self.inherit(ino)
+    }
+
+    /// An inode the kernel holds from an earlier yolofs on this mount (we took it over): found by
+    /// its number among the source's files (two levels deep: `_base` is flat).
+    fn inherit(&self, ino: u64) -> Result<(PathBuf, (u64, u64), Serving)> {
+        let mut dirs = vec![(PathBuf::new(), 0)];
+        while let Some((dir, depth)) = dirs.pop() {
+            for entry in fs::read_dir(self.source_root.join(&dir))?.flatten() {
+                let Ok(meta) = entry.metadata() else { continue };
+                let relative = dir.join(entry.file_name());
+                if InodeTable::names(ino, &meta) {
+                    let serving = if ino & 1 == 0 { Serving::Yolofs } else { Serving::Kernel };
+                    let source = (meta.dev(), meta.ino());
+                    let inherited = serving == Serving::Kernel;
+                    let entry = InodeEntry { path: relative.clone(), source, serving, inherited };
+                    log::info!("{}: inode {ino} taken over from an earlier yolofs", relative.display());
+                    self.inodes.write().unwrap().entries.insert(ino, entry);
+                    return Ok((relative, source, serving));
+                }
+                if meta.is_dir() && depth < 2 {
+                    dirs.push((relative, depth + 1));
+                }
+            }
+        }
+        Err(FsError::UnknownInode(ino))
+    }
+
+    fn is_inherited(&self, ino: u64) -> bool {
+        self.inodes.read().unwrap().entries.get(&ino).is_some_and(|e| e.inherited)
     }
 
     /// How a file is to be served now (see [`Serving`]).
@@ -379,12 +473,30 @@ impl MirrorFs {
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             return Err(FsError::ReadOnly);
         }
+        let (handle, serving) = self.open_source(ino, true)?;
+        handle.stats.opened();
+        // If passthrough was turned off since this inode was handed out, yolofs serves it (without
+        // a boot image: that goes with a fresh lookup); and an inherited inode is never passthrough.
+        let inherited = self.is_inherited(ino);
+        let opened = Opened {
+            ino,
+            fh: self.next_fh.fetch_add(1, Ordering::Relaxed),
+            from_boot_image: handle.boot_image.read().unwrap().is_some(),
+            // Learning windows exist only on learning mounts, where watched boots extend theirs.
+            direct_io: inherited || (handle.recording.is_some() && self.learns()),
+            immutable: !is_transient(&handle.name),
+            kernel_passthrough: serving == Serving::Kernel && self.kernel_passthrough() && !inherited,
+        };
+        self.handles.write().unwrap().insert(opened.fh, Arc::new(handle));
+        Ok(opened)
+    }
+
+    /// A new descriptor of an inode's source file, with its boot image and (if `observe`) the
+    /// boot window its reads belong to.
+    fn open_source(&self, ino: u64, observe: bool) -> Result<(OpenFile, Serving)> {
         let (relative, _, serving) = self.entry(ino)?;
         let source = File::open(self.source_root.join(&relative))?;
         let name = relative.to_string_lossy().into_owned();
-        // If passthrough was turned off since this inode was handed out, yolofs serves it (without
-        // a boot image: that goes with a fresh lookup).
-        let kernel_passthrough = serving == Serving::Kernel && self.kernel_passthrough();
         let meta = source.metadata()?;
         // The key before the store loads: if the file changes meanwhile, the first read sees it.
         let source_key = SourceKey::from_metadata(&meta);
@@ -394,21 +506,12 @@ impl MirrorFs {
             None
         };
         let recording = match (&self.recorder, &boot_image) {
-            _ if serving == Serving::Kernel || is_transient(&name) || meta.len() == 0 => None,
+            _ if !observe || serving == Serving::Kernel || is_transient(&name) || meta.len() == 0 => None,
             (Some(recorder), Some(image)) => recorder.observe(&name, &source, image.clone()),
             (Some(recorder), None) => recorder.begin(&name, &source),
             (None, _) => None,
         };
         let stats = self.stats.for_file(&name);
-        stats.opened();
-        let opened = Opened {
-            fh: self.next_fh.fetch_add(1, Ordering::Relaxed),
-            from_boot_image: boot_image.is_some(),
-            // Learning windows exist only on learning mounts, where watched boots extend theirs.
-            direct_io: recording.is_some() && self.learns(),
-            immutable: !is_transient(&name),
-            kernel_passthrough,
-        };
         let handle = OpenFile {
             name,
             source,
@@ -416,8 +519,7 @@ impl MirrorFs {
             recording,
             stats,
         };
-        self.handles.write().unwrap().insert(opened.fh, Arc::new(handle));
-        Ok(opened)
+        Ok((handle, serving))
     }
 
     /// Runs `f` with the source file of an open handle (the kernel passthrough backing file).
@@ -445,9 +547,22 @@ impl MirrorFs {
             .ok_or(FsError::UnknownHandle(fh))
     }
 
-    /// Reads up to `size` bytes at `offset`: fewer only at the end of the file.
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let handle = self.handle(fh)?;
+    /// A handle the kernel holds from an earlier yolofs on this mount (we took it over) is opened
+    /// again on its first read; its boot window, if it was in one, is not observed.
+    fn handle_or_reopen(&self, ino: u64, fh: u64) -> Result<Arc<OpenFile>> {
+        if let Ok(handle) = self.handle(fh) {
+            return Ok(handle);
+        }
+        let handle = Arc::new(self.open_source(ino, false)?.0);
+        log::info!("{}: file handle {fh} taken over from an earlier yolofs", handle.name);
+        let mut handles = self.handles.write().unwrap();
+        Ok(handles.entry(fh).or_insert(handle).clone())
+    }
+
+    /// Reads up to `size` bytes at `offset` of inode `ino` open as `fh`: fewer only at the end of
+    /// the file.
+    pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let handle = self.handle_or_reopen(ino, fh)?;
         let result = match self.fresh_boot_image(&handle)? {
             Some(image) => read_mixed(&image, &handle.source, offset, size as u64),
             None => pread_full(&handle.source, offset, size as u64).map(|data| {

@@ -210,7 +210,7 @@ impl fuser::Filesystem for FuseAdapter {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -218,7 +218,7 @@ impl fuser::Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(fh.0, offset, size) {
+        match self.fs.read(ino.0, fh.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(self.errno("read", &e)),
         }
@@ -240,7 +240,9 @@ impl fuser::Filesystem for FuseAdapter {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        reply.ok();
+        // Nothing to flush on a read-only mirror. ENOSYS tells the kernel never to ask again, so
+        // that no close(2) waits for yolofs (a process closing files while yolofs restarts).
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {

@@ -15,6 +15,7 @@ pub mod format;
 pub mod fs;
 pub mod fuse;
 pub mod hostload;
+pub mod keeper;
 pub mod metrics;
 pub mod pin;
 pub mod recorder;

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::ErrorKind;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use log::{info, warn};
 use serde_json::json;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use sha2::{Digest, Sha256};
 
 use yolofs::build::{self, BuildSummary};
@@ -20,6 +22,7 @@ use yolofs::format::{BootImage, SourceIdentity};
 use yolofs::fs::MirrorFs;
 use yolofs::fuse::FuseAdapter;
 use yolofs::hostload::HostLoadSampler;
+use yolofs::keeper;
 use yolofs::pin;
 use yolofs::recorder::{RecordConfig, Recorder};
 use yolofs::stats::StatsRegistry;
@@ -47,6 +50,15 @@ enum Command {
     /// foreground until SIGTERM or SIGINT, then unmounts). A mount left by a yolofs that died is
     /// detached first; files still open on it keep failing until their guest restarts.
     Mount(MountArgs),
+    /// Run COMMAND (a `yolofs mount`), hold its mount's /dev/fuse descriptor, and start it
+    /// again whenever it exits while the mount lives (crash, OOM kill, SIGHUP for an upgrade):
+    /// guests reading through the mount wait for the restart instead of failing. SIGTERM and
+    /// SIGINT are passed on; the keeper ends once yolofs has unmounted. systemd's file descriptor
+    /// store (FileDescriptorStoreMax=1) does the same for a yolofs it runs directly.
+    Keep {
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Build a boot image from a read trace and the source file.
     Build(BuildArgs),
     /// Show a boot image's header and extents.
@@ -189,7 +201,7 @@ struct BuildArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Mount(_) | Command::Pin { list: false, .. }) {
+    if !matches!(cli.command, Command::Mount(_) | Command::Keep { .. } | Command::Pin { list: false, .. }) {
         // A command whose output goes into `head` ends quietly when the pipe closes, as other
         // Unix tools do. The daemons keep ignoring SIGPIPE: a control client that goes away must
         // not stop the mount.
@@ -228,6 +240,7 @@ fn error_message(error: &anyhow::Error) -> String {
 fn run(command: Command) -> Result<()> {
     match command {
         Command::Mount(args) => mount(args),
+        Command::Keep { command } => std::process::exit(yolofs::keeper::keep(&command)?),
         Command::Build(args) => build_command(args),
         Command::Inspect {
             boot_image,
@@ -417,10 +430,13 @@ fn ctl(socket: &Path, mut request: control::Request) -> Result<()> {
     Ok(())
 }
 
-fn wait_for_termination() -> Result<i32> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+fn wait_for_signal(signals: &[i32]) -> Result<i32> {
+    let mut signals = signal_hook::iterator::Signals::new(signals)?;
     Ok(signals.forever().next().unwrap_or(SIGTERM))
+}
+
+fn wait_for_termination() -> Result<i32> {
+    wait_for_signal(&[SIGTERM, SIGINT])
 }
 
 fn pin_command(binaries: &[String], list: bool) -> Result<()> {
@@ -476,6 +492,53 @@ fn detach(path: &Path) {
     }
 }
 
+/// The mount point as /proc/self/mountinfo names it, resolved without touching the mount itself
+/// (a mount whose yolofs is restarting answers nothing until it is back).
+fn absolute_mount_point(mountpoint: &Path) -> PathBuf {
+    let absolute = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+            .map(|p| p.join(name))
+            .unwrap_or(absolute.clone()),
+        _ => absolute,
+    }
+}
+
+fn is_yolofs_mount(path: &Path) -> bool {
+    matches!(mounted_filesystem(path).as_deref(), Some("fuse yolofs" | "fuse.yolofs yolofs"))
+}
+
+/// The descriptor of our mount if a keeper passed it (a restart), and the mount is still there.
+fn inherited_mount(mountpoint: &Path, control_socket: &Path) -> Result<Option<std::os::fd::OwnedFd>> {
+    let Some(fd) = keeper::inherited_fuse_fd() else {
+        return Ok(None);
+    };
+    if control::call_within(control_socket, &json!({"op": "status"}), Duration::from_secs(2)).is_ok() {
+        bail!(
+            "a yolofs is already running: its control socket {} answers",
+            control_socket.display()
+        );
+    }
+    if is_yolofs_mount(&absolute_mount_point(mountpoint)) {
+        return Ok(Some(fd));
+    }
+    warn!("the keeper's FUSE descriptor has no mount on {} any more: mounting afresh", mountpoint.display());
+    keeper::forget();
+    Ok(None)
+}
+
+/// After a takeover: the kernel forgets the names it cached, so that the next open of each looks
+/// it up again and gets an inode of this process. (The kernel requires every open of an inode that
+/// is open with passthrough to be passthrough on the same backing file, which only the previous
+/// process knew: an inherited inode cannot be opened again while its passthrough opens last.)
+fn forget_cached_entries(notifier: &fuser::Notifier, source: &Path) {
+    let Ok(entries) = std::fs::read_dir(source) else { return };
+    for entry in entries.flatten() {
+        // ENOENT: the kernel had not cached it.
+        let _ = notifier.inval_entry(fuser::INodeNo(yolofs::fs::ROOT_INO), &entry.file_name());
+    }
+}
+
 /// Makes the mount point ready. A yolofs that was killed leaves its mount, answering ENOTCONN
 /// once the process is gone, and even while it is being reaped: it is detached (files still open
 /// on it keep failing; new opens get the new mount). A yolofs still answering on the control
@@ -487,17 +550,12 @@ fn prepare_mount_point(mountpoint: &Path, control_socket: &Path) -> Result<()> {
             control_socket.display()
         );
     }
-    let absolute = match (mountpoint.parent(), mountpoint.file_name()) {
-        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
-            .map(|p| p.join(name))
-            .unwrap_or_else(|_| mountpoint.to_path_buf()),
-        _ => mountpoint.to_path_buf(),
-    };
+    let absolute = absolute_mount_point(mountpoint);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match mounted_filesystem(&absolute).as_deref() {
             None => {}
-            Some("fuse yolofs" | "fuse.yolofs yolofs") => {
+            Some(_) if is_yolofs_mount(&absolute) => {
                 warn!(
                     "{} is still mounted (a yolofs that died); detaching it",
                     absolute.display()
@@ -550,7 +608,10 @@ fn mount(args: MountArgs) -> Result<()> {
         },
     };
     let source = wait_for_source(&args.source)?;
-    prepare_mount_point(&args.mountpoint, &args.control_socket)?;
+    let inherited = inherited_mount(&args.mountpoint, &args.control_socket)?;
+    if inherited.is_none() {
+        prepare_mount_point(&args.mountpoint, &args.control_socket)?;
+    }
     std::fs::create_dir_all(&args.boot_images)
         .with_context(|| format!("boot image store {}", args.boot_images.display()))?;
     let store = Arc::new(BootImageStore::new(StoreConfig {
@@ -607,9 +668,33 @@ fn mount(args: MountArgs) -> Result<()> {
         fuser::SessionACL::Owner
     };
     config.n_threads = Some(args.threads.max(1));
-    config.clone_fd = true;
-    let session = fuser::spawn_mount(adapter, &args.mountpoint, &config)
-        .with_context(|| format!("mounting {}", args.mountpoint.display()))?;
+    // The requests a dying yolofs has read wait for its successor only on the descriptor the
+    // keeper holds: a cloned one would fail them (ECONNABORTED) as the process goes.
+    let kept = keeper::present();
+    config.clone_fd = !kept;
+    let resumed = inherited.is_some();
+    let session = match inherited {
+        Some(fd) => {
+            info!("taking over the mount on {} from the previous yolofs", args.mountpoint.display());
+            fs.set_kernel_passthrough(!args.no_kernel_passthrough);
+            keeper::resend_in_flight(fd.as_fd());
+            fuser::Session::resume(adapter, fd, config.acl, config.clone())
+        }
+        None => {
+            let session = fuser::Session::new(adapter, &args.mountpoint, &config)
+                .with_context(|| format!("mounting {}", args.mountpoint.display()))?;
+            if kept {
+                if let Err(e) = keeper::store(session.as_fd()) {
+                    warn!("cannot hand the mount's descriptor to the keeper ({e}): a restart will mount afresh");
+                }
+            }
+            session
+        }
+    };
+    let session = session.spawn().context("starting the FUSE session")?;
+    if resumed {
+        forget_cached_entries(&session.notifier(), &source);
+    }
 
     let notifier = session.notifier();
     let watched = yolofs::watch::watch_source(fs.clone(), move |ino| {
@@ -631,6 +716,7 @@ fn mount(args: MountArgs) -> Result<()> {
         host_load,
         pinned_bytes: pinned.as_ref().map_or(0, |p| p.bytes()),
         started: Instant::now(),
+        took_over_mount: resumed,
     });
     if let Some(address) = args.metrics_address {
         let bound =
@@ -649,13 +735,32 @@ fn mount(args: MountArgs) -> Result<()> {
     );
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 
-    let signal = wait_for_termination()?;
+    let signal = loop {
+        match wait_for_signal(&[SIGTERM, SIGINT, SIGHUP])? {
+            SIGHUP if !kept => warn!("SIGHUP: no keeper holds the mount to hand it over; ignored"),
+            SIGHUP => {
+                // Not a destructor runs: the session's would unmount.
+                info!("SIGHUP: handing the mount on {} over to the next yolofs", args.mountpoint.display());
+                std::process::exit(0);
+            }
+            signal => break signal,
+        }
+    };
     info!("signal {signal}: unmounting {}", args.mountpoint.display());
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     if let Some(recorder) = &recorder {
         recorder.wait_idle();
     }
-    session.umount_and_join().context("unmounting")?;
+    if kept {
+        keeper::forget();
+    }
+    if resumed {
+        // The session did not mount, so it cannot unmount: the connection ends with the mount.
+        detach(&absolute_mount_point(&args.mountpoint));
+        session.join().context("unmounting")?;
+    } else {
+        session.umount_and_join().context("unmounting")?;
+    }
     let _ = std::fs::remove_file(&args.control_socket);
     drop(pinned);
     info!("unmounted");

@@ -105,12 +105,12 @@ fn open_disk(fs: &MirrorFs) -> (u64, yolofs::fs::Opened) {
     (attr.ino, fs.open(attr.ino, libc::O_RDONLY).unwrap())
 }
 
-fn check_random_reads(fs: &MirrorFs, fh: u64, content: &[u8], seed: u64) {
+fn check_random_reads(fs: &MirrorFs, opened: &yolofs::fs::Opened, content: &[u8], seed: u64) {
     let mut rng = SmallRng::seed_from_u64(seed);
     for _ in 0..2000 {
         let offset = rng.gen_range(0..content.len() as u64 + 10_000);
         let size = rng.gen_range(1..300_000u32);
-        let data = fs.read(fh, offset, size).unwrap();
+        let data = fs.read(opened.ino, opened.fh, offset, size).unwrap();
         let start = (offset as usize).min(content.len());
         let end = (offset as usize + size as usize).min(content.len());
         assert_eq!(data, &content[start..end], "read of {size} bytes at {offset}");
@@ -124,7 +124,7 @@ fn mixed_reads_equal_the_source_bytes() {
     let (fs, _, stats) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     assert!(opened.from_boot_image);
-    check_random_reads(&fs, opened.fh, &fixture.content, 1);
+    check_random_reads(&fs, &opened, &fixture.content, 1);
     let counters = &stats.snapshot(Some("disk"))["disk"];
     assert!(
         counters.requests_mixed > 0 && counters.requests_memory > 0 && counters.requests_passthrough > 0,
@@ -148,7 +148,7 @@ fn reads_are_exact_at_every_extent_boundary() {
                 (extent.length + 10_000) as u32,
             ),
         ] {
-            let data = fs.read(opened.fh, offset, size).unwrap();
+            let data = fs.read(opened.ino, opened.fh, offset, size).unwrap();
             assert_eq!(
                 data,
                 &fixture.content[offset as usize..(offset as usize + size as usize).min(SIZE)]
@@ -168,7 +168,7 @@ fn a_corrupt_boot_image_is_never_served() {
     let (fs, store, stats) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     assert!(!opened.from_boot_image);
-    check_random_reads(&fs, opened.fh, &fixture.content, 2);
+    check_random_reads(&fs, &opened, &fixture.content, 2);
     assert_eq!(stats.snapshot(Some("disk"))["disk"].bytes_memory, 0);
     let rejected = store.rejected();
     assert!(rejected[0].1.contains("checksum"), "{rejected:?}");
@@ -185,7 +185,7 @@ fn a_boot_image_of_other_data_is_never_served() {
     let (fs, store, stats) = fixture.mirror();
     let (_, opened) = open_disk(&fs);
     assert!(!opened.from_boot_image);
-    check_random_reads(&fs, opened.fh, &other, 3);
+    check_random_reads(&fs, &opened, &other, 3);
     assert_eq!(stats.snapshot(Some("disk"))["disk"].bytes_memory, 0);
     assert!(store.rejected()[0].1.contains("differs"), "{:?}", store.rejected());
 }
@@ -282,7 +282,7 @@ fn a_file_deleted_while_open_keeps_its_own_bytes() {
     let (_, opened) = open_disk(&fs);
     fs::remove_file(fixture.base().join("disk")).unwrap();
     fs::write(fixture.base().join("disk"), vec![0u8; SIZE]).unwrap();
-    check_random_reads(&fs, opened.fh, &fixture.content, 4);
+    check_random_reads(&fs, &opened, &fixture.content, 4);
 }
 
 #[test]
@@ -301,8 +301,8 @@ fn a_source_truncated_under_a_boot_image_is_read_as_it_now_is() {
         .unwrap();
     let gap_after_last = image.extents.last().unwrap().source_end();
     assert!(gap_after_last > 1 << 20);
-    assert!(fs.read(opened.fh, gap_after_last - 100, 5000).unwrap().is_empty());
-    assert_eq!(fs.read(opened.fh, 0, 4096).unwrap(), fixture.content[..4096]);
+    assert!(fs.read(opened.ino, opened.fh, gap_after_last - 100, 5000).unwrap().is_empty());
+    assert_eq!(fs.read(opened.ino, opened.fh, 0, 4096).unwrap(), fixture.content[..4096]);
 }
 
 #[test]
@@ -328,7 +328,7 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     assert!(opened.direct_io && !opened.from_boot_image);
     let reads = [(1_000_000u64, 4096u32), (0, 512), (2_000_000, 70_000)];
     for (offset, size) in reads {
-        fs.read(opened.fh, offset, size).unwrap();
+        fs.read(opened.ino, opened.fh, offset, size).unwrap();
     }
     fs.release(opened.fh);
     // The window closes after the idle gap; the build runs in the background.
@@ -355,7 +355,7 @@ fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     // The next open is served from what was learned (and watched, to extend it).
     let (_, opened) = open_disk(&fs);
     assert!(opened.from_boot_image && opened.direct_io);
-    check_random_reads(&fs, opened.fh, &fixture.content, 5);
+    check_random_reads(&fs, &opened, &fixture.content, 5);
     assert!(fixture.dir.path().join("images/disk.trace").exists());
 }
 
@@ -380,8 +380,8 @@ fn boots_from_a_boot_image_report_their_coverage() {
     let (_, opened) = open_disk(&fs);
     assert!(opened.from_boot_image && !opened.direct_io);
     let first = before.extents[0];
-    fs.read(opened.fh, first.source_offset, first.length as u32).unwrap();
-    fs.read(opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
+    fs.read(opened.ino, opened.fh, first.source_offset, first.length as u32).unwrap();
+    fs.read(opened.ino, opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
     windows_ended(&recorder);
     let boots = stats.snapshot(Some("disk"))["disk"].boots.clone();
     assert_eq!(boots.len(), 1);
@@ -403,8 +403,8 @@ fn what_a_boot_reads_outside_its_boot_image_extends_it_when_learning() {
     let before = fixture.build_boot_image();
     let (fs, recorder, stats) = fixture.watching_mirror(Duration::from_millis(300), true);
     let (_, opened) = open_disk(&fs);
-    fs.read(opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
-    check_random_reads(&fs, opened.fh, &fixture.content, 8);
+    fs.read(opened.ino, opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
+    check_random_reads(&fs, &opened, &fixture.content, 8);
     fs.release(opened.fh);
     windows_ended(&recorder);
     let after = BootImage::open(&fixture.boot_image_path()).unwrap();
@@ -424,7 +424,7 @@ fn what_a_boot_reads_outside_its_boot_image_extends_it_when_learning() {
     // Stamped (built from the file) and served: the next boot reads that range from memory.
     assert!(fixture.store().boot_images(&fixture.base())[0].verified);
     let (_, opened) = open_disk(&fs);
-    fs.read(opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
+    fs.read(opened.ino, opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
     windows_ended(&recorder);
     let boot = stats.snapshot(Some("disk"))["disk"].boots[1].clone();
     assert_eq!((boot.bytes_memory, boot.bytes_passthrough), (OUTSIDE.1 as u64, 0));
@@ -433,14 +433,14 @@ fn what_a_boot_reads_outside_its_boot_image_extends_it_when_learning() {
     let extended = BootImage::open(&fixture.boot_image_path()).unwrap();
     let (_, opened) = open_disk(&fs);
     for extent in &extended.extents {
-        fs.read(opened.fh, extent.source_offset, extent.length as u32).unwrap();
+        fs.read(opened.ino, opened.fh, extent.source_offset, extent.length as u32).unwrap();
     }
     let (gap, _) = *extended
         .uncovered(0, SIZE as u64)
         .iter()
         .find(|(_, length)| *length >= 4096)
         .unwrap();
-    fs.read(opened.fh, gap, 4096).unwrap();
+    fs.read(opened.ino, opened.fh, gap, 4096).unwrap();
     windows_ended(&recorder);
     let boot = stats.snapshot(Some("disk"))["disk"].boots[2].clone();
     assert!(
@@ -470,7 +470,7 @@ fn files_without_a_boot_image_get_a_kernel_served_inode_until_one_arrives() {
     // The kernel-served inode still opens as before (running VMs reopen their backing files).
     let again = fs.open(first_ino, libc::O_RDONLY).unwrap();
     assert!(again.kernel_passthrough);
-    check_random_reads(&fs, reopened.fh, &fixture.content, 6);
+    check_random_reads(&fs, &reopened, &fixture.content, 6);
     assert!(stats.snapshot(Some("disk"))["disk"].bytes_memory > 0);
     // Passthrough refused by the kernel: the kernel-served inode is then served by yolofs.
     fs.set_kernel_passthrough(false);
@@ -500,7 +500,54 @@ fn a_boot_image_installed_while_mounted_is_served_from_the_next_open() {
     store.install("disk", &base, &candidate, IMAGE_ID, None).unwrap();
     let (_, reopened) = open_disk(&fs);
     assert!(reopened.from_boot_image);
-    check_random_reads(&fs, reopened.fh, &fixture.content, 9);
+    check_random_reads(&fs, &reopened, &fixture.content, 9);
     // The open from before keeps reading the source file, with the same bytes.
-    check_random_reads(&fs, opened.fh, &fixture.content, 10);
+    check_random_reads(&fs, &opened, &fixture.content, 10);
+}
+
+#[test]
+fn a_later_process_understands_the_inodes_and_handles_of_an_earlier_one() {
+    let fixture = Fixture::new();
+    fixture.build_boot_image();
+    fs::write(fixture.base().join("other"), b"no boot image").unwrap();
+    let (earlier, _, _) = fixture.mirror();
+    earlier.set_kernel_passthrough(true);
+    let (ino, opened) = open_disk(&earlier);
+    let kernel_ino = earlier.lookup(ROOT_INO, "other".as_ref()).unwrap().ino;
+    assert!(earlier.open(kernel_ino, libc::O_RDONLY).unwrap().kernel_passthrough);
+
+    // The process that takes the mount over: what the kernel holds means the same files to it.
+    let (later, _, stats) = fixture.mirror();
+    later.set_kernel_passthrough(true);
+    assert_eq!(later.getattr(ino, None).unwrap().size, SIZE as u64);
+    // A handle opened by the earlier process reads on, from the boot image.
+    check_random_reads(&later, &opened, &fixture.content, 11);
+    assert!(stats.snapshot(Some("disk"))["disk"].bytes_memory > 0);
+    // Its own lookups give the same numbers for files served by yolofs, new ones for files the
+    // kernel serves (their passthrough opens belong to the earlier process).
+    assert_eq!(later.lookup(ROOT_INO, "disk".as_ref()).unwrap().ino, ino);
+    let own_kernel_ino = later.lookup(ROOT_INO, "other".as_ref()).unwrap().ino;
+    assert_ne!(own_kernel_ino, kernel_ino);
+    assert!(later.open(own_kernel_ino, libc::O_RDONLY).unwrap().kernel_passthrough);
+    // The earlier process's kernel-served inode opens, served by yolofs with direct I/O.
+    let inherited = later.open(kernel_ino, libc::O_RDONLY).unwrap();
+    assert!(inherited.direct_io && !inherited.kernel_passthrough);
+    assert_eq!(later.read(kernel_ino, inherited.fh, 0, 100).unwrap(), b"no boot image");
+    // Handles never repeat the earlier process's.
+    assert_ne!(inherited.fh, opened.fh);
+    // A number no process gave out is still unknown.
+    assert_eq!(later.getattr(ino ^ 2, None).unwrap_err().errno(), libc::ENOENT);
+}
+
+#[test]
+fn a_file_recreated_under_the_same_inode_number_is_another_inode() {
+    let fixture = Fixture::new();
+    let (fs, _, _) = fixture.mirror();
+    let path = fixture.base().join("disk");
+    let (first, _) = open_disk(&fs);
+    // ext4 hands a freed inode number out again at once; the birth time tells the files apart.
+    fs::remove_file(&path).unwrap();
+    fs::write(&path, &fixture.content).unwrap();
+    let (second, _) = open_disk(&fs);
+    assert_ne!(first, second);
 }
