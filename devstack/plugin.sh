@@ -160,7 +160,8 @@ function _yolo_unmount {
 function start_yolofs {
     _yolo_unmount
     local group=${YOLOFS_SOCKET_GROUP:-$(id -gn "$STACK_USER")}
-    run_process yolofs "$YOLOFS_BIN mount --source $YOLOFS_SOURCE --mountpoint $YOLOFS_MOUNTPOINT --boot-images $YOLOFS_BOOT_IMAGES --control-socket $YOLOFS_CONTROL_SOCKET --control-socket-group $group --control-socket-mode 0660 $YOLOFS_OPTIONS" "" root
+    # The keeper starts yolofs again on the same mount if it dies (docs/operations.md).
+    run_process yolofs "$YOLOFS_BIN keep -- $YOLOFS_BIN mount --source $YOLOFS_SOURCE --mountpoint $YOLOFS_MOUNTPOINT --boot-images $YOLOFS_BOOT_IMAGES --control-socket $YOLOFS_CONTROL_SOCKET --control-socket-group $group --control-socket-mode 0660 $YOLOFS_OPTIONS" "" root
 }
 
 # Started in extra, once glance-api answers. It boots tenants' images, so it runs as the stack

@@ -8,6 +8,12 @@ bytes served from the boot image.
 """
 
 import json
+import os
+import random
+import re
+import signal
+import statistics
+import time
 
 from yolo_common import images
 from yolo_common import qemu
@@ -53,3 +59,76 @@ def test_learn_then_boot_from_the_boot_image(image_cache, mount_factory, tmp_pat
     assert read > 1 << 20, stats
     assert stats['bytes_memory'] / read > 0.8, stats
     assert stats['errors'] == 0, stats
+
+
+# What a guest's kernel prints when a read of its disk fails.
+GUEST_IO_ERROR = re.compile(
+    rb'[^\n]*(?:I/O error|blk_update_request|critical medium error|EXT4-fs error|EXT4-fs warning'
+    rb'|Remounting filesystem read-only)[^\n]*')
+KILL_BOOTS = 20
+
+
+def sampled_reads(path, count=300, seed=21):
+    rng = random.Random(seed)
+    size = path.stat().st_size
+    with open(path, 'rb') as f:
+        return [os.pread(f.fileno(), 65536, rng.randrange(size)) for _ in range(count)]
+
+
+def serving_again(mount, dead_pid, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if mount.client.status()['pid'] != dead_pid:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    raise AssertionError('no yolofs took the mount over')
+
+
+def test_boots_reach_ready_while_yolofs_is_killed_under_them(
+        image_cache, mount_factory, tmp_path):
+    """yolofs under its keeper, SIGKILLed at a random moment of each of 20 boots: every boot
+    reaches ready, no guest sees an I/O error, and the mount reads the same bytes after."""
+    base = image_cache
+    store = tmp_path / 'boot-images'
+    learning = mount_factory(base.parent, boot_images=store, learn=True,
+                             record_idle_secs=600, record_max_secs=1800)
+    idle_seconds = boot_through(learning, base, tmp_path / 'learn.qcow2',
+                                tmp_path / 'learn-console.log')
+    assert learning.client.record_stop(base.name)['built'] is True
+    learning.stop()
+
+    mount = mount_factory(base.parent, boot_images=store, kept=True)
+    served = mount.mountpoint / base.name
+    before = sampled_reads(served)
+    assert before == sampled_reads(base)
+    rng = random.Random(20)
+    restarts = []
+    for n in range(KILL_BOOTS):
+        overlay = tmp_path / ('boot%d.qcow2' % n)
+        images.create_overlay(served, overlay)
+        console_log = tmp_path / ('boot%d-console.log' % n)
+        with qemu.Guest(overlay, console_log=console_log) as guest:
+            # Anywhere in the boot, early reads (kernel, initramfs) to late (sshd).
+            kill_at = rng.uniform(0.5, idle_seconds * 0.9)
+            try:
+                guest.wait_ready(kill_at)
+            except qemu.BootTimeout:
+                pid = mount.client.status()['pid']
+                os.kill(pid, signal.SIGKILL)
+                killed = time.monotonic()
+                serving_again(mount, pid)
+                restarts.append(time.monotonic() - killed)
+            guest.wait_ready(BOOT_TIMEOUT)
+        assert GUEST_IO_ERROR.findall(console_log.read_bytes()) == [], console_log
+        overlay.unlink()
+    print('yolofs killed in %d of %d boots; serving again after %.3f s (median), %.3f s (max)'
+          % (len(restarts), KILL_BOOTS, statistics.median(restarts), max(restarts)))
+    assert len(restarts) >= KILL_BOOTS * 3 // 4, restarts
+    status = mount.client.status()
+    assert status['took_over_mount'] and status['loaded'], status
+    assert sampled_reads(served) == before
+    stats = mount.client.stats(base.name)[base.name]
+    assert stats['errors'] == 0 and stats['bytes_memory'] > 0, stats

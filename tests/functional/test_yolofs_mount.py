@@ -521,8 +521,8 @@ def test_files_served_by_the_kernel_outlive_a_restart(mount_factory, base_dir, c
         os.close(held)
 
 
-def test_sighup_to_the_keeper_restarts_yolofs_on_the_same_mount(mount_factory, base_dir,
-                                                                 boot_image_dir, content):
+def test_sighup_to_the_keeper_restarts_yolofs_on_the_same_mount(
+        mount_factory, base_dir, boot_image_dir, content):
     """How yolofs is upgraded under its guests: SIGHUP (systemctl reload)."""
     mount = mount_factory(base_dir, boot_images=boot_image_dir, kept=True)
     readers = Readers(mount.mountpoint / NAME, content, count=2)
@@ -573,8 +573,9 @@ class ServiceManager:
             env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=':'.join(self.stored))
         moves = ' '.join('%d<&%d' % (3 + i, fd) for i, fd in enumerate(fds))
         # bash, not sh: dash takes only one-digit descriptors in redirections.
-        return subprocess.Popen(['bash', '-c', 'LISTEN_PID=$$ exec "$@" %s' % moves, 'bash'] + command,
-                                env=env, pass_fds=fds, stdout=log, stderr=subprocess.STDOUT)
+        shell = ['bash', '-c', 'LISTEN_PID=$$ exec "$@" %s' % moves, 'bash']
+        return subprocess.Popen(shell + command, env=env, pass_fds=fds, stdout=log,
+                                stderr=subprocess.STDOUT)
 
 
 def test_a_killed_keeper_gets_the_mount_back_from_the_service_manager(

@@ -117,6 +117,8 @@ def test_yolofs_runs_as_root_with_the_socket_for_nova_computes_group(tmp_path):
     assert (name, group, user) == ('yolofs', '', 'root')
     data = node.dest / 'data'
     assert command.split() == [
+        # The keeper starts yolofs again on the same mount whenever it dies.
+        '/usr/local/bin/yolofs', 'keep', '--',
         '/usr/local/bin/yolofs', 'mount', '--source', str(data / 'nova/instances/_base'),
         '--mountpoint', str(data / 'nova/yolofs'),
         '--boot-images', str(data / 'yolo/boot-images'),

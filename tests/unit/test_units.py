@@ -60,7 +60,7 @@ def exec_start(service, env):
 def test_yolofs_gets_every_default_option():
     service = unit('yolofs.service')['Service']
     args = exec_start(service, environment(service))
-    assert args[:2] == ['/usr/local/bin/yolofs', 'mount']
+    assert args[:5] == ['/usr/local/bin/yolofs', 'keep', '--', '/usr/local/bin/yolofs', 'mount']
     for flag in ('--learn', '--mlock', '--pin-qemu', '--metrics-address'):
         assert flag in args, args
     assert args[args.index('--record-idle-secs') + 1] == '30'
@@ -76,6 +76,9 @@ def test_yolofs_restarts_stays_visible_and_is_reclaimed_last():
     assert one(service, 'KillMode') == 'mixed' and one(service, 'KillSignal') == 'SIGTERM'
     assert -1000 < int(one(service, 'OOMScoreAdjust')) <= -500
     assert one(service, 'RuntimeDirectoryPreserve') == 'restart'
+    # The mount outlives yolofs' restarts: the keeper holds it, and systemd holds it for the keeper.
+    assert int(one(service, 'FileDescriptorStoreMax')) >= 1
+    assert one(service, 'ExecReload') == '/bin/kill -HUP $MAINPID'
     assert not MOUNT_NAMESPACE_OPTIONS & set(service), 'the mount would be private to yolofs'
     assert 'CAP_SYS_ADMIN' in one(service, 'CapabilityBoundingSet')
     # yolofs makes its mount point itself, after detaching a dead mount there.

@@ -516,7 +516,8 @@ start_yolofs() {
         install -d -m 0755 "$YOLOFS_MOUNTPOINT"
     fi
     # shellcheck disable=SC2086 # the options are word-split on purpose
-    start_service yolofs root "$YOLOFS_BIN" mount --source "$YOLOFS_SOURCE" \
+    # The keeper starts yolofs again on the same mount if it dies (docs/operations.md).
+    start_service yolofs root "$YOLOFS_BIN" keep -- "$YOLOFS_BIN" mount --source "$YOLOFS_SOURCE" \
         --mountpoint "$YOLOFS_MOUNTPOINT" --boot-images "$YOLOFS_BOOT_IMAGES" \
         --control-socket "$YOLOFS_CONTROL_SOCKET" --control-socket-group nova \
         --control-socket-mode 0660 $YOLOFS_OPTIONS

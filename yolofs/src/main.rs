@@ -47,8 +47,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Mount a read-only mirror of SOURCE that serves boot reads from boot images (runs in the
-    /// foreground until SIGTERM or SIGINT, then unmounts). A mount left by a yolofs that died is
-    /// detached first; files still open on it keep failing until their guest restarts.
+    /// foreground until SIGTERM or SIGINT, then unmounts).
+    ///
+    /// Recovery: under a keeper (`yolofs keep`, or systemd with FileDescriptorStoreMax=) yolofs
+    /// hands it the mount's /dev/fuse descriptor, and a yolofs started with it (LISTEN_FDS) takes
+    /// the mount over: the kernel sends again the requests the dead one left unanswered (Linux
+    /// 6.9+), open files read on, nothing in the guests fails. SIGHUP hands the mount over and
+    /// exits (an upgrade). Without a keeper, a mount left by a yolofs that died is detached
+    /// first; files still open on it keep failing until their guest restarts.
     Mount(MountArgs),
     /// Run COMMAND (a `yolofs mount`), hold its mount's /dev/fuse descriptor, and start it
     /// again whenever it exits while the mount lives (crash, OOM kill, SIGHUP for an upgrade):
