@@ -36,10 +36,11 @@ def convert_to_raw(source, dest, fmt=None, limits=None):
                          env_variables=CONVERT_ENVIRONMENT if limits else None)
 
 
-def create_overlay(backing, overlay, backing_format='raw'):
-    """A qcow2 instance disk over ``backing``, as Nova's Qcow2 image backend makes it."""
+def create_overlay(backing, overlay, backing_format='raw', size=None):
+    """A qcow2 instance disk over ``backing``, as Nova's Qcow2 image backend makes it
+    (``size``: its virtual size, if larger than the backing file)."""
     subprocess.run(['qemu-img', 'create', '-f', 'qcow2', '-F', backing_format,
-                    '-b', str(backing), str(overlay)],
+                    '-b', str(backing), str(overlay)] + ([str(size)] if size else []),
                    check=True, capture_output=True)
 
 

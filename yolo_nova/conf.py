@@ -86,6 +86,27 @@ instances are rebased back onto ``_base`` before they start: the driver then beh
 Where yolofs mirrors this host's image cache (``[DEFAULT] instances_path``/``_base``). Must match
 ``yolofs mount --mountpoint``.
 """),
+    cfg.BoolOpt(
+        'detach_after_boot', default=True,
+        help="""
+Move a running guest's disks from the yolofs mount to the same files in ``_base`` once its boot
+is over (two shallow block copies through libvirt, each ending with a pivot that holds the disk's
+I/O for milliseconds): after its boot a guest never depends on yolofs. Its next start puts it
+back on the mount.
+"""),
+    cfg.FloatOpt(
+        'detach_settle_seconds', default=10.0, min=0,
+        help="""
+A guest's boot is over once yolofs' boot window of its base file has ended (after
+``yolofs mount --record-idle-secs`` without a read) and at least this many seconds have passed
+since it started.
+"""),
+    cfg.FloatOpt(
+        'detach_max_seconds', default=600.0, min=0,
+        help="""
+Detach a guest this many seconds after its start even if reads of its base file go on (other
+guests of the same image booting, or a guest that reads its image for good).
+"""),
     cfg.StrOpt(
         'boot_image_dir', default='/var/lib/yolo/boot-images',
         deprecated_for_removal=True,

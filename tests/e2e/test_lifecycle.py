@@ -2,6 +2,7 @@
 guest ends with the guest ready again. The tests run in order on one server."""
 
 import subprocess
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -95,10 +96,13 @@ def test_resize_to_the_same_host(guest):
 
 
 def test_yolofs_stopped_under_a_guest_on_the_mount(guest, published_boot_image):
-    """yolofs stops while the guest runs from the mount: Nova's paths that read the disk's chain
-    or redefine the guest from its saved live XML work from _base."""
+    """yolofs stops while the guest runs from the mount (just booted: it leaves the mount once
+    its boot is over, and at once when yolofs stops): Nova's paths that read the disk's chain or
+    redefine the guest from its saved live XML work from _base."""
     source, _ = published_boot_image
     name = base_file_name(source['id'])
+    demo('server', 'reboot', '--hard', '--wait', guest.id, parse=False)
+    guest.wait_ready()
     assert backing_file(guest.id) == str(MOUNT_POINT / name)
     subprocess.run([str(AIO), 'stop-yolofs'], check=True)
     try:
@@ -120,6 +124,32 @@ def test_yolofs_stopped_under_a_guest_on_the_mount(guest, published_boot_image):
     demo('server', 'reboot', '--hard', '--wait', guest.id, parse=False)
     guest.wait_ready()
     assert backing_file(guest.id) == str(MOUNT_POINT / name)
+
+
+def domain_disk(server_id):
+    """(source, backing store source) of the running guest's disk in libvirt's live XML."""
+    domain = admin('server', 'show', server_id)['OS-EXT-SRV-ATTR:instance_name']
+    xml = ET.fromstring(subprocess.run(['virsh', '-c', 'qemu:///system', 'dumpxml', domain],
+                                       capture_output=True, text=True, check=True).stdout)
+    disk = xml.find('./devices/disk')
+    return disk.find('source').get('file'), disk.find('backingStore/source').get('file')
+
+
+def test_the_guest_leaves_the_mount_once_its_boot_is_over(guest, published_boot_image):
+    """Booted from the mount (the previous test's hard reboot), the running guest moves to _base
+    once its boot is over, and then runs on without yolofs: it reboots with yolofs stopped."""
+    source, _ = published_boot_image
+    base = str(BASE_DIR / base_file_name(source['id']))
+    # The boot window ends 30 s after the boot's last read (--record-idle-secs).
+    wait_until('guest of %s off the mount' % guest.id, 300,
+               lambda: backing_file(guest.id) == base)
+    assert domain_disk(guest.id) == (str(INSTANCES / guest.id / 'disk'), base)
+    subprocess.run([str(AIO), 'stop-yolofs'], check=True)
+    try:
+        demo('server', 'reboot', '--soft', '--wait', guest.id, parse=False)
+        guest.wait_ready()
+    finally:
+        subprocess.run([str(AIO), 'start-yolofs'], check=True)
 
 
 def test_delete(guest):

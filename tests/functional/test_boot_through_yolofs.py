@@ -63,7 +63,7 @@ def test_learn_then_boot_from_the_boot_image(image_cache, mount_factory, tmp_pat
 
 # What a guest's kernel prints when a read of its disk fails.
 GUEST_IO_ERROR = re.compile(
-    rb'[^\n]*(?:I/O error|blk_update_request|critical medium error|EXT4-fs error|EXT4-fs warning'
+    rb'[^\n]*(?:I/O error|blk_update_request|critical medium error|EXT4-fs error'
     rb'|Remounting filesystem read-only)[^\n]*')
 KILL_BOOTS = 20
 

@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import xml.etree.ElementTree as ET
 
 import fixtures
 from nova.compute import power_state
@@ -24,6 +25,7 @@ from nova.virt import fake as fake_virt
 from oslo_config import fixture as config_fixture
 import pytest
 
+from tests.functional.test_boot_through_yolofs import GUEST_IO_ERROR
 from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
 from yolo_common import images
 from yolo_common import qemu
@@ -178,8 +180,11 @@ def domain_xml(instance, disk, console_log):
 </domain>"""
 
 
-def test_libvirt_boots_the_driver_disk_from_the_boot_image(
+def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount(
         nova_host, libvirtd, world_readable_dir, test_image, mount_factory, tmp_path):
+    """The driver's disk boots from the boot image under libvirt; once the boot is over the
+    running guest moves to _base, so that it outlives yolofs: killed, the guest is reset (reading
+    its disk again, all of its boot) without an I/O error."""
     # A host of its own, in a directory libvirt's QEMU user can reach.
     root = world_readable_dir
     image_id = str(uuid.uuid4())
@@ -208,13 +213,14 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image(
     glance.images[image_id] = {'properties': {'yolo_boot_image_id': 'boot-image'}}
 
     store = root / 'boot-images'
+    # Boot windows end after 5 s without a read: the boot is over soon after the guest is ready.
     mount = yolofs.Mount(base.parent, root / 'yolofs', store, root / 'control.sock',
-                         log_path=tmp_path / 'yolofs.log')
+                         log_path=tmp_path / 'yolofs.log', record_idle_secs=5)
     nova_host.addCleanup(mount.stop)
     mount.start()
     nova_host.useFixture(config_fixture.Config(CONF)).config(
         mount_point=str(mount.mountpoint), control_socket=str(mount.control_socket),
-        group='yolo')
+        detach_settle_seconds=5, group='yolo')
     nova_host.useFixture(config_fixture.Config(CONF)).config(
         connection_uri=libvirtd, group='libvirt')
     drvr = make_driver(glance)
@@ -231,23 +237,51 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image(
     guest = drvr._create_guest(context, domain_xml(instance, disk, console_log), instance)
     try:
         assert drvr.get_info(instance).state == power_state.RUNNING
-        deadline = time.monotonic() + BOOT_TIMEOUT
-        while qemu.READY_MARKER not in read_bytes(console_log):
-            assert time.monotonic() < deadline, read_bytes(console_log)[-800:]
+        wait_for_console(console_log, qemu.READY_MARKER, count=1)
+        stats = mount.client.stats(base.name)[base.name]
+        read = stats['bytes_memory'] + stats['bytes_passthrough']
+        assert read > 1 << 20, stats
+        assert stats['bytes_memory'] / read > 0.8, stats
+        assert stats['errors'] == 0, stats
+        # The host reports the verified boot image to the scheduler.
+        resources = drvr._yolo_stats({'vcpus': 2})
+        assert resources['yolo_active'] == 'true'
+        assert image_id in resources['yolo_boot_images'].split(',')
+
+        # The boot is over: the running guest is moved to _base, its header, live and
+        # persistent XML all say so.
+        deadline = time.monotonic() + 300
+        while instance.uuid not in drvr.yolo_detacher.detached:
+            assert time.monotonic() < deadline, 'the guest never left the mount'
             time.sleep(0.5)
+        [(dev, first_pivot, second_pivot)] = drvr.yolo_detacher.detached[instance.uuid]
+        assert dev == 'vda' and 0 < first_pivot < 10 and 0 < second_pivot < 10
+        assert images.info(disk)['backing-filename'] == str(base)
+        live = ET.fromstring(guest.get_xml_desc())
+        assert live.find('./devices/disk/source').get('file') == str(disk)
+        assert live.find('./devices/disk/backingStore/source').get('file') == str(base)
+        inactive = ET.fromstring(guest.get_xml_desc(dump_inactive=True))
+        assert inactive.find('./devices/disk/source').get('file') == str(disk)
+        assert not pathlib.Path(str(disk) + '.yolo-detach').exists()
+
+        # yolofs dies (no keeper): the guest is reset and boots again in the same QEMU, reading
+        # its disk again, without a fault.
+        mount.process.kill()
+        mount.process.wait()
+        guest._domain.reset(0)
+        wait_for_console(console_log, qemu.READY_MARKER, count=2)
+        assert GUEST_IO_ERROR.findall(read_bytes(console_log)) == []
+        assert drvr.get_info(instance).state == power_state.RUNNING
     finally:
         guest.poweroff()
         guest.delete_configuration()
 
-    stats = mount.client.stats(base.name)[base.name]
-    read = stats['bytes_memory'] + stats['bytes_passthrough']
-    assert read > 1 << 20, stats
-    assert stats['bytes_memory'] / read > 0.8, stats
-    assert stats['errors'] == 0, stats
-    # The host reports the verified boot image to the scheduler.
-    resources = drvr._yolo_stats({'vcpus': 2})
-    assert resources['yolo_active'] == 'true'
-    assert image_id in resources['yolo_boot_images'].split(',')
+
+def wait_for_console(console_log, marker, count):
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    while read_bytes(console_log).count(marker) < count:
+        assert time.monotonic() < deadline, read_bytes(console_log)[-800:]
+        time.sleep(0.5)
 
 
 def read_bytes(path):

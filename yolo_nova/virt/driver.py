@@ -11,6 +11,8 @@ What it changes, and where (docs/nova-driver.md has the full list of Nova's path
 * Every start of a guest (spawn, reboot, power on, host restart, resume, rescue, unrescue,
   resize, migration, evacuation) first points its disks at the mount if yolofs is healthy, or
   back at ``_base`` if not, and asks yolofs to preload the boot images: an instance always starts.
+* Once a guest's boot is over, its disks move live from the mount to ``_base``
+  (:mod:`yolo_nova.virt.detach`): a running guest never depends on yolofs after its boot.
 * Host load, verified boot images and boot-time parameters go to the scheduler in the node's
   ``stats``; after the image cache manager's cleanups yolofs prunes its boot image store.
 """
@@ -24,6 +26,7 @@ from lxml import etree
 import nova.conf
 from nova import exception
 from nova.virt.libvirt import driver as libvirt_driver
+from nova.virt.libvirt import guest as libvirt_guest
 from nova.virt.libvirt import migration as libvirt_migrate
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
@@ -35,6 +38,7 @@ from yolo_nova import conf as yolo_conf
 from yolo_nova import host_stats
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
+from yolo_nova.virt import detach
 from yolo_nova.virt import imagebackend
 
 CONF = nova.conf.CONF
@@ -73,18 +77,35 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         # file in _base is named instead. Installed once, for good: a wrapper put in place and
         # taken away around each snapshot would race with concurrent snapshots.
         self.yolo_backing.name_base_files_in_nova()
+        self.yolo_detacher = detach.Detacher(
+            self.yolo_backing, self._yolo_guest, CONF.yolo.detach_settle_seconds,
+            CONF.yolo.detach_max_seconds) if CONF.yolo.detach_after_boot else None
+
+    def _yolo_guest(self, instance_uuid):
+        """The libvirt guest of an instance, None if it has none."""
+        try:
+            domain = self._host.get_connection().lookupByUUIDString(instance_uuid)
+        except Exception:
+            return None
+        return libvirt_guest.Guest(domain)
 
     # Every path that starts a guest goes through here.
     def _create_guest(self, context, xml, instance, power_on=True, pause=False,
                       post_xml_callback=None):
-        if power_on or pause:
-            self._place_backing_files(xml, instance)
-            # A domain XML saved from a running guest (unrescue's) names the backing chain it
-            # had, the mount maybe: libvirt would open that rather than what the disks' headers
-            # now say. Without it, libvirt reads the chain from the headers just placed.
-            xml = without_backing_stores(xml)
-        return super()._create_guest(context, xml, instance, power_on=power_on, pause=pause,
-                                     post_xml_callback=post_xml_callback)
+        with detach.lock(instance.uuid):
+            on_mount = []
+            if power_on or pause:
+                on_mount = self._place_backing_files(xml, instance)
+                # A domain XML saved from a running guest (unrescue's) names the backing chain it
+                # had, the mount maybe: libvirt would open that rather than what the disks'
+                # headers now say. Without it, libvirt reads the chain from the headers just
+                # placed.
+                xml = without_backing_stores(xml)
+            guest = super()._create_guest(context, xml, instance, power_on=power_on,
+                                          pause=pause, post_xml_callback=post_xml_callback)
+        if on_mount and self.yolo_detacher is not None:
+            self.yolo_detacher.watch(instance.uuid, on_mount)
+        return guest
 
     # A soft reboot restarts QEMU on the same domain without _create_guest. If its disks need
     # yolofs and yolofs is down, decline it: Nova then hard reboots, which rebases them first.
@@ -97,17 +118,22 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         return super()._soft_reboot(instance)
 
     def _place_backing_files(self, xml, instance):
+        """Places the disks' backing files; returns the base names of those on the mount."""
         status = self.yolo_backing.status()
         healthy = status is not None
+        on_mount = []
         for path in qcow2_file_disks(xml):
             try:
+                detach.recover(path)
                 placed = self.yolo_backing.place(path, healthy)
             except Exception:
                 # The guest start that follows reports the real problem, if there is one.
                 LOG.exception('Could not set the backing file of %s', path, instance=instance)
                 continue
             if healthy and placed and self.yolo_backing.directory_of(placed) == 'mount':
+                on_mount.append(os.path.basename(placed))
                 self._preload(os.path.basename(placed), status, instance)
+        return on_mount
 
     def _preload(self, name, status, instance):
         if not self.yolo_boot_images.has_boot_image(name, status):
@@ -220,6 +246,27 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 value = getattr(measured or UNCALIBRATED, field)
             fields[field] = value
         return calibration.Calibration(cpus=1, **fields)
+
+
+def serialized_with_detach(method):
+    """``method`` of the driver, run under the instance's detach lock (see detach.lock)."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        instance = kwargs.get('instance')
+        if instance is None:
+            instance = next(a for a in args if hasattr(a, 'uuid') and hasattr(a, 'image_ref'))
+        with detach.lock(instance.uuid):
+            return method(self, *args, **kwargs)
+    return wrapped
+
+
+# Nova's operations on a guest's disks and domain: none runs while a detach copies its disks.
+for _name in ('snapshot', 'reboot', 'power_off', 'power_on', 'destroy', 'rescue', 'unrescue',
+              'suspend', 'resume', 'pause', 'unpause', 'live_migration',
+              'migrate_disk_and_power_off', 'attach_volume', 'detach_volume', 'swap_volume',
+              'volume_snapshot_create', 'volume_snapshot_delete'):
+    setattr(YoloLibvirtDriver, _name,
+            serialized_with_detach(getattr(libvirt_driver.LibvirtDriver, _name)))
 
 
 def returning_no_backing_stores(make_xml):

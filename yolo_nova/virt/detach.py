@@ -1,0 +1,204 @@
+"""Running guests leave the yolofs mount once their boot is over.
+
+A guest reads through yolofs only to boot faster; afterwards nothing it does needs yolofs, yet
+its disk's backing file is on the mount for as long as it runs, so a yolofs that dies would fail
+its reads. So once its boot is over the driver moves the running guest's disk onto the same file
+in ``_base``, live, with libvirt's block copy:
+
+1. ``disk.yolo-detach``, a new qcow2 over ``_base/<name>``, receives a shallow copy of ``disk``
+   (only what the guest wrote: the base file holds the same bytes as the mount's), then the guest
+   pivots onto it;
+2. ``disk`` is made again over ``_base/<name>``, receives the same copy back, and the guest pivots
+   onto it; ``disk.yolo-detach`` goes.
+
+Two copies, because libvirt has no call that only swaps a running disk's backing file
+(QEMU's blockdev-reopen is internal to it), and Nova must find the disk at its own path. Each
+pivot holds the disk's I/O while QEMU drains and switches (milliseconds); the vCPUs never stop.
+Afterwards libvirt's live and persistent XML and the disk's header all name ``_base``. A copy that
+fails before its pivot is abandoned (the guest stays where it was); one interrupted between the
+pivots leaves ``disk.yolo-detach`` as the current disk, which the next start renames back
+(:func:`recover`).
+
+A boot is over once yolofs' boot window of the base file has ended (no read for
+``--record-idle-secs``) and ``detach_settle_seconds`` have passed, or after
+``detach_max_seconds`` whatever yolofs says; a yolofs that does not answer is a reason to detach
+at once (the copies never read the backing file).
+"""
+
+import os
+import queue
+import threading
+import time
+import xml.etree.ElementTree as ET
+
+from oslo_log import log as logging
+
+from yolo_common import images
+
+LOG = logging.getLogger(__name__)
+
+DETACH_SUFFIX = '.yolo-detach'
+POLL_SECONDS = 2.0
+COPY_TIMEOUT = 300.0
+
+
+_locks = {}
+_locks_guard = threading.Lock()
+
+
+def lock(instance_uuid):
+    """Held by a detach, and by the driver's operations on a guest's disks (snapshots, reboots,
+    migrations...), so that neither sees the other's half-done work. Re-entrant: Nova's
+    operations call one another (a hard reboot destroys the guest first)."""
+    with _locks_guard:
+        return _locks.setdefault(instance_uuid, threading.RLock())
+
+
+def recover(disk_path):
+    """Before a start: a detach interrupted between its pivots left the current disk at
+    ``disk.yolo-detach`` (``disk`` itself then holds no more than the base's bytes)."""
+    interrupted = disk_path + DETACH_SUFFIX
+    if os.path.exists(interrupted):
+        LOG.warning('%s is the current disk of an interrupted detach: moving it back to %s',
+                    interrupted, disk_path)
+        os.replace(interrupted, disk_path)
+
+
+def boot_is_over(status, base_names, elapsed, settle_seconds, max_seconds):
+    """Whether to detach now, ``elapsed`` seconds after the guest's start. ``status``: yolofs'
+    status answer, None if it does not answer."""
+    if status is None or elapsed >= max_seconds:
+        return True
+    windows = {window['name'] for window in status.get('recording') or ()}
+    return elapsed >= settle_seconds and not windows & set(base_names)
+
+
+def disks_on_mount(domain_xml, backing_files):
+    """[(target dev, disk path, base name)] of the domain's qcow2 disks backed by the mount."""
+    found = []
+    for disk in ET.fromstring(domain_xml).iterfind('./devices/disk'):
+        driver, source, target = disk.find('driver'), disk.find('source'), disk.find('target')
+        if disk.get('type') != 'file' or driver is None or driver.get('type') != 'qcow2' \
+                or source is None or target is None:
+            continue
+        path = source.get('file')
+        if path and os.path.exists(path) and backing_files.uses_mount(path):
+            found.append((target.get('dev'), path, backing_base_name(path)))
+    return found
+
+
+def backing_base_name(disk_path):
+    return os.path.basename(images.info(disk_path)['backing-filename'])
+
+
+def move_backing(guest, dev, disk_path, backing_path):
+    """The two copies above, onto ``backing_path`` (a file with the same bytes as the current
+    backing file: ``_base``'s for a detach); returns the pivots' durations in seconds."""
+    size = images.info(disk_path)['virtual-size']
+    interim = disk_path + DETACH_SUFFIX
+    images.create_overlay(backing_path, interim, size=size)
+    try:
+        first = copy_and_pivot(guest, dev, interim)
+    except Exception:
+        os.unlink(interim)
+        raise
+    # The guest runs on the interim disk: from here on, a failure leaves it there (recover()).
+    os.unlink(disk_path)
+    images.create_overlay(backing_path, disk_path, size=size)
+    second = copy_and_pivot(guest, dev, disk_path)
+    os.unlink(interim)
+    return first, second
+
+
+def copy_and_pivot(guest, dev, destination):
+    """A shallow block copy of ``dev`` into ``destination`` (a qcow2 over the same bytes as the
+    current backing file), then a pivot onto it; returns how long the pivot took."""
+    block = guest.get_block_device(dev)
+    xml = "<disk type='file'><driver type='qcow2'/><source file='%s'/></disk>" % destination
+    # TRANSIENT_JOB: libvirt refuses copies of persistent domains' disks otherwise (the job
+    # cannot be resumed if the guest stops meanwhile: then the copy is simply lost).
+    block.copy(xml, shallow=True, reuse_ext=True, transient=True)
+    deadline = time.monotonic() + COPY_TIMEOUT
+    try:
+        while not block.is_job_complete():
+            if time.monotonic() > deadline:
+                raise TimeoutError('the copy to %s did not converge in %ss'
+                                   % (destination, COPY_TIMEOUT))
+            time.sleep(0.05)
+        if block.get_job_info() is None:
+            raise RuntimeError('the copy to %s ended before its pivot (cancelled?)' % destination)
+        started = time.monotonic()
+        block.abort_job(pivot=True)
+        return time.monotonic() - started
+    except Exception:
+        if block.get_job_info() is not None:
+            block.abort_job()
+        raise
+
+
+class Detacher:
+    """Watches started guests and detaches each once its boot is over, one at a time, on a
+    thread of its own (a copy of a few megabytes, two pivots)."""
+
+    def __init__(self, backing_files, lookup_guest, settle_seconds, max_seconds):
+        self.backing_files = backing_files
+        self.lookup_guest = lookup_guest
+        self.settle_seconds = settle_seconds
+        self.max_seconds = max_seconds
+        # Instance uuid -> [(dev, first pivot seconds, second pivot seconds)] of its last detach.
+        self.detached = {}
+        self._incoming = queue.Queue()
+        self._thread = None
+        self._thread_lock = threading.Lock()
+
+    def watch(self, instance_uuid, base_names):
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name='yolo-detach',
+                                                daemon=True)
+                self._thread.start()
+        self._incoming.put((instance_uuid, frozenset(base_names), time.monotonic()))
+
+    def _run(self):
+        watched = {}
+        while True:
+            try:
+                uuid, names, started = self._incoming.get(timeout=POLL_SECONDS)
+                watched[uuid] = (names, started)
+            except queue.Empty:
+                pass
+            if watched:
+                try:
+                    self._detach_finished_boots(watched)
+                except Exception:
+                    LOG.exception('Watching boots to detach guests from yolofs')
+
+    def _detach_finished_boots(self, watched):
+        status = self.backing_files.status()
+        now = time.monotonic()
+        for uuid, (names, started) in list(watched.items()):
+            if boot_is_over(status, names, now - started, self.settle_seconds, self.max_seconds):
+                del watched[uuid]
+                self.detach(uuid)
+
+    def detach(self, instance_uuid):
+        """Moves every disk of the running guest that is on the mount to ``_base``; returns
+        [(dev, first pivot seconds, second pivot seconds)]. Never raises: a guest left on the
+        mount runs on as before."""
+        done = []
+        try:
+            with lock(instance_uuid):
+                guest = self.lookup_guest(instance_uuid)
+                if guest is None or not guest.is_active():
+                    return done
+                for dev, path, name in disks_on_mount(guest.get_xml_desc(), self.backing_files):
+                    pivots = move_backing(guest, dev, path, self.backing_files.base_path(name))
+                    LOG.info('Detached %s (%s) from yolofs: now over %s; pivots %.1f and %.1f ms',
+                             dev, path, self.backing_files.base_path(name),
+                             pivots[0] * 1e3, pivots[1] * 1e3)
+                    done.append((dev,) + pivots)
+            self.detached[instance_uuid] = done
+        except Exception:
+            LOG.exception('Could not move instance %s off the yolofs mount: it stays there '
+                          'until its next start', instance_uuid)
+        return done
