@@ -47,7 +47,8 @@ def test_nova_works_with_yolofs_down_and_yolo_returns_with_it(
         subprocess.run([str(AIO), 'start-yolofs'], check=True)
         # The next start of a server puts its disk back on the mount; new boots use it.
         demo('server', 'reboot', '--hard', '--wait', server['id'], parse=False)
-        wait_for_ready(CLOUD, server['id'], previous=ready)
+        # Read as the guest starts: once its boot is over it leaves the mount.
         assert backing_file(server['id']) == str(MOUNT_POINT / name)
+        wait_for_ready(CLOUD, server['id'], previous=ready)
     finally:
         delete_server(CLOUD, server['id'])
