@@ -176,3 +176,25 @@ def drop_caches():
     os.sync()
     with open('/proc/sys/vm/drop_caches', 'w') as f:
         f.write('3\n')
+
+
+def libvirt_domain_xml(name, disk, console_log, uuid=None):
+    """A libvirt domain booting the qcow2 ``disk`` as Nova's guests do (virtio, ``cache=none``,
+    TCG), its serial console written to ``console_log``."""
+    uuid_element = '<uuid>%s</uuid>' % uuid if uuid else ''
+    return f"""<domain type='qemu'>
+  <name>{name}</name>{uuid_element}
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <features><acpi/></features>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2' cache='none' io='native'/>
+      <source file='{disk}'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <serial type='file'><source path='{console_log}'/><target port='0'/></serial>
+  </devices>
+</domain>"""

@@ -160,11 +160,11 @@ class Mount:
         self.client = ControlClient(self.control_socket)
 
     def command(self):
-        keeper = [binary(), 'keep', '--'] if self.kept else []
-        cmd = keeper + [binary(), 'mount', '--source', str(self.source),
-               '--mountpoint', str(self.mountpoint),
-               '--boot-images', str(self.boot_images),
-               '--control-socket', str(self.control_socket)]
+        cmd = [binary(), 'keep', '--'] if self.kept else []
+        cmd += [binary(), 'mount', '--source', str(self.source),
+                '--mountpoint', str(self.mountpoint),
+                '--boot-images', str(self.boot_images),
+                '--control-socket', str(self.control_socket)]
         for name, value in self.options.items():
             flag = '--' + name.replace('_', '-')
             if value is True:

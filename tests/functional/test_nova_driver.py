@@ -161,23 +161,8 @@ def world_readable_dir():
 
 
 def domain_xml(instance, disk, console_log):
-    return f"""<domain type='qemu'>
-  <name>instance-{instance.uuid[:8]}</name>
-  <uuid>{instance.uuid}</uuid>
-  <memory unit='MiB'>512</memory>
-  <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
-  <features><acpi/></features>
-  <devices>
-    <emulator>/usr/bin/qemu-system-x86_64</emulator>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='qcow2' cache='none' io='native'/>
-      <source file='{disk}'/>
-      <target dev='vda' bus='virtio'/>
-    </disk>
-    <serial type='file'><source path='{console_log}'/><target port='0'/></serial>
-  </devices>
-</domain>"""
+    return qemu.libvirt_domain_xml('instance-' + instance.uuid[:8], disk, console_log,
+                                   uuid=instance.uuid)
 
 
 def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount(

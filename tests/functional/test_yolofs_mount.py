@@ -462,6 +462,11 @@ class Readers:
                 self.failures.append('read of %d at %d: wrong bytes' % (length, offset))
             self.reads += 1
 
+    def read_on(self, count=20):
+        """Waits until `count` more reads have been made."""
+        reads = self.reads
+        wait_for(lambda: self.reads > reads + count)
+
     def finish(self):
         self.stop.set()
         for thread in self.threads:
@@ -485,10 +490,9 @@ def test_a_kept_mount_survives_kills_with_reads_in_flight(mount_factory, base_di
         pid, rng = first, random.Random(3)
         for _ in range(5):
             time.sleep(rng.uniform(0.2, 1.0))
-            reads_before = readers.reads
             os.kill(pid, signal.SIGKILL)
             pid = serving_pid(mount, other_than=pid)
-            wait_for(lambda: readers.reads > reads_before + 20)
+            readers.read_on()
     finally:
         reads = readers.finish()
     assert readers.failures == [], readers.failures[:5]
@@ -530,12 +534,10 @@ def test_sighup_to_the_keeper_restarts_yolofs_on_the_same_mount(
         pid = serving_pid(mount)
         mount.process.send_signal(signal.SIGHUP)
         serving_pid(mount, other_than=pid)
-        reads = readers.reads
-        wait_for(lambda: readers.reads > reads + 20)
+        readers.read_on()
     finally:
         readers.finish()
-    assert readers.failures == []
-    assert mount.client.status()['took_over_mount']
+    assert readers.failures == [] and mount.client.status()['took_over_mount']
 
 
 def test_sigterm_to_the_keeper_unmounts_and_ends_it(mount_factory, base_dir):
@@ -602,8 +604,7 @@ def test_a_killed_keeper_gets_the_mount_back_from_the_service_manager(
             os.kill(child, signal.SIGKILL)
             keeper = manager.start(mount.command(), log)
             serving_pid(mount, other_than=child)
-            reads = readers.reads
-            wait_for(lambda: readers.reads > reads + 20)
+            readers.read_on()
         finally:
             readers.finish()
         assert readers.failures == []

@@ -38,25 +38,6 @@ from yolo_nova.virt import detach  # noqa: E402
 GUEST_IO_ERROR = (b'I/O error', b'blk_update_request', b'EXT4-fs error')
 
 
-def domain_xml(name, disk, console_log):
-    return f"""<domain type='qemu'>
-  <name>{name}</name>
-  <memory unit='MiB'>512</memory>
-  <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
-  <features><acpi/></features>
-  <devices>
-    <emulator>/usr/bin/qemu-system-x86_64</emulator>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='qcow2' cache='none' io='native'/>
-      <source file='{disk}'/>
-      <target dev='vda' bus='virtio'/>
-    </disk>
-    <serial type='file'><source path='{console_log}'/><target port='0'/></serial>
-  </devices>
-</domain>"""
-
-
 def test_image():
     built = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], check=True,
                            capture_output=True, text=True)
@@ -91,7 +72,7 @@ def main():
         disk = instance / 'disk'
         images.create_overlay(mount.mountpoint / base.name, disk, size=4 << 30)
         console = work / 'console.log'
-        domain = conn.defineXML(domain_xml('yolo-detach-bench', disk, console))
+        domain = conn.defineXML(qemu.libvirt_domain_xml('yolo-detach-bench', disk, console))
         domain.create()
         guest = libvirt_guest.Guest(domain)
         deadline = time.monotonic() + 900

@@ -198,7 +198,10 @@ fn kernel_ino(key: u64, generation: u64) -> u64 {
 /// A generation for this process's `Kernel` inodes: never 0, and different from an earlier
 /// process's but for a one in four million chance.
 fn new_generation() -> u64 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
     (mix(now ^ u64::from(std::process::id()) << 32) >> GENERATION_SHIFT).max(1)
 }
 
@@ -216,7 +219,15 @@ impl InodeTable {
             Serving::Kernel => kernel_ino(key, self.generation),
         };
         let source = (meta.dev(), meta.ino());
-        self.entries.insert(ino, InodeEntry { path, source, serving, inherited: false });
+        self.entries.insert(
+            ino,
+            InodeEntry {
+                path,
+                source,
+                serving,
+                inherited: false,
+            },
+        );
         ino
     }
 
@@ -385,7 +396,12 @@ impl MirrorFs {
                     let serving = if ino & 1 == 0 { Serving::Yolofs } else { Serving::Kernel };
                     let source = (meta.dev(), meta.ino());
                     let inherited = serving == Serving::Kernel;
-                    let entry = InodeEntry { path: relative.clone(), source, serving, inherited };
+                    let entry = InodeEntry {
+                        path: relative.clone(),
+                        source,
+                        serving,
+                        inherited,
+                    };
                     log::info!("{}: inode {ino} taken over from an earlier yolofs", relative.display());
                     self.inodes.write().unwrap().entries.insert(ino, entry);
                     return Ok((relative, source, serving));
@@ -399,7 +415,12 @@ impl MirrorFs {
     }
 
     fn is_inherited(&self, ino: u64) -> bool {
-        self.inodes.read().unwrap().entries.get(&ino).is_some_and(|e| e.inherited)
+        self.inodes
+            .read()
+            .unwrap()
+            .entries
+            .get(&ino)
+            .is_some_and(|e| e.inherited)
     }
 
     /// How a file is to be served now (see [`Serving`]).

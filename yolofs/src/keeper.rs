@@ -235,7 +235,9 @@ fn spawn(command: &[OsString], socket: &std::path::Path, store: &Store) -> Resul
             Ok(())
         });
     }
-    child.spawn().with_context(|| format!("starting {}", command[0].to_string_lossy()))
+    child
+        .spawn()
+        .with_context(|| format!("starting {}", command[0].to_string_lossy()))
 }
 
 /// `pid` as a NUL-terminated decimal string in `buffer`, without allocating (after fork).
@@ -327,7 +329,10 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
             Duration::from_millis(100)
         };
         restarts += 1;
-        warn!("yolofs {}: starting it again on the kept mount (restart {restarts})", describe(status));
+        warn!(
+            "yolofs {}: starting it again on the kept mount (restart {restarts})",
+            describe(status)
+        );
         let deadline = Instant::now() + delay;
         while Instant::now() < deadline && !terminate.load(Ordering::Relaxed) {
             receive(&socket, &mut store, &mut ready_forwarded, &upstream);
@@ -350,11 +355,27 @@ fn receive(socket: &UnixDatagram, store: &mut Store, ready_forwarded: &mut bool,
     match socket.recv_with_fd(&mut buffer, &mut fds) {
         Ok((bytes, nfds)) => {
             // SAFETY: recvmsg installed these descriptors in this process for us alone.
-            let owned = fds[..nfds].iter().map(|fd| unsafe { OwnedFd::from_raw_fd(*fd) }).collect();
-            apply(&String::from_utf8_lossy(&buffer[..bytes]), owned, store, ready_forwarded, upstream);
+            let owned = fds[..nfds]
+                .iter()
+                .map(|fd| unsafe { OwnedFd::from_raw_fd(*fd) })
+                .collect();
+            apply(
+                &String::from_utf8_lossy(&buffer[..bytes]),
+                owned,
+                store,
+                ready_forwarded,
+                upstream,
+            );
             true
         }
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => false,
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+            ) =>
+        {
+            false
+        }
         Err(e) => {
             warn!("keeper socket: {e}");
             std::thread::sleep(Duration::from_millis(100));

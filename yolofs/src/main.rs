@@ -13,8 +13,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use log::{info, warn};
 use serde_json::json;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use sha2::{Digest, Sha256};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use yolofs::build::{self, BuildSummary};
 use yolofs::control::{self, Daemon, SocketAccess};
@@ -207,7 +207,10 @@ struct BuildArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Mount(_) | Command::Keep { .. } | Command::Pin { list: false, .. }) {
+    if !matches!(
+        cli.command,
+        Command::Mount(_) | Command::Keep { .. } | Command::Pin { list: false, .. }
+    ) {
         // A command whose output goes into `head` ends quietly when the pipe closes, as other
         // Unix tools do. The daemons keep ignoring SIGPIPE: a control client that goes away must
         // not stop the mount.
@@ -511,7 +514,10 @@ fn absolute_mount_point(mountpoint: &Path) -> PathBuf {
 }
 
 fn is_yolofs_mount(path: &Path) -> bool {
-    matches!(mounted_filesystem(path).as_deref(), Some("fuse yolofs" | "fuse.yolofs yolofs"))
+    matches!(
+        mounted_filesystem(path).as_deref(),
+        Some("fuse yolofs" | "fuse.yolofs yolofs")
+    )
 }
 
 /// The descriptor of our mount if a keeper passed it (a restart), and the mount is still there.
@@ -528,7 +534,10 @@ fn inherited_mount(mountpoint: &Path, control_socket: &Path) -> Result<Option<st
     if is_yolofs_mount(&absolute_mount_point(mountpoint)) {
         return Ok(Some(fd));
     }
-    warn!("the keeper's FUSE descriptor has no mount on {} any more: mounting afresh", mountpoint.display());
+    warn!(
+        "the keeper's FUSE descriptor has no mount on {} any more: mounting afresh",
+        mountpoint.display()
+    );
     keeper::forget();
     Ok(None)
 }
@@ -681,7 +690,10 @@ fn mount(args: MountArgs) -> Result<()> {
     let resumed = inherited.is_some();
     let session = match inherited {
         Some(fd) => {
-            info!("taking over the mount on {} from the previous yolofs", args.mountpoint.display());
+            info!(
+                "taking over the mount on {} from the previous yolofs",
+                args.mountpoint.display()
+            );
             fs.set_kernel_passthrough(!args.no_kernel_passthrough);
             keeper::resend_in_flight(fd.as_fd());
             fuser::Session::resume(adapter, fd, config.acl, config.clone())
@@ -746,7 +758,10 @@ fn mount(args: MountArgs) -> Result<()> {
             SIGHUP if !kept => warn!("SIGHUP: no keeper holds the mount to hand it over; ignored"),
             SIGHUP => {
                 // Not a destructor runs: the session's would unmount.
-                info!("SIGHUP: handing the mount on {} over to the next yolofs", args.mountpoint.display());
+                info!(
+                    "SIGHUP: handing the mount on {} over to the next yolofs",
+                    args.mountpoint.display()
+                );
                 std::process::exit(0);
             }
             signal => break signal,

@@ -301,8 +301,14 @@ fn a_source_truncated_under_a_boot_image_is_read_as_it_now_is() {
         .unwrap();
     let gap_after_last = image.extents.last().unwrap().source_end();
     assert!(gap_after_last > 1 << 20);
-    assert!(fs.read(opened.ino, opened.fh, gap_after_last - 100, 5000).unwrap().is_empty());
-    assert_eq!(fs.read(opened.ino, opened.fh, 0, 4096).unwrap(), fixture.content[..4096]);
+    assert!(fs
+        .read(opened.ino, opened.fh, gap_after_last - 100, 5000)
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        fs.read(opened.ino, opened.fh, 0, 4096).unwrap(),
+        fixture.content[..4096]
+    );
 }
 
 #[test]
@@ -380,7 +386,8 @@ fn boots_from_a_boot_image_report_their_coverage() {
     let (_, opened) = open_disk(&fs);
     assert!(opened.from_boot_image && !opened.direct_io);
     let first = before.extents[0];
-    fs.read(opened.ino, opened.fh, first.source_offset, first.length as u32).unwrap();
+    fs.read(opened.ino, opened.fh, first.source_offset, first.length as u32)
+        .unwrap();
     fs.read(opened.ino, opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
     windows_ended(&recorder);
     let boots = stats.snapshot(Some("disk"))["disk"].boots.clone();
@@ -433,7 +440,8 @@ fn what_a_boot_reads_outside_its_boot_image_extends_it_when_learning() {
     let extended = BootImage::open(&fixture.boot_image_path()).unwrap();
     let (_, opened) = open_disk(&fs);
     for extent in &extended.extents {
-        fs.read(opened.ino, opened.fh, extent.source_offset, extent.length as u32).unwrap();
+        fs.read(opened.ino, opened.fh, extent.source_offset, extent.length as u32)
+            .unwrap();
     }
     let (gap, _) = *extended
         .uncovered(0, SIZE as u64)
