@@ -14,10 +14,12 @@ in ``_base``, live, with libvirt's block copy:
 Two copies, because libvirt has no call that only swaps a running disk's backing file
 (QEMU's blockdev-reopen is internal to it), and Nova must find the disk at its own path. Each
 pivot holds the disk's I/O while QEMU drains and switches (milliseconds); the vCPUs never stop.
-Afterwards libvirt's live and persistent XML and the disk's header all name ``_base``. A copy that
-fails before its pivot is abandoned (the guest stays where it was); one interrupted between the
-pivots leaves ``disk.yolo-detach`` as the current disk, which the next start renames back
-(:func:`recover`).
+Afterwards libvirt's live and persistent XML and the disk's header all name ``_base``. What the
+guest is on is decided from libvirt's live XML, never from what a call answered: a copy that fails
+before its pivot is abandoned (the guest stays where it was); a detach interrupted between the
+pivots leaves ``disk.yolo-detach`` as the current disk, marked so, which the next start renames
+back (:func:`recover`); if nova-compute or the host ended before the mark was written, its start
+marks it from libvirt's XML (:func:`reconcile`).
 
 A boot is over once yolofs' boot window of the base file has ended (no read for
 ``--record-idle-secs``) and ``detach_settle_seconds`` have passed, or after
@@ -25,6 +27,7 @@ A boot is over once yolofs' boot window of the base file has ended (no read for
 at once (the copies never read the backing file).
 """
 
+import contextlib
 import os
 import queue
 import threading
@@ -38,6 +41,7 @@ from yolo_common import images
 LOG = logging.getLogger(__name__)
 
 DETACH_SUFFIX = '.yolo-detach'
+CURRENT_MARK = '.current'
 POLL_SECONDS = 2.0
 COPY_TIMEOUT = 300.0
 
@@ -55,59 +59,137 @@ def lock(instance_uuid):
 
 
 def recover(disk_path):
-    """Before a start: a detach interrupted between its pivots left the current disk at
-    ``disk.yolo-detach`` (``disk`` itself then holds no more than the base's bytes)."""
-    interrupted = disk_path + DETACH_SUFFIX
-    if os.path.exists(interrupted):
+    """Before a start: a detach interrupted between its pivots left the guest's current disk at
+    ``disk.yolo-detach``, marked so (``disk`` itself then holds no more than the base's bytes);
+    an unmarked one is a copy whose pivot never took effect, or a leftover of a finished detach
+    (init_host marks those libvirt names as current)."""
+    interim = disk_path + DETACH_SUFFIX
+    if os.path.exists(interim + CURRENT_MARK):
         LOG.warning('%s is the current disk of an interrupted detach: moving it back to %s',
-                    interrupted, disk_path)
-        os.replace(interrupted, disk_path)
+                    interim, disk_path)
+        os.replace(interim, disk_path)
+        os.unlink(interim + CURRENT_MARK)
+    elif os.path.exists(interim):
+        LOG.info('Removing %s, an unfinished copy of %s', interim, disk_path)
+        os.unlink(interim)
 
 
-def boot_is_over(status, base_names, elapsed, settle_seconds, max_seconds):
+def mark_current(interim):
+    """Records, durably, that the guest's current disk is the interim file."""
+    mark = interim + CURRENT_MARK
+    with open(mark, 'w') as f:
+        f.write('the current disk of this instance is %s\n' % os.path.basename(interim))
+        f.flush()
+        os.fsync(f.fileno())
+    directory = os.open(os.path.dirname(mark) or '.', os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def disk_sources(domain_xml):
+    """{target dev: source file} of a domain's file-backed disks."""
+    sources = {}
+    for disk in ET.fromstring(domain_xml).iterfind('./devices/disk'):
+        source, target = disk.find('source'), disk.find('target')
+        if source is not None and target is not None and source.get('file'):
+            sources[target.get('dev')] = source.get('file')
+    return sources
+
+
+def reconcile(domain_xml):
+    """At nova-compute's start, for a guest libvirt knows (its live XML if it runs, else its
+    persistent one, which libvirt rewrites at each pivot): a disk whose source is an interim
+    file is marked current, so that the next start takes it back (a detach interrupted by
+    nova-compute's or the host's end). Returns the interim files marked."""
+    marked = []
+    for path in disk_sources(domain_xml).values():
+        if path.endswith(DETACH_SUFFIX) and os.path.exists(path) \
+                and not os.path.exists(path + CURRENT_MARK):
+            LOG.warning('%s is the current disk of an interrupted detach: the next start of '
+                        'its guest moves it back to %s', path, path[:-len(DETACH_SUFFIX)])
+            mark_current(path)
+            marked.append(path)
+    return marked
+
+
+def open_windows(status):
+    """Base names with a boot window open, from yolofs' status answer."""
+    return {window['name'] for window in (status or {}).get('recording') or ()}
+
+
+def boot_is_over(status, base_names, elapsed, settle_seconds, max_seconds, window_seen):
     """Whether to detach now, ``elapsed`` seconds after the guest's start. ``status``: yolofs'
-    status answer, None if it does not answer."""
+    status answer, None if it does not answer; ``window_seen``: a boot window of one of the
+    guest's base files was open since its start (a guest waiting, paused, for its network has
+    not begun to boot)."""
     if status is None or elapsed >= max_seconds:
         return True
-    windows = {window['name'] for window in status.get('recording') or ()}
-    return elapsed >= settle_seconds and not windows & set(base_names)
+    return window_seen and elapsed >= settle_seconds \
+        and not open_windows(status) & set(base_names)
 
 
 def disks_on_mount(domain_xml, backing_files):
-    """[(target dev, disk path, base name)] of the domain's qcow2 disks backed by the mount."""
+    """[(target dev, disk path, base name)] of the domain's qcow2 disks backed by the mount
+    (encrypted ones are left alone: the copy's destination would not be)."""
     found = []
     for disk in ET.fromstring(domain_xml).iterfind('./devices/disk'):
         driver, source, target = disk.find('driver'), disk.find('source'), disk.find('target')
         if disk.get('type') != 'file' or driver is None or driver.get('type') != 'qcow2' \
-                or source is None or target is None:
+                or source is None or target is None or disk.find('.//encryption') is not None:
             continue
         path = source.get('file')
         if path and os.path.exists(path) and backing_files.uses_mount(path):
-            found.append((target.get('dev'), path, backing_base_name(path)))
+            found.append((target.get('dev'), path,
+                          os.path.basename(images.info(path)['backing-filename'])))
     return found
-
-
-def backing_base_name(disk_path):
-    return os.path.basename(images.info(disk_path)['backing-filename'])
 
 
 def move_backing(guest, dev, disk_path, backing_path):
     """The two copies above, onto ``backing_path`` (a file with the same bytes as the current
-    backing file: ``_base``'s for a detach); returns the pivots' durations in seconds."""
-    size = images.info(disk_path)['virtual-size']
+    backing file: ``_base``'s for a detach); returns the pivots' durations in seconds. Files are
+    removed only once libvirt's live XML shows the guest is not on them."""
+    info = images.info(disk_path)
+    size, backing_format = info['virtual-size'], info.get('backing-filename-format', 'raw')
     interim = disk_path + DETACH_SUFFIX
-    images.create_overlay(backing_path, interim, size=size)
+    images.create_overlay(backing_path, interim, backing_format, size=size)
     try:
-        first = copy_and_pivot(guest, dev, interim)
+        first = pivot_onto(guest, dev, interim)
     except Exception:
-        os.unlink(interim)
+        if current_source(guest, dev) == disk_path:
+            os.unlink(interim)
         raise
-    # The guest runs on the interim disk: from here on, a failure leaves it there (recover()).
+    # The guest writes to the interim disk now: a start before the second pivot takes it.
+    mark_current(interim)
     os.unlink(disk_path)
-    images.create_overlay(backing_path, disk_path, size=size)
-    second = copy_and_pivot(guest, dev, disk_path)
+    images.create_overlay(backing_path, disk_path, backing_format, size=size)
+    second = pivot_onto(guest, dev, disk_path)
+    os.unlink(interim + CURRENT_MARK)
     os.unlink(interim)
     return first, second
+
+
+def current_source(guest, dev):
+    """The file the running guest's ``dev`` is now, per libvirt's live XML (None if unknown)."""
+    try:
+        return disk_sources(guest.get_xml_desc()).get(dev)
+    except Exception:
+        LOG.exception('Could not read the live XML of the guest')
+        return None
+
+
+def pivot_onto(guest, dev, destination):
+    """copy_and_pivot, which succeeded if the guest is on ``destination`` afterwards whatever
+    the calls said (a pivot takes effect in QEMU before libvirt answers: libvirtd restarting
+    in between fails the call)."""
+    try:
+        return copy_and_pivot(guest, dev, destination)
+    except Exception:
+        if current_source(guest, dev) == destination:
+            LOG.warning('The pivot onto %s failed but took effect', destination, exc_info=True)
+            return float('nan')
+        raise
 
 
 def copy_and_pivot(guest, dev, destination):
@@ -131,9 +213,21 @@ def copy_and_pivot(guest, dev, destination):
         block.abort_job(pivot=True)
         return time.monotonic() - started
     except Exception:
-        if block.get_job_info() is not None:
-            block.abort_job()
+        # Cancelled if it still runs; a libvirtd that does not answer is left to the caller.
+        with contextlib.suppress(Exception):
+            if block.get_job_info() is not None:
+                block.abort_job()
         raise
+
+
+class Watch:
+    """A started guest waiting for its boot to be over."""
+
+    def __init__(self, instance_uuid, names, started):
+        self.instance_uuid = instance_uuid
+        self.names = names
+        self.started = started
+        self.window_seen = False
 
 
 class Detacher:
@@ -157,14 +251,14 @@ class Detacher:
                 self._thread = threading.Thread(target=self._run, name='yolo-detach',
                                                 daemon=True)
                 self._thread.start()
-        self._incoming.put((instance_uuid, frozenset(base_names), time.monotonic()))
+        self._incoming.put(Watch(instance_uuid, frozenset(base_names), time.monotonic()))
 
     def _run(self):
         watched = {}
         while True:
             try:
-                uuid, names, started = self._incoming.get(timeout=POLL_SECONDS)
-                watched[uuid] = (names, started)
+                watch = self._incoming.get(timeout=POLL_SECONDS)
+                watched[watch.instance_uuid] = watch
             except queue.Empty:
                 pass
             if watched:
@@ -176,29 +270,37 @@ class Detacher:
     def _detach_finished_boots(self, watched):
         status = self.backing_files.status()
         now = time.monotonic()
-        for uuid, (names, started) in list(watched.items()):
-            if boot_is_over(status, names, now - started, self.settle_seconds, self.max_seconds):
+        for uuid, watch in list(watched.items()):
+            watch.window_seen = watch.window_seen or bool(open_windows(status) & watch.names)
+            if not boot_is_over(status, watch.names, now - watch.started, self.settle_seconds,
+                                self.max_seconds, watch.window_seen):
+                continue
+            # Not while Nova works on the guest (a migration may take long): next time round.
+            if self.detach(uuid, wait=False) is not None:
                 del watched[uuid]
-                self.detach(uuid)
 
-    def detach(self, instance_uuid):
+    def detach(self, instance_uuid, wait=True):
         """Moves every disk of the running guest that is on the mount to ``_base``; returns
-        [(dev, first pivot seconds, second pivot seconds)]. Never raises: a guest left on the
-        mount runs on as before."""
+        [(dev, first pivot seconds, second pivot seconds)], or None if Nova holds the guest and
+        ``wait`` is false. Never raises: a guest left on the mount runs on as before."""
+        guest_lock = lock(instance_uuid)
+        if not guest_lock.acquire(blocking=wait):
+            return None
         done = []
         try:
-            with lock(instance_uuid):
-                guest = self.lookup_guest(instance_uuid)
-                if guest is None or not guest.is_active():
-                    return done
-                for dev, path, name in disks_on_mount(guest.get_xml_desc(), self.backing_files):
-                    pivots = move_backing(guest, dev, path, self.backing_files.base_path(name))
-                    LOG.info('Detached %s (%s) from yolofs: now over %s; pivots %.1f and %.1f ms',
-                             dev, path, self.backing_files.base_path(name),
-                             pivots[0] * 1e3, pivots[1] * 1e3)
-                    done.append((dev,) + pivots)
+            guest = self.lookup_guest(instance_uuid)
+            if guest is None or not guest.is_active():
+                return done
+            for dev, path, name in disks_on_mount(guest.get_xml_desc(), self.backing_files):
+                pivots = move_backing(guest, dev, path, self.backing_files.base_path(name))
+                LOG.info('Detached %s (%s) from yolofs: now over %s; pivots %.1f and %.1f ms',
+                         dev, path, self.backing_files.base_path(name),
+                         pivots[0] * 1e3, pivots[1] * 1e3)
+                done.append((dev,) + pivots)
             self.detached[instance_uuid] = done
         except Exception:
             LOG.exception('Could not move instance %s off the yolofs mount: it stays there '
                           'until its next start', instance_uuid)
+        finally:
+            guest_lock.release()
         return done

@@ -81,6 +81,24 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             self.yolo_backing, self._yolo_guest, CONF.yolo.detach_settle_seconds,
             CONF.yolo.detach_max_seconds) if CONF.yolo.detach_after_boot else None
 
+    def init_host(self, host):
+        super().init_host(host)
+        if self.yolo_detacher is None:
+            return
+        # Guests that were running while nova-compute was away: an interrupted detach is
+        # reconciled with what libvirt says, guests still on the mount are watched again.
+        try:
+            for guest in self._host.list_guests(only_running=False):
+                xml = guest.get_xml_desc()
+                detach.reconcile(xml)
+                if guest.is_active():
+                    on_mount = [name for _, _, name in detach.disks_on_mount(
+                        xml, self.yolo_backing)]
+                    if on_mount:
+                        self.yolo_detacher.watch(guest.uuid, on_mount)
+        except Exception:
+            LOG.exception('Could not look for guests to detach from yolofs')
+
     def _yolo_guest(self, instance_uuid):
         """The libvirt guest of an instance, None if it has none."""
         try:

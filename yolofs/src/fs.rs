@@ -164,8 +164,9 @@ struct InodeEntry {
 /// - `Kernel` inodes are odd and carry the generation of the yolofs that handed them out in their
 ///   top bits: the kernel ties the passthrough opens of an inode to the backing file of the
 ///   process that opened it first, which a later process cannot name, so each process hands out
-///   its own; ones inherited from an earlier process are served by yolofs (direct I/O, which the
-///   kernel lets coexist with passthrough opens).
+///   its own. One inherited from an earlier process is opened without passthrough, which the
+///   kernel refuses while passthrough opens of it remain (the opener gets an error); after a
+///   takeover the kernel forgets its cached names, so opens by name get this process's inodes.
 const GENERATION_SHIFT: u32 = 41;
 const KERNEL_KEY_MASK: u64 = (1 << (GENERATION_SHIFT - 1)) - 1;
 
@@ -515,10 +516,14 @@ impl MirrorFs {
     /// A new descriptor of an inode's source file, with its boot image and (if `observe`) the
     /// boot window its reads belong to.
     fn open_source(&self, ino: u64, observe: bool) -> Result<(OpenFile, Serving)> {
-        let (relative, _, serving) = self.entry(ino)?;
+        let (relative, key, serving) = self.entry(ino)?;
         let source = File::open(self.source_root.join(&relative))?;
         let name = relative.to_string_lossy().into_owned();
         let meta = source.metadata()?;
+        // The path may now name another file (renamed over): never its bytes under this inode.
+        if (meta.dev(), meta.ino()) != key {
+            return Err(FsError::Io(io::Error::from_raw_os_error(libc::ESTALE)));
+        }
         // The key before the store loads: if the file changes meanwhile, the first read sees it.
         let source_key = SourceKey::from_metadata(&meta);
         let boot_image = if serving == Serving::Yolofs && meta.is_file() {

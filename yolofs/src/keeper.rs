@@ -54,9 +54,15 @@ pub fn inherited_fuse_fd() -> Option<OwnedFd> {
     fuse
 }
 
-/// Whether a keeper may hold descriptors for us (a notification socket is set).
+/// Set by `yolofs keep` for its child.
+const KEEPER_VARIABLE: &str = "YOLOFS_KEEPER";
+
+/// Whether a keeper holds our descriptors: `yolofs keep`, or systemd with a file descriptor
+/// store (it says so in $FDSTORE since v254; an older one is trusted when the unit runs yolofs
+/// directly only through `yolofs keep`).
 pub fn present() -> bool {
-    std::env::var_os("NOTIFY_SOCKET").is_some()
+    std::env::var_os(KEEPER_VARIABLE).is_some()
+        || std::env::var("FDSTORE").is_ok_and(|n| n.parse::<u32>().is_ok_and(|n| n > 0))
 }
 
 /// Hands the mount's descriptor to the keeper.
@@ -74,8 +80,9 @@ pub fn forget() {
 }
 
 /// Asks the kernel to queue again every request a process before us read from this connection
-/// and did not answer. Older kernels refuse it; those requests then wait until the mount goes.
-pub fn resend_in_flight(fd: BorrowedFd) {
+/// and did not answer. False if the kernel cannot (Linux < 6.9): those requests would wait for
+/// ever, so the caller gives the mount up instead (they then fail, as without a keeper).
+pub fn resend_in_flight(fd: BorrowedFd) -> bool {
     // struct fuse_out_header { u32 len; i32 error (the notification code); u64 unique (0) }
     let mut header = [0u8; 16];
     header[..4].copy_from_slice(&16u32.to_ne_bytes());
@@ -84,13 +91,14 @@ pub fn resend_in_flight(fd: BorrowedFd) {
     let written = unsafe { libc::write(fd.as_raw_fd(), header.as_ptr().cast(), header.len()) };
     if written < 0 {
         warn!(
-            "the kernel cannot resend the requests the previous yolofs left unanswered ({}): \
-             they wait until the mount goes (FUSE_NOTIFY_RESEND needs Linux 6.9)",
+            "the kernel cannot resend the requests the previous yolofs left unanswered ({}; \
+             FUSE_NOTIFY_RESEND needs Linux 6.9): giving the mount up, they fail",
             io::Error::last_os_error()
         );
-    } else {
-        info!("asked the kernel to resend the requests the previous yolofs left unanswered");
+        return false;
     }
+    info!("asked the kernel to resend the requests the previous yolofs left unanswered");
+    true
 }
 
 /// A child exiting this soon after its start is restarted after a growing delay, not at once.
@@ -204,6 +212,7 @@ fn spawn(command: &[OsString], socket: &std::path::Path, store: &Store) -> Resul
     // The child inherits the environment set here: not through Command::env, whose copy the
     // child's setenv of LISTEN_PID could not reach (the keeper runs no other thread).
     std::env::set_var("NOTIFY_SOCKET", socket);
+    std::env::set_var(KEEPER_VARIABLE, "1");
     let fds: Vec<RawFd> = store.fds.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
     if fds.is_empty() {
         for key in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
@@ -299,7 +308,17 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
     let mut restarts = 0;
     let result = loop {
         let started = Instant::now();
-        let mut child = spawn(command, &socket_path, &store)?;
+        let mut child = match spawn(command, &socket_path, &store) {
+            Ok(child) => child,
+            // The binary being replaced, no memory to fork: the mount waits for the next try.
+            Err(e) if store.holds_mount() && !terminate.load(Ordering::Relaxed) => {
+                warn!("{e:#}: trying again in {delay:?}");
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(MAX_RESTART_DELAY);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         info!("started {} (pid {})", command[0].to_string_lossy(), child.id());
         let mut stopping_sent = false;
         let status = loop {

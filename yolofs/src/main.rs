@@ -622,8 +622,17 @@ fn mount(args: MountArgs) -> Result<()> {
             None => None,
         },
     };
+    // SIGHUP asks a running yolofs to hand its mount over; until this one runs, it is ignored
+    // (its default would end the process, and with it a mount not yet handed to the keeper).
+    // SAFETY: SIG_IGN is a valid disposition; no handler of ours is replaced.
+    unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
     let source = wait_for_source(&args.source)?;
-    let inherited = inherited_mount(&args.mountpoint, &args.control_socket)?;
+    let inherited = inherited_mount(&args.mountpoint, &args.control_socket)?.filter(|fd| {
+        keeper::resend_in_flight(fd.as_fd()) || {
+            keeper::forget();
+            false
+        }
+    });
     if inherited.is_none() {
         prepare_mount_point(&args.mountpoint, &args.control_socket)?;
     }

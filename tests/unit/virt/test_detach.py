@@ -1,4 +1,4 @@
-"""When a guest leaves the mount, and what a start does with an interrupted detach."""
+"""When a guest leaves the mount, and what starts do with an interrupted detach."""
 
 import threading
 
@@ -10,31 +10,65 @@ def window(name):
     return {'name': name, 'reads': 120, 'seconds': 3.5, 'kind': 'observe'}
 
 
+def over(status, elapsed, window_seen=True):
+    return detach.boot_is_over(status, {'image'}, elapsed, settle_seconds=10, max_seconds=600,
+                               window_seen=window_seen)
+
+
 def test_a_boot_is_over_once_its_window_ended_and_it_settled():
     status = {'recording': [window('other-image')]}
-    assert not detach.boot_is_over(status, {'image'}, 3, settle_seconds=10, max_seconds=600)
-    assert detach.boot_is_over(status, {'image'}, 11, settle_seconds=10, max_seconds=600)
+    assert not over(status, 3)
+    assert over(status, 11)
 
 
 def test_a_boot_whose_window_is_open_waits_for_it_up_to_the_maximum():
     status = {'recording': [window('image')]}
-    assert not detach.boot_is_over(status, {'image'}, 300, settle_seconds=10, max_seconds=600)
-    assert detach.boot_is_over(status, {'image'}, 600, settle_seconds=10, max_seconds=600)
+    assert not over(status, 300)
+    assert over(status, 600)
+
+
+def test_a_guest_that_has_not_begun_to_read_is_not_over_its_boot():
+    # Paused until its network is plugged, say: no window has opened yet.
+    assert not over({'recording': []}, 120, window_seen=False)
+    assert over({'recording': []}, 600, window_seen=False)
 
 
 def test_a_yolofs_that_does_not_answer_is_a_reason_to_leave_at_once():
-    assert detach.boot_is_over(None, {'image'}, 0, settle_seconds=10, max_seconds=600)
+    assert over(None, 0, window_seen=False)
 
 
-def test_a_start_takes_back_the_current_disk_of_an_interrupted_detach(tmp_path):
+def test_a_start_takes_back_the_marked_current_disk_of_an_interrupted_detach(tmp_path):
     disk = tmp_path / 'disk'
     disk.write_bytes(b'recreated, empty')
-    (tmp_path / 'disk.yolo-detach').write_bytes(b'what the guest wrote')
+    interim = tmp_path / 'disk.yolo-detach'
+    interim.write_bytes(b'what the guest wrote')
+    detach.mark_current(str(interim))
     detach.recover(str(disk))
     assert disk.read_bytes() == b'what the guest wrote'
-    assert not (tmp_path / 'disk.yolo-detach').exists()
+    assert list(tmp_path.iterdir()) == [disk]
+
+
+def test_a_start_removes_an_unmarked_interim_copy(tmp_path):
+    disk = tmp_path / 'disk'
+    disk.write_bytes(b'the current disk')
+    (tmp_path / 'disk.yolo-detach').write_bytes(b'a copy whose pivot never happened')
     detach.recover(str(disk))
-    assert disk.read_bytes() == b'what the guest wrote'
+    assert disk.read_bytes() == b'the current disk'
+    assert list(tmp_path.iterdir()) == [disk]
+
+
+def domain(source):
+    return ("<domain><devices><disk type='file'><driver type='qcow2'/>"
+            "<source file='%s'/><target dev='vda'/></disk></devices></domain>" % source)
+
+
+def test_nova_computes_start_marks_the_interim_disk_libvirt_names(tmp_path):
+    interim = tmp_path / 'disk.yolo-detach'
+    interim.write_bytes(b'current')
+    assert detach.reconcile(domain(tmp_path / 'disk')) == []
+    assert detach.reconcile(domain(interim)) == [str(interim)]
+    assert (tmp_path / 'disk.yolo-detach.current').exists()
+    assert detach.reconcile(domain(interim)) == []
 
 
 def test_the_detach_lock_is_one_per_instance_and_reentrant():
