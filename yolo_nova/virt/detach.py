@@ -37,6 +37,7 @@ import xml.etree.ElementTree as ET
 from oslo_log import log as logging
 
 from yolo_common import images
+from yolo_nova.virt import backing
 
 LOG = logging.getLogger(__name__)
 
@@ -88,14 +89,16 @@ def mark_current(interim):
         os.close(directory)
 
 
-def disk_sources(domain_xml):
-    """{target dev: source file} of a domain's file-backed disks."""
-    sources = {}
+def qcow2_file_disks(domain_xml):
+    """[(target dev, source file, encrypted)] of a domain's file-backed qcow2 disks."""
+    disks = []
     for disk in ET.fromstring(domain_xml).iterfind('./devices/disk'):
-        source, target = disk.find('source'), disk.find('target')
-        if source is not None and target is not None and source.get('file'):
-            sources[target.get('dev')] = source.get('file')
-    return sources
+        driver, source, target = disk.find('driver'), disk.find('source'), disk.find('target')
+        if disk.get('type') == 'file' and driver is not None and driver.get('type') == 'qcow2' \
+                and source is not None and source.get('file'):
+            disks.append((None if target is None else target.get('dev'), source.get('file'),
+                          disk.find('.//encryption') is not None))
+    return disks
 
 
 def reconcile(domain_xml):
@@ -104,7 +107,7 @@ def reconcile(domain_xml):
     file is marked current, so that the next start takes it back (a detach interrupted by
     nova-compute's or the host's end). Returns the interim files marked."""
     marked = []
-    for path in disk_sources(domain_xml).values():
+    for _, path, _ in qcow2_file_disks(domain_xml):
         if path.endswith(DETACH_SUFFIX) and os.path.exists(path) \
                 and not os.path.exists(path + CURRENT_MARK):
             LOG.warning('%s is the current disk of an interrupted detach: the next start of '
@@ -134,15 +137,12 @@ def disks_on_mount(domain_xml, backing_files):
     """[(target dev, disk path, base name)] of the domain's qcow2 disks backed by the mount
     (encrypted ones are left alone: the copy's destination would not be)."""
     found = []
-    for disk in ET.fromstring(domain_xml).iterfind('./devices/disk'):
-        driver, source, target = disk.find('driver'), disk.find('source'), disk.find('target')
-        if disk.get('type') != 'file' or driver is None or driver.get('type') != 'qcow2' \
-                or source is None or target is None or disk.find('.//encryption') is not None:
+    for dev, path, encrypted in qcow2_file_disks(domain_xml):
+        if encrypted or not os.path.exists(path):
             continue
-        path = source.get('file')
-        if path and os.path.exists(path) and backing_files.uses_mount(path):
-            found.append((target.get('dev'), path,
-                          os.path.basename(images.info(path)['backing-filename'])))
+        info = backing.backing_info(path)
+        if info is not None and backing_files.directory_of(info[0]) == 'mount':
+            found.append((dev, path, os.path.basename(info[0])))
     return found
 
 
@@ -173,7 +173,8 @@ def move_backing(guest, dev, disk_path, backing_path):
 def current_source(guest, dev):
     """The file the running guest's ``dev`` is now, per libvirt's live XML (None if unknown)."""
     try:
-        return disk_sources(guest.get_xml_desc()).get(dev)
+        sources = {d: path for d, path, _ in qcow2_file_disks(guest.get_xml_desc())}
+        return sources.get(dev)
     except Exception:
         LOG.exception('Could not read the live XML of the guest')
         return None

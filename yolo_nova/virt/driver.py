@@ -20,7 +20,6 @@ What it changes, and where (docs/nova-driver.md has the full list of Nova's path
 import functools
 import os
 import time
-import xml.etree.ElementTree as ET
 
 from lxml import etree
 import nova.conf
@@ -140,7 +139,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         status = self.yolo_backing.status()
         healthy = status is not None
         on_mount = []
-        for path in qcow2_file_disks(xml):
+        for _, path, _ in detach.qcow2_file_disks(xml):
             try:
                 detach.recover(path)
                 placed = self.yolo_backing.place(path, healthy)
@@ -307,14 +306,3 @@ def without_backing_stores(xml):
             for chain in disk.findall('backingStore'):
                 disk.remove(chain)
     return etree.tostring(root, encoding='unicode')
-
-
-def qcow2_file_disks(xml):
-    """Paths of the file-backed qcow2 disks in a libvirt domain XML."""
-    paths = []
-    for disk in ET.fromstring(xml).iterfind('./devices/disk'):
-        driver, source = disk.find('driver'), disk.find('source')
-        if disk.get('type') == 'file' and driver is not None and driver.get('type') == 'qcow2' \
-                and source is not None and source.get('file'):
-            paths.append(source.get('file'))
-    return paths

@@ -153,8 +153,6 @@ struct InodeEntry {
     path: PathBuf,
     source: (u64, u64),
     serving: Serving,
-    /// A `Kernel` inode handed out by an earlier yolofs on this mount: opened without passthrough.
-    inherited: bool,
 }
 
 /// Inode numbers are a function of the source file, not a counter, so that a yolofs taking over
@@ -220,16 +218,13 @@ impl InodeTable {
             Serving::Kernel => kernel_ino(key, self.generation),
         };
         let source = (meta.dev(), meta.ino());
-        self.entries.insert(
-            ino,
-            InodeEntry {
-                path,
-                source,
-                serving,
-                inherited: false,
-            },
-        );
+        self.entries.insert(ino, InodeEntry { path, source, serving });
         ino
+    }
+
+    /// A `Kernel` inode handed out by an earlier yolofs on this mount: opened without passthrough.
+    fn inherited(&self, ino: u64) -> bool {
+        ino != ROOT_INO && ino & 1 == 1 && ino >> GENERATION_SHIFT != self.generation
     }
 
     /// Whether `ino` is the number an earlier or this process gave the file `meta` describes.
@@ -308,7 +303,6 @@ impl MirrorFs {
             path: PathBuf::new(),
             source: (meta.dev(), meta.ino()),
             serving: Serving::Yolofs,
-            inherited: false,
         };
         inodes.entries.insert(ROOT_INO, root);
         // Handles of this process never repeat an earlier one's, which the kernel may still hold.
@@ -396,12 +390,10 @@ impl MirrorFs {
                 if InodeTable::names(ino, &meta) {
                     let serving = if ino & 1 == 0 { Serving::Yolofs } else { Serving::Kernel };
                     let source = (meta.dev(), meta.ino());
-                    let inherited = serving == Serving::Kernel;
                     let entry = InodeEntry {
                         path: relative.clone(),
                         source,
                         serving,
-                        inherited,
                     };
                     log::info!("{}: inode {ino} taken over from an earlier yolofs", relative.display());
                     self.inodes.write().unwrap().entries.insert(ino, entry);
@@ -413,15 +405,6 @@ impl MirrorFs {
             }
         }
         Err(FsError::UnknownInode(ino))
-    }
-
-    fn is_inherited(&self, ino: u64) -> bool {
-        self.inodes
-            .read()
-            .unwrap()
-            .entries
-            .get(&ino)
-            .is_some_and(|e| e.inherited)
     }
 
     /// How a file is to be served now (see [`Serving`]).
@@ -499,7 +482,7 @@ impl MirrorFs {
         handle.stats.opened();
         // If passthrough was turned off since this inode was handed out, yolofs serves it (without
         // a boot image: that goes with a fresh lookup); and an inherited inode is never passthrough.
-        let inherited = self.is_inherited(ino);
+        let inherited = self.inodes.read().unwrap().inherited(ino);
         let opened = Opened {
             ino,
             fh: self.next_fh.fetch_add(1, Ordering::Relaxed),

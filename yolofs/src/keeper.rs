@@ -58,8 +58,8 @@ pub fn inherited_fuse_fd() -> Option<OwnedFd> {
 const KEEPER_VARIABLE: &str = "YOLOFS_KEEPER";
 
 /// Whether a keeper holds our descriptors: `yolofs keep`, or systemd with a file descriptor
-/// store (it says so in $FDSTORE since v254; an older one is trusted when the unit runs yolofs
-/// directly only through `yolofs keep`).
+/// store (which it says in $FDSTORE since v254; an older systemd is a keeper only through
+/// `yolofs keep`, as the unit runs yolofs).
 pub fn present() -> bool {
     std::env::var_os(KEEPER_VARIABLE).is_some()
         || std::env::var("FDSTORE").is_ok_and(|n| n.parse::<u32>().is_ok_and(|n| n > 0))
@@ -166,27 +166,69 @@ impl Upstream {
     }
 }
 
-/// Applies one notification: FDSTORE / FDSTOREREMOVE with FDNAME, READY passed on.
-fn apply(message: &str, fds: Vec<OwnedFd>, store: &mut Store, ready_forwarded: &mut bool, upstream: &Upstream) {
-    let field = |key: &str| message.lines().find_map(|l| l.strip_prefix(key)).map(str::to_string);
-    let name = field("FDNAME=").unwrap_or_else(|| "stored".to_string());
-    if field("FDSTORE=").as_deref() == Some("1") {
-        for fd in fds {
-            upstream.notify_with_fds(&format!("FDSTORE=1\nFDNAME={name}"), &[fd.as_raw_fd()]);
-            match store.put(&name, fd) {
-                Ok(()) => info!("holding descriptor {name}"),
-                Err(e) => warn!("cannot hold descriptor {name}: {e}"),
+/// The keeper's notification socket and what its notifications leave: the descriptors held,
+/// whether READY went to the service manager.
+struct Notifications {
+    socket: UnixDatagram,
+    store: Store,
+    upstream: Upstream,
+    ready_forwarded: bool,
+}
+
+impl Notifications {
+    /// Handles one notification if one arrives within the socket's timeout; false if none did.
+    fn receive(&mut self) -> bool {
+        let mut buffer = [0u8; 4096];
+        let mut fds = [-1 as RawFd; 8];
+        match self.socket.recv_with_fd(&mut buffer, &mut fds) {
+            Ok((bytes, nfds)) => {
+                // SAFETY: recvmsg installed these descriptors in this process for us alone.
+                let owned = fds[..nfds]
+                    .iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(*fd) })
+                    .collect();
+                self.apply(&String::from_utf8_lossy(&buffer[..bytes]), owned);
+                true
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                false
+            }
+            Err(e) => {
+                warn!("keeper socket: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                false
             }
         }
     }
-    if field("FDSTOREREMOVE=").as_deref() == Some("1") {
-        upstream.notify(&format!("FDSTOREREMOVE=1\nFDNAME={name}"));
-        store.remove(&name);
-        info!("dropped descriptor {name}");
-    }
-    if field("READY=").as_deref() == Some("1") && !*ready_forwarded {
-        *ready_forwarded = true;
-        upstream.notify("READY=1");
+
+    /// Applies one notification: FDSTORE / FDSTOREREMOVE with FDNAME, READY passed on.
+    fn apply(&mut self, message: &str, fds: Vec<OwnedFd>) {
+        let field = |key: &str| message.lines().find_map(|l| l.strip_prefix(key)).map(str::to_string);
+        let name = field("FDNAME=").unwrap_or_else(|| "stored".to_string());
+        if field("FDSTORE=").as_deref() == Some("1") {
+            for fd in fds {
+                self.upstream
+                    .notify_with_fds(&format!("FDSTORE=1\nFDNAME={name}"), &[fd.as_raw_fd()]);
+                match self.store.put(&name, fd) {
+                    Ok(()) => info!("holding descriptor {name}"),
+                    Err(e) => warn!("cannot hold descriptor {name}: {e}"),
+                }
+            }
+        }
+        if field("FDSTOREREMOVE=").as_deref() == Some("1") {
+            self.upstream.notify(&format!("FDSTOREREMOVE=1\nFDNAME={name}"));
+            self.store.remove(&name);
+            info!("dropped descriptor {name}");
+        }
+        if field("READY=").as_deref() == Some("1") && !self.ready_forwarded {
+            self.ready_forwarded = true;
+            self.upstream.notify("READY=1");
+        }
     }
 }
 
@@ -303,15 +345,20 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
         store.put(FUSE_FD_NAME, fd)?;
         info!("holding descriptor {FUSE_FD_NAME} from the service manager");
     }
-    let mut ready_forwarded = false;
+    let mut notifications = Notifications {
+        socket,
+        store,
+        upstream,
+        ready_forwarded: false,
+    };
     let mut delay = Duration::from_millis(100);
     let mut restarts = 0;
     let result = loop {
         let started = Instant::now();
-        let mut child = match spawn(command, &socket_path, &store) {
+        let mut child = match spawn(command, &socket_path, &notifications.store) {
             Ok(child) => child,
             // The binary being replaced, no memory to fork: the mount waits for the next try.
-            Err(e) if store.holds_mount() && !terminate.load(Ordering::Relaxed) => {
+            Err(e) if notifications.store.holds_mount() && !terminate.load(Ordering::Relaxed) => {
                 warn!("{e:#}: trying again in {delay:?}");
                 std::thread::sleep(delay);
                 delay = (delay * 2).min(MAX_RESTART_DELAY);
@@ -322,10 +369,10 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
         info!("started {} (pid {})", command[0].to_string_lossy(), child.id());
         let mut stopping_sent = false;
         let status = loop {
-            receive(&socket, &mut store, &mut ready_forwarded, &upstream);
+            notifications.receive();
             if terminate.load(Ordering::Relaxed) && !stopping_sent {
                 stopping_sent = true;
-                upstream.notify("STOPPING=1");
+                notifications.upstream.notify("STOPPING=1");
                 signal_child(&child, libc::SIGTERM);
             }
             if hangup.swap(false, Ordering::Relaxed) {
@@ -337,8 +384,8 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
             }
         };
         // Messages sent just before the exit (a clean stop's FDSTOREREMOVE) count.
-        while receive(&socket, &mut store, &mut ready_forwarded, &upstream) {}
-        if terminate.load(Ordering::Relaxed) || !store.holds_mount() {
+        while notifications.receive() {}
+        if terminate.load(Ordering::Relaxed) || !notifications.store.holds_mount() {
             info!("yolofs {}; the mount is not kept", describe(status));
             break exit_code(status);
         }
@@ -354,7 +401,7 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
         );
         let deadline = Instant::now() + delay;
         while Instant::now() < deadline && !terminate.load(Ordering::Relaxed) {
-            receive(&socket, &mut store, &mut ready_forwarded, &upstream);
+            notifications.receive();
         }
         if terminate.load(Ordering::Relaxed) {
             // Nobody serves the mount now: dropping its descriptor ends it (a later yolofs
@@ -362,45 +409,9 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
             break exit_code(status);
         }
     };
-    drop(store);
+    drop(notifications);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(result)
-}
-
-/// Handles one notification if one arrives within the socket's timeout; false if none did.
-fn receive(socket: &UnixDatagram, store: &mut Store, ready_forwarded: &mut bool, upstream: &Upstream) -> bool {
-    let mut buffer = [0u8; 4096];
-    let mut fds = [-1 as RawFd; 8];
-    match socket.recv_with_fd(&mut buffer, &mut fds) {
-        Ok((bytes, nfds)) => {
-            // SAFETY: recvmsg installed these descriptors in this process for us alone.
-            let owned = fds[..nfds]
-                .iter()
-                .map(|fd| unsafe { OwnedFd::from_raw_fd(*fd) })
-                .collect();
-            apply(
-                &String::from_utf8_lossy(&buffer[..bytes]),
-                owned,
-                store,
-                ready_forwarded,
-                upstream,
-            );
-            true
-        }
-        Err(e)
-            if matches!(
-                e.kind(),
-                ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-            ) =>
-        {
-            false
-        }
-        Err(e) => {
-            warn!("keeper socket: {e}");
-            std::thread::sleep(Duration::from_millis(100));
-            false
-        }
-    }
 }
 
 fn signal_child(child: &Child, signal: i32) {

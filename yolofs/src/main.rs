@@ -513,11 +513,20 @@ fn absolute_mount_point(mountpoint: &Path) -> PathBuf {
     }
 }
 
-fn is_yolofs_mount(path: &Path) -> bool {
-    matches!(
-        mounted_filesystem(path).as_deref(),
-        Some("fuse yolofs" | "fuse.yolofs yolofs")
-    )
+/// Whether a filesystem as [`mounted_filesystem`] names it is a yolofs.
+fn is_yolofs(filesystem: Option<&str>) -> bool {
+    matches!(filesystem, Some("fuse yolofs" | "fuse.yolofs yolofs"))
+}
+
+/// Fails if a yolofs answers on `control_socket` already: it is never replaced.
+fn refuse_if_running(control_socket: &Path) -> Result<()> {
+    if control::call_within(control_socket, &json!({"op": "status"}), Duration::from_secs(2)).is_ok() {
+        bail!(
+            "a yolofs is already running: its control socket {} answers",
+            control_socket.display()
+        );
+    }
+    Ok(())
 }
 
 /// The descriptor of our mount if a keeper passed it (a restart), and the mount is still there.
@@ -525,13 +534,8 @@ fn inherited_mount(mountpoint: &Path, control_socket: &Path) -> Result<Option<st
     let Some(fd) = keeper::inherited_fuse_fd() else {
         return Ok(None);
     };
-    if control::call_within(control_socket, &json!({"op": "status"}), Duration::from_secs(2)).is_ok() {
-        bail!(
-            "a yolofs is already running: its control socket {} answers",
-            control_socket.display()
-        );
-    }
-    if is_yolofs_mount(&absolute_mount_point(mountpoint)) {
+    refuse_if_running(control_socket)?;
+    if is_yolofs(mounted_filesystem(&absolute_mount_point(mountpoint)).as_deref()) {
         return Ok(Some(fd));
     }
     warn!(
@@ -559,18 +563,13 @@ fn forget_cached_entries(notifier: &fuser::Notifier, source: &Path) {
 /// on it keep failing; new opens get the new mount). A yolofs still answering on the control
 /// socket is not replaced.
 fn prepare_mount_point(mountpoint: &Path, control_socket: &Path) -> Result<()> {
-    if control::call_within(control_socket, &json!({"op": "status"}), Duration::from_secs(2)).is_ok() {
-        bail!(
-            "a yolofs is already running: its control socket {} answers",
-            control_socket.display()
-        );
-    }
+    refuse_if_running(control_socket)?;
     let absolute = absolute_mount_point(mountpoint);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match mounted_filesystem(&absolute).as_deref() {
             None => {}
-            Some(_) if is_yolofs_mount(&absolute) => {
+            filesystem if is_yolofs(filesystem) => {
                 warn!(
                     "{} is still mounted (a yolofs that died); detaching it",
                     absolute.display()
@@ -704,7 +703,6 @@ fn mount(args: MountArgs) -> Result<()> {
                 args.mountpoint.display()
             );
             fs.set_kernel_passthrough(!args.no_kernel_passthrough);
-            keeper::resend_in_flight(fd.as_fd());
             fuser::Session::resume(adapter, fd, config.acl, config.clone())
         }
         None => {

@@ -14,6 +14,7 @@ from nova.virt.libvirt import driver as libvirt_driver
 
 from tests.unit import nova_base
 from yolo_nova.virt import backing
+from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
 
 
@@ -74,7 +75,7 @@ class TestQcow2DisksInXml(nova_base.NoDBTestCase):
                "<disk type='block'><driver type='raw'/><source dev='/dev/sdb'/></disk>"
                "<disk type='network'><driver type='raw'/><source name='vol'/></disk>"
                "</devices></domain>")
-        self.assertEqual(['/i/disk'], yolo_driver.qcow2_file_disks(xml))
+        self.assertEqual([(None, '/i/disk', False)], detach.qcow2_file_disks(xml))
 
 
 class PrivilegedRebaseTestCase(nova_base.NoDBTestCase):
