@@ -57,6 +57,13 @@ def test_image():
 
 
 @pytest.fixture(scope='session')
+def test_image_tree_digest(test_image):
+    """The digest of the test image's files (tests.guest_disk.TREE_DIGEST)."""
+    from tests import guest_disk
+    return guest_disk.source_tree_digest(test_image)
+
+
+@pytest.fixture(scope='session')
 def image_cache(tmp_path_factory, test_image):
     """An image cache directory holding the test image as Nova stores it: ``_base/<sha1>``, raw."""
     instances = tmp_path_factory.mktemp('instances')

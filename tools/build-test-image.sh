@@ -5,7 +5,10 @@
 # debootstrapped Debian 12 (kernel + initramfs, systemd, sshd) and extlinux as its boot loader,
 # so QEMU boots it from the disk (BIOS -> MBR -> extlinux -> kernel -> root filesystem): the
 # boot reads YOLO exists for all hit the disk image. A oneshot unit ordered after ssh.service
-# prints YOLO_READY_MARKER on the serial console once sshd has started.
+# prints YOLO_READY_MARKER on the serial console once sshd has started. qemu-guest-agent runs when
+# the guest has its channel (libvirt's org.qemu.guest_agent.0; Nova adds it for images with
+# hw_qemu_guest_agent=yes): tests and benchmarks run commands inside the guest with it (fio among
+# them), for example to read every block of the disk once its guest has left the yolofs mount.
 #
 # Output: a compressed qcow2 (what an operator would upload to Glance). It is cached and rebuilt
 # only when this script changes.
@@ -75,7 +78,7 @@ mount "$loopdev" "$root"
 
 echo "==> debootstrap bookworm from $mirror" >&2
 debootstrap --variant=minbase \
-    --include=linux-image-amd64,systemd-sysv,udev,openssh-server,ifupdown,isc-dhcp-client,iproute2,kmod \
+    --include=linux-image-amd64,systemd-sysv,udev,openssh-server,ifupdown,isc-dhcp-client,iproute2,kmod,qemu-guest-agent,fio \
     bookworm "$root" "$mirror" >&2
 
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done

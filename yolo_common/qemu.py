@@ -180,7 +180,8 @@ def drop_caches():
 
 def libvirt_domain_xml(name, disk, console_log, uuid=None):
     """A libvirt domain booting the qcow2 ``disk`` as Nova's guests do (virtio, ``cache=none``,
-    TCG), its serial console written to ``console_log``."""
+    TCG), its serial console written to ``console_log``, with the channel of a QEMU guest agent
+    (as Nova gives images with ``hw_qemu_guest_agent=yes``)."""
     uuid_element = '<uuid>%s</uuid>' % uuid if uuid else ''
     return f"""<domain type='qemu'>
   <name>{name}</name>{uuid_element}
@@ -196,5 +197,6 @@ def libvirt_domain_xml(name, disk, console_log, uuid=None):
       <target dev='vda' bus='virtio'/>
     </disk>
     <serial type='file'><source path='{console_log}'/><target port='0'/></serial>
+    <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
   </devices>
 </domain>"""

@@ -10,6 +10,7 @@ of another project). Host-side checks
 import json
 import os
 import pathlib
+import signal
 import subprocess
 
 import pytest
@@ -24,6 +25,7 @@ INSTANCES = pathlib.Path('/var/lib/nova/instances')
 BASE_DIR = INSTANCES / '_base'
 MOUNT_POINT = pathlib.Path('/var/lib/nova/yolofs')
 CONTROL_SOCKET = '/run/yolofs/control.sock'
+AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
 YOLOFS = '/usr/local/bin/yolofs'
 READY_MARKER = 'YOLO-GUEST-READY'
 FLAVOR = 'm1.yolo'
@@ -65,6 +67,14 @@ def yolofs_ctl(*args):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def kill_yolofs():
+    """SIGKILLs yolofs and its keeper (the service's process group): the mount is left dead
+    (ENOTCONN) until ``aio start-yolofs``."""
+    pidfile = AIO_RUN_DIR / 'yolofs.pid'
+    os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+    pidfile.unlink()
 
 
 def image_property(image, name):
@@ -152,10 +162,12 @@ def test_image_file():
 
 @pytest.fixture(scope='session')
 def public_image(cloud, test_image_file):
-    """The test image, uploaded by the admin as a public image, as a plain upload."""
+    """The test image, uploaded by the admin as a public image, as a plain upload. Its guests
+    get the QEMU guest agent's channel (tests run commands inside them)."""
     name = 'e2e-public-%d' % os.getpid()
     image = admin('image', 'create', '--public', '--disk-format', 'qcow2',
-                  '--container-format', 'bare', '--file', test_image_file, name)
+                  '--container-format', 'bare', '--property', 'hw_qemu_guest_agent=yes',
+                  '--file', test_image_file, name)
     yield image
     admin('image', 'delete', image['id'], parse=False, check=False)
 

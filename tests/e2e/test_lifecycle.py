@@ -6,9 +6,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from tests import guest_disk
 from tests.e2e.conftest import (
     AIO, BASE_DIR, INSTANCES, MOUNT_POINT, RESIZE_FLAVOR, admin, backing_file, base_file_name,
-    create_server, delete_server, demo, wait_for_ready, wait_for_status, wait_until)
+    console_log, create_server, delete_server, demo, kill_yolofs, wait_for_ready, wait_for_status,
+    wait_until)
 
 CLOUD = 'aio-demo'
 
@@ -128,30 +130,38 @@ def test_yolofs_stopped_under_a_guest_on_the_mount(guest, published_boot_image):
     guest.wait_ready()
 
 
-def domain_disk(server_id):
+def libvirt_domain(server_id):
+    """The server's running guest, as libvirt's domain."""
+    import libvirt
+    name = admin('server', 'show', server_id)['OS-EXT-SRV-ATTR:instance_name']
+    return libvirt.open('qemu:///system').lookupByName(name)
+
+
+def domain_disk(domain):
     """(source, backing store source) of the running guest's disk in libvirt's live XML."""
-    domain = admin('server', 'show', server_id)['OS-EXT-SRV-ATTR:instance_name']
-    xml = ET.fromstring(subprocess.run(['virsh', '-c', 'qemu:///system', 'dumpxml', domain],
-                                       capture_output=True, text=True, check=True).stdout)
-    disk = xml.find('./devices/disk')
+    disk = ET.fromstring(domain.XMLDesc()).find('./devices/disk')
     return disk.find('source').get('file'), disk.find('backingStore/source').get('file')
 
 
-def test_the_guest_leaves_the_mount_once_its_boot_is_over(guest, published_boot_image):
+def test_the_guest_leaves_the_mount_once_its_boot_is_over(guest, published_boot_image,
+                                                          test_image_tree_digest):
     """Booted from the mount (the previous test's hard reboot), the running guest moves to _base
-    once its boot is over, and then runs on without yolofs: it reboots with yolofs stopped."""
+    once its boot is over, and then runs on without yolofs: yolofs and its keeper are killed
+    (SIGKILL), and inside the guest every block of its disk reads without an I/O error and its
+    files are the source's."""
     source, _ = published_boot_image
     base = str(BASE_DIR / base_file_name(source['id']))
     # The boot window ends 30 s after the boot's last read (--record-idle-secs).
     wait_until('guest of %s off the mount' % guest.id, 300,
                lambda: backing_file(guest.id) == base)
-    assert domain_disk(guest.id) == (str(INSTANCES / guest.id / 'disk'), base)
-    subprocess.run([str(AIO), 'stop-yolofs'], check=True)
+    domain = libvirt_domain(guest.id)
+    assert domain_disk(domain) == (str(INSTANCES / guest.id / 'disk'), base)
+    kill_yolofs()
     try:
-        demo('server', 'reboot', '--soft', '--wait', guest.id, parse=False)
-        guest.wait_ready()
+        guest_disk.check_guest_reads_its_disk(domain, test_image_tree_digest)
     finally:
         subprocess.run([str(AIO), 'start-yolofs'], check=True)
+    assert guest_disk.GUEST_IO_ERROR.findall(console_log(CLOUD, guest.id).encode()) == []
 
 
 def test_delete(guest):

@@ -10,11 +10,11 @@ bytes served from the boot image.
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import time
 
+from tests.guest_disk import GUEST_IO_ERROR
 from yolo_common import images
 from yolo_common import qemu
 from yolo_common import yolofs
@@ -62,9 +62,6 @@ def test_learn_then_boot_from_the_boot_image(image_cache, mount_factory, tmp_pat
 
 
 # What a guest's kernel prints when a read of its disk fails.
-GUEST_IO_ERROR = re.compile(
-    rb'[^\n]*(?:I/O error|blk_update_request|critical medium error|EXT4-fs error'
-    rb'|Remounting filesystem read-only)[^\n]*')
 KILL_BOOTS = 20
 
 
