@@ -22,6 +22,7 @@ import time
 
 from oslo_concurrency import processutils
 from oslo_utils.imageutils import format_inspector
+from oslo_utils import strutils
 import re2
 
 from yolo_common import contract
@@ -50,6 +51,14 @@ class Unbootable(Exception):
     """The image cannot give a boot image (a reason for the operator, not a transient error)."""
 
 
+def guest_devices(image):
+    """QEMU options for the devices Nova would give the image's guests that change what they
+    read while booting."""
+    if strutils.bool_from_string(image.get('hw_qemu_guest_agent')):
+        return GUEST_AGENT_PORT
+    return ()
+
+
 def why_not(image, container_format):
     """Why ``image`` gets no boot image, or None if it should get one."""
     disk_format = image.get('disk_format')
@@ -72,6 +81,12 @@ def why_not(image, container_format):
 # privileges, no processes spawned, no obsolete system calls, no resource control). The worker
 # adds both whatever the runner plugin (profiling.py).
 SANDBOX = ('-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny')
+# Nova gives the guests of an image with hw_qemu_guest_agent=yes a virtio-serial port for the QEMU
+# guest agent, and the guest's agent starts when it sees the port, reading its files during the
+# boot. The profiling boot gets the same port so that those reads are in the boot image; its host
+# end is a null chardev: nothing is read from it or written to it.
+GUEST_AGENT_PORT = ('-chardev', 'null,id=yolo-qga', '-device', 'virtio-serial-pci',
+                    '-device', 'virtserialport,chardev=yolo-qga,name=org.qemu.guest_agent.0')
 # qemu-img reads tenants' data: bounded as Nova bounds it (its QEMU_IMG_LIMITS bound qemu-img
 # info to 1 GiB of address space; a conversion also gets CPU time for a large image). Threads
 # take their stacks' size from the stack limit: 2 MiB, not 8, keeps the up to 64 threads of a
@@ -310,13 +325,15 @@ class Worker:
                  '%ss at most)', image['id'], accel, ''.join(' ' + a for a in runner_args),
                  ', '.join(type(d).__name__ for d in self.readiness), options.ready_pattern,
                  idle_seconds, options.max_seconds)
-        # The limits, the sandbox and the absence of a network device are the worker's.
+        # The limits, the sandbox, the devices and the absence of a network device are the
+        # worker's.
         learned = self.learner(base, os.path.join(work, 'learn'),
                                boot_timeout=options.max_seconds,
                                idle_seconds=idle_seconds, ready_marker=ready_marker,
                                accel=accel, memory_mib=options.memory_mib,
                                console_log=os.path.join(work, 'console.log'),
-                               network=False, extra_args=SANDBOX + runner_args)
+                               network=False,
+                               extra_args=SANDBOX + guest_devices(image) + runner_args)
         LOG.info('%s: profiling boot ended by %s after %.1fs', image['id'], learned.ended_by,
                  learned.boot_seconds)
         self.metrics.profiling_boot_duration.labels(learned.ended_by).observe(

@@ -212,6 +212,20 @@ def test_profiling_boots_have_no_network_and_run_sandboxed(glance, make_worker):
     assert call['extra_args'][0] == '-sandbox' and call['extra_args'][1].startswith('on,')
 
 
+@pytest.mark.parametrize('value, has_port', [
+    ('yes', True), ('True', True), ('no', False), (None, False)])
+def test_profiling_boots_have_the_guest_agent_port_nova_gives(
+        glance, make_worker, value, has_port):
+    worker = make_worker()
+    worker.build(glance.add(raw_disk(), **({'hw_qemu_guest_agent': value} if value else {})))
+    extra_args = worker.learner.calls[0]['extra_args']
+    assert extra_args[:2] == worker_mod.SANDBOX
+    port = 'virtserialport,chardev=yolo-qga,name=org.qemu.guest_agent.0'
+    assert (port in extra_args) is has_port
+    # Nothing but the agent's port: no other chardev, no network.
+    assert ('-nic' in extra_args, extra_args.count('-chardev')) == (False, int(has_port))
+
+
 def test_per_image_overrides_stay_within_the_operators_maxima(glance, make_worker):
     source = glance.add(raw_disk(), min_ram=1 << 20, **{
         worker_mod.IDLE_PROPERTY: '0', worker_mod.MAX_PROPERTY: '1e9'})
