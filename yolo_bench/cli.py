@@ -2,6 +2,8 @@
 
     yolo-boot-bench run --scenario multi --sizes 1,2,4 --images same,distinct --storage hdd
     yolo-boot-bench run --scenario contention --sizes 0,1,2,4 --storage hdd
+    yolo-boot-bench run --scenario contention --sizes 8 --cache none,writethrough
+    yolo-boot-bench run --test-image other.qcow2 --ready-pattern 'login: ?$'
     yolo-boot-bench report results/boot.csv
 
 ``run`` appends one CSV row per run to --csv (so an interrupted benchmark keeps what it measured)
@@ -10,6 +12,7 @@ and prints the summary; ``report`` turns CSV files into the Markdown summary tab
 
 import argparse
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -17,12 +20,20 @@ import sys
 from yolo_bench import plan as plan_mod
 from yolo_bench import results as results_mod
 from yolo_common import cli
+from yolo_common import qemu
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _list(kind=str):
     return lambda text: [kind(item) for item in text.split(',') if item]
+
+
+def _pattern(text):
+    try:
+        return re.compile(text.encode())
+    except re.error as e:
+        raise argparse.ArgumentTypeError('not a regular expression: %s' % e)
 
 
 def parse_args(argv):
@@ -42,6 +53,9 @@ def parse_args(argv):
                                                         ','.join(plan_mod.MEMORY_POLICIES)))
     run.add_argument('--storage', type=_list(), default=['hdd'],
                      help='hdd (the emulated HDD) and/or local (this machine\'s disk)')
+    run.add_argument('--cache', type=_list(), default=['writethrough'],
+                     help='QEMU cache modes of the guests\' disks: writethrough (the thesis\') '
+                          'and/or none (Nova\'s where O_DIRECT works: no page cache)')
     run.add_argument('--repetitions', type=int, default=3, help='runs of each configuration')
     run.add_argument('--csv', type=pathlib.Path, default=REPO / 'results' / 'boot.csv',
                      help='one row per run is appended to it')
@@ -50,6 +64,9 @@ def parse_args(argv):
                      help='scratch space for base files, overlays and mounts')
     run.add_argument('--test-image', type=cli.existing_file,
                      help='qcow2 to boot (default: the one tools/build-test-image.sh builds)')
+    run.add_argument('--ready-pattern', type=_pattern, default=qemu.READY_MARKER,
+                     help='regular expression the guest prints on its serial console when it '
+                          'is ready (default: the test image\'s %r)' % qemu.READY_MARKER.decode())
     report = sub.add_parser('report', help='summary table and plots from CSV files',
                             formatter_class=cli.HelpFormatter)
     report.add_argument('csv', type=cli.existing_file, nargs='+',
@@ -67,7 +84,7 @@ def command_run(args):
     from yolo_bench import runner
 
     runs = plan_mod.plan(args.storage, args.scenario, args.sizes, args.policies,
-                         args.repetitions, args.images)
+                         args.repetitions, args.images, args.cache)
     test_image = args.test_image or subprocess.run(
         [str(REPO / 'tools' / 'build-test-image.sh')], check=True, capture_output=True,
         text=True).stdout.split()[-1]
@@ -77,7 +94,7 @@ def command_run(args):
     work.mkdir(parents=True)
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     runner.log('%d runs planned; learning the boot image' % len(runs))
-    trace = runner.learn_boot_image(test_image, work)
+    trace = runner.learn_boot_image(test_image, work, args.ready_pattern)
     measured = []
     for storage in args.storage:
         storage_runs = [r for r in runs if r.point.storage == storage]
@@ -87,16 +104,17 @@ def command_run(args):
                          if r.point.scenario == 'contention'), default=0)
         with runner.StorageSession(disk, work, test_image, plan_mod.images_needed(storage_runs),
                                    trace, stressors,
-                                   memory_pressure=args.scenario == 'memory') as session:
+                                   memory_pressure=args.scenario == 'memory',
+                                   ready_marker=args.ready_pattern) as session:
             for i, run in enumerate(storage_runs):
                 console_dir = work / 'consoles' / ('%s-%d' % (storage, i))
                 console_dir.mkdir(parents=True)
                 result = runner.measure(session, run, console_dir)
                 results_mod.append_csv(args.csv, result)
                 measured.append(result)
-                runner.log('%d/%d %s %s size=%d %s %s: %.1f s (each: %s)' % (
-                    i + 1, len(storage_runs), storage, run.point.scenario, run.point.size,
-                    run.point.images, run.point.policy, result.boot_ms / 1000,
+                runner.log('%d/%d %s cache=%s %s size=%d %s %s: %.1f s (each: %s)' % (
+                    i + 1, len(storage_runs), storage, run.point.cache, run.point.scenario,
+                    run.point.size, run.point.images, run.point.policy, result.boot_ms / 1000,
                     ' '.join('%.1f' % (ms / 1000) for ms in result.boot_ms_each)))
     print(results_mod.table(results_mod.summarise(measured)))
 

@@ -1,9 +1,9 @@
 """Which boots a benchmark run makes, and in what order.
 
-A *point* is one configuration (storage, scenario, its size, images, policy); a *run* is one
-repetition of a point. Runs are ordered repetition by repetition, and inside a repetition point by
-point with every policy in turn, so that slow drifts of a shared, noisy machine hit all policies
-alike instead of biasing whichever was measured last.
+A *point* is one configuration (storage, scenario, its size, images, policy, QEMU's cache mode); a
+*run* is one repetition of a point. Runs are ordered repetition by repetition, and inside a
+repetition point by point with every policy in turn, so that slow drifts of a shared, noisy
+machine hit all policies alike instead of biasing whichever was measured last.
 """
 
 import dataclasses
@@ -16,6 +16,9 @@ IMAGE_KINDS = ('same', 'distinct')
 
 # The memory scenario compares boot images locked in RAM with unlocked ones.
 MEMORY_POLICIES = ('normal', 'yolo', 'yolo-unlocked')
+# QEMU's cache modes for the guests' disks: the thesis' (reads through the host's page cache), and
+# Nova's wherever the instance directory supports O_DIRECT (the page cache bypassed).
+CACHE_MODES = ('writethrough', 'none')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Point:
     size: int       # multi: simultaneous boots; contention: I/O stressors; memory: MiB left free
     images: str     # 'same' or 'distinct' (multi); 'same' otherwise
     policy: str
+    cache: str = 'writethrough'     # QEMU's cache mode for the guests' disks
 
     @property
     def boots(self):
@@ -36,7 +40,7 @@ class Point:
         return self.boots if self.images == 'distinct' else 1
 
     def key(self):
-        return (self.storage, self.scenario, self.size, self.images, self.policy)
+        return (self.storage, self.scenario, self.size, self.images, self.policy, self.cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +55,11 @@ def _check(values, allowed, what):
             raise ValueError('unknown %s %r (choose from %s)' % (what, value, ', '.join(allowed)))
 
 
-def plan(storages, scenario, sizes, policies, repetitions, images=('same',)):
+def plan(storages, scenario, sizes, policies, repetitions, images=('same',),
+         caches=('writethrough',)):
     """The runs of one benchmark invocation, in measuring order."""
     _check(storages, STORAGES, 'storage')
+    _check(caches, CACHE_MODES, 'cache mode')
     _check([scenario], SCENARIOS, 'scenario')
     _check(policies, MEMORY_POLICIES if scenario == 'memory' else POLICIES, 'policy')
     _check(images, IMAGE_KINDS, 'image kind')
@@ -68,11 +74,12 @@ def plan(storages, scenario, sizes, policies, repetitions, images=('same',)):
     runs = []
     for storage in storages:
         for repetition in range(repetitions):
-            for size, kind in itertools.product(sizes, images):
+            for cache, size, kind in itertools.product(caches, sizes, images):
                 if kind == 'distinct' and size == 1 and 'same' in images:
                     continue  # one VM: distinct images is the same configuration as same
                 for policy in policies:
-                    runs.append(Run(Point(storage, scenario, size, kind, policy), repetition))
+                    runs.append(Run(Point(storage, scenario, size, kind, policy, cache),
+                                    repetition))
     return runs
 
 

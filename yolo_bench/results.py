@@ -8,9 +8,10 @@ from yolo_bench.plan import Point
 
 FIELDS = ('storage', 'scenario', 'size', 'images', 'policy', 'repetition',
           'boot_ms', 'boot_ms_each', 'guest_cpu_s', 'vcpu_run_s', 'vcpu_runqueue_s',
-          'swapped_in_mib')
-# Columns added later; older files without them read as zero.
+          'swapped_in_mib', 'cache')
+# Columns added later; older files without them read as zero, and as the thesis' cache mode.
 OPTIONAL_FIELDS = ('vcpu_run_s', 'vcpu_runqueue_s', 'swapped_in_mib')
+DEFAULT_CACHE = 'writethrough'
 
 
 @dataclasses.dataclass
@@ -38,7 +39,7 @@ class Result:
                 'guest_cpu_s': '%.2f' % self.guest_cpu_s,
                 'vcpu_run_s': '%.2f' % self.vcpu_run_s,
                 'vcpu_runqueue_s': '%.2f' % self.vcpu_runqueue_s,
-                'swapped_in_mib': '%.1f' % self.swapped_in_mib}
+                'swapped_in_mib': '%.1f' % self.swapped_in_mib, 'cache': p.cache}
 
 
 def write_csv(path, results):
@@ -63,11 +64,11 @@ def read_csv(path):
     results = []
     with open(path, newline='') as f:
         for row in csv.DictReader(f):
-            if not set(FIELDS) - set(OPTIONAL_FIELDS) <= set(row) <= set(FIELDS):
+            if not set(FIELDS) - {*OPTIONAL_FIELDS, 'cache'} <= set(row) <= set(FIELDS):
                 raise ValueError('%s: expected columns %s, found %s' % (
                     path, ', '.join(FIELDS), ', '.join(row)))
             point = Point(row['storage'], row['scenario'], int(row['size']), row['images'],
-                          row['policy'])
+                          row['policy'], row.get('cache') or DEFAULT_CACHE)
             each = tuple(int(ms) for ms in row['boot_ms_each'].split())
             results.append(Result(point, int(row['repetition']), int(row['boot_ms']), each,
                                   float(row['guest_cpu_s']),
@@ -110,9 +111,9 @@ def profile_table(summaries):
     """Where the longest boot's time went, per point (medians, seconds); under memory pressure,
     also how much was read back from swap meanwhile."""
     swap = any(s.point.scenario == 'memory' for s in summaries)
-    head = ('| storage | scenario | size | images | policy | boot | vCPU running | '
+    head = ('| storage | cache | scenario | size | images | policy | boot | vCPU running | '
             'waiting for a CPU | blocked (I/O, timers) |')
-    rule = '|---|---|---|---|---|---:|---:|---:|---:|'
+    rule = '|---|---|---|---|---|---|---:|---:|---:|---:|'
     lines = [head + ' swapped in (MiB) |', rule + '---:|'] if swap else [head, rule]
     for s in summaries:
         p = s.point
@@ -121,8 +122,9 @@ def profile_table(summaries):
                    else '- | - | -')
         if swap:
             profile += ' | %.1f' % s.swapped_in_mib
-        lines.append('| %s | %s | %s | %s | %s | %.1f | %s |' % (
-            p.storage, p.scenario, p.size, p.images, p.policy, s.median_ms / 1000, profile))
+        lines.append('| %s | %s | %s | %s | %s | %s | %.1f | %s |' % (
+            p.storage, p.cache, p.scenario, p.size, p.images, p.policy, s.median_ms / 1000,
+            profile))
     return '\n'.join(lines)
 
 
@@ -135,17 +137,18 @@ def ratio(summaries, point, policy, other):
 
 
 def table(summaries):
-    """A Markdown table: one row per (storage, scenario, size, images), one column per policy."""
+    """A Markdown table: one row per (storage, cache mode, scenario, size, images), one column
+    per policy."""
     policies = list(dict.fromkeys(s.point.policy for s in summaries))
     rows = {}
     for s in summaries:
-        key = (s.point.storage, s.point.scenario, s.point.size, s.point.images)
+        key = (s.point.storage, s.point.cache, s.point.scenario, s.point.size, s.point.images)
         rows.setdefault(key, {})[s.point.policy] = s
-    head = ['storage', 'scenario', 'size', 'images'] + \
+    head = ['storage', 'cache', 'scenario', 'size', 'images'] + \
         ['%s s (min-max)' % p for p in policies]
     if 'normal' in policies:
         head += ['normal / %s' % p for p in policies if p != 'normal']
-    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * 4 + '---:|' * (len(head) - 4)]
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * 5 + '---:|' * (len(head) - 5)]
     for key, by_policy in rows.items():
         cells = [str(k) for k in key]
         for p in policies:

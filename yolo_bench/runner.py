@@ -11,8 +11,10 @@ done (warm: the base files read into page cache; yolo: boot images reloaded from
 locked; yolo-unlocked: the same through a second mount that does not lock them; yolo+pin: QEMU's
 files pinned), stressors or memory pressure are started, then all the run's guests are started at
 once, each with a fresh qcow2 overlay on the storage, and the time to
-the guest's "sshd started" marker is taken for each. QEMU uses cache=writethrough, the thesis'
-cache mode, so the page cache is on the read path as it was there.
+the guest's ready pattern (the test image's "sshd started" marker by default) is taken for each.
+QEMU uses the run's cache mode: writethrough, the thesis' (the page cache is on the read path as
+it was there), or none, Nova's wherever O_DIRECT works (the page cache is bypassed, and a warm one
+cannot help).
 """
 
 import contextlib
@@ -32,7 +34,7 @@ from yolo_common import qemu
 from yolo_common import yolofs
 
 BOOT_TIMEOUT = 1800
-CACHE_MODE = 'writethrough'
+LEARNING_CACHE_MODE = 'writethrough'
 GUEST_MEMORY_MIB = 512
 
 
@@ -44,12 +46,13 @@ class StorageSession:
     """Everything one storage needs for its runs: base files, boot images, the yolofs mount."""
 
     def __init__(self, disk, work, test_image, image_count, learned, stressors=0,
-                 memory_pressure=False):
+                 memory_pressure=False, ready_marker=qemu.READY_MARKER):
         self.disk = disk
         self.work = pathlib.Path(work)
         self.test_image = test_image
         self.image_count = image_count
         self.learned = learned           # (trace path) of a boot learned on the local disk
+        self.ready_marker = ready_marker
         self.base_dir = disk.root / '_base'
         self.disk_dir = disk.root / 'instances'
         self.store = self.work / ('store-' + disk.name)
@@ -241,8 +244,8 @@ def run_boots(session, point, console_dir):
             overlays.append(overlay)
         for i, overlay in enumerate(overlays):
             guests.append(qemu.Guest(
-                overlay, cache=CACHE_MODE, memory_mib=GUEST_MEMORY_MIB,
-                console_log=console_dir / ('vm%d.log' % i),
+                overlay, cache=point.cache, memory_mib=GUEST_MEMORY_MIB,
+                ready_marker=session.ready_marker, console_log=console_dir / ('vm%d.log' % i),
                 preexec_fn=session.disk.join_cgroup).start())
         times = [round(guest.wait_ready(BOOT_TIMEOUT) * 1000) for guest in guests]
         return times, [(guest.cpu_at_ready, *guest.vcpu_at_ready) for guest in guests]
@@ -267,14 +270,14 @@ def measure(session, run, console_dir):
                   swapped_in_mib=swapped_in)
 
 
-def learn_boot_image(test_image, work):
+def learn_boot_image(test_image, work, ready_marker=qemu.READY_MARKER):
     """Learns the test image's boot trace from one boot on the machine's own disk."""
     base_dir = work / 'learn' / '_base'
     base_dir.mkdir(parents=True)
     base = base_dir / images.base_file_name(str(uuid.uuid4()))
     images.convert_to_raw(test_image, base)
     learned = learning.learn_boot_image(base, work / 'learn', boot_timeout=BOOT_TIMEOUT,
-                                        cache=CACHE_MODE)
+                                        cache=LEARNING_CACHE_MODE, ready_marker=ready_marker)
     trace = work / 'boot.trace'
     shutil.copy(learned.trace, trace)
     shutil.rmtree(work / 'learn')

@@ -52,12 +52,13 @@ class ThrottledDisk:
 
     name = 'hdd'
 
-    def __init__(self, root, size_gib=24, limits=DiskLimits(), cgroup='yolo-hdd'):
+    def __init__(self, root, size_gib=24, limits=DiskLimits(), cgroup=None):
         self.root = pathlib.Path(root)
         self.image = self.root.parent / (self.root.name + '.img')
         self.size_gib = size_gib
         self.limits = limits
-        self.cgroup = BLKIO / cgroup
+        # One cgroup per benchmark process: two runs never share (or tear down) a throttle.
+        self.cgroup = BLKIO / (cgroup or 'yolo-hdd-%d' % os.getpid())
         self.loop = None
 
     def setup(self):

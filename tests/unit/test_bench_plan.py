@@ -26,6 +26,35 @@ def test_storages_are_planned_one_after_the_other():
     assert {r.point.boots for r in runs} == {1}
 
 
+def test_cache_modes_interleave_inside_each_repetition():
+    runs = plan.plan(['hdd'], 'contention', [8], ['normal', 'yolo'], 2,
+                     caches=['none', 'writethrough'])
+    assert [(r.repetition, r.point.cache, r.point.policy) for r in runs[:4]] == [
+        (0, 'none', 'normal'), (0, 'none', 'yolo'),
+        (0, 'writethrough', 'normal'), (0, 'writethrough', 'yolo')]
+    assert len(runs) == 8
+    with pytest.raises(ValueError, match='unknown cache mode'):
+        plan.plan(['hdd'], 'contention', [8], ['normal'], 1, caches=['unsafe'])
+
+
+def test_cache_modes_are_kept_apart_in_files_tables_and_plots(tmp_path):
+    from yolo_bench import plots
+    measured = [Result(Point('hdd', 'contention', 8, 'same', policy, cache), 0, ms, (ms,), 10.0)
+                for cache, policy, ms in (('none', 'normal', 158600), ('none', 'yolo', 41800),
+                                          ('writethrough', 'normal', 90000))]
+    path = tmp_path / 'boot.csv'
+    for r in measured:
+        results.append_csv(path, r)
+    assert results.read_csv(path) == measured
+    table = results.table(results.summarise(measured))
+    assert '| hdd | none | contention | 8 | same | 158.6 (158.6-158.6) | 41.8 (41.8-41.8) ' \
+        '| 3.79 |' in table
+    assert '| hdd | writethrough | contention | 8 | same | 90.0 (90.0-90.0) | - | - |' in table
+    paths = plots.plot(results.summarise(measured), tmp_path / 'plots')
+    assert sorted(p.name for p in paths) == ['boot-contention-hdd-same-cache-none.png',
+                                             'boot-contention-hdd-same.png']
+
+
 def test_distinct_images_needed():
     runs = plan.plan(['hdd'], 'multi', [1, 2, 4], ['normal'], 1, ['same', 'distinct'])
     assert plan.images_needed(runs) == 4
@@ -79,6 +108,7 @@ def test_csv_without_the_later_columns_reads_them_as_zero(tmp_path):
     (old,) = results.read_csv(path)
     assert (old.boot_ms, old.guest_cpu_s, old.vcpu_run_s, old.vcpu_runqueue_s) == \
         (24000, 20.5, 0.0, 0.0)
+    assert old.point.cache == 'writethrough'
     assert '| yolo | 24.0 | - | - | - |' in results.profile_table(results.summarise([old]))
 
 
@@ -99,10 +129,11 @@ def test_summaries_take_median_min_max_of_the_longest_boots():
     assert results.ratio(summaries, yolo.point, 'yolo', 'normal') == 5.0
     assert results.ratio(summaries, yolo.point, 'yolo', 'warm') is None
     table = results.table(summaries)
-    assert '| hdd | multi | 4 | same | 60.0 (50.0-70.0) | 12.0 (10.0-30.0) | 5.00 |' in table
+    assert ('| hdd | writethrough | multi | 4 | same | 60.0 (50.0-70.0) | 12.0 (10.0-30.0) '
+            '| 5.00 |') in table
     # Profile of the median run: 60 s = 30 s running + 15 s waiting for a CPU + 15 s blocked.
     assert (normal.run_s, normal.runqueue_s, normal.blocked_s) == (30.0, 15.0, 15.0)
-    assert '| hdd | multi | 4 | same | normal | 60.0 | 30.0 | 15.0 | 15.0 |' in \
+    assert '| hdd | writethrough | multi | 4 | same | normal | 60.0 | 30.0 | 15.0 | 15.0 |' in \
         results.profile_table(summaries)
 
 
@@ -118,7 +149,8 @@ def test_memory_profiles_show_what_was_swapped_in(tmp_path):
     assert summary.swapped_in_mib == 60.0
     table = results.profile_table([summary])
     assert table.splitlines()[0].endswith('| swapped in (MiB) |')
-    row = '| hdd | memory | 256 | same | yolo-unlocked | 40.0 | 24.0 | 0.5 | 15.5 | 60.0 |'
+    row = ('| hdd | writethrough | memory | 256 | same | yolo-unlocked | 40.0 | 24.0 | 0.5 | 15.5 '
+           '| 60.0 |')
     assert row in table
     # Other scenarios keep the table without it.
     assert 'swapped' not in results.profile_table(results.summarise([result('yolo', 1, 1000)]))

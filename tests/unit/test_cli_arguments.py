@@ -29,3 +29,18 @@ def test_help_shows_defaults(main, argv, expected, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert expected in capsys.readouterr().out
+
+
+def test_a_bad_ready_pattern_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_cli.main(['run', '--ready-pattern', 'login: ('])
+    assert exit_info.value.code == 2
+    assert 'not a regular expression' in capsys.readouterr().err
+
+
+def test_the_boot_benchmark_takes_cache_modes_and_a_ready_pattern():
+    args = bench_cli.parse_args(['run', '--cache', 'none,writethrough',
+                                 '--ready-pattern', r'login: ?$'])
+    assert args.cache == ['none', 'writethrough']
+    assert args.ready_pattern.search(b'yolo-guest login: ') is not None
+    assert bench_cli.parse_args(['run']).ready_pattern == b'YOLO-GUEST-READY'
