@@ -1,46 +1,64 @@
 """Boot times through Nova on the all-in-one cloud: ``openstack server create`` to ACTIVE and to
-the guest's ready marker, with YOLO off and on, the page cache dropped before each boot.
+the guest's ready marker, per policy, the page cache dropped before each boot.
 
-    python -m yolo_bench.cloud [--repetitions 3] [--cloud aio-demo] [--image debian12-yolo]
+    python -m yolo_bench.cloud [--repetitions 3] [--storage hdd --stressors 0,8] [--servers 1,4]
 
-Run as root with the all-in-one's venv (tools/aio/boot-times does both). YOLO off is yolofs
-stopped on the compute node: the driver then backs instance disks on ``_base``, which is Nova's
-own behaviour. Policies are interleaved, repetition by repetition, so that the machine's noise
-falls on both alike. Servers are created as a non-admin user with ``--nic none``.
+Policies: ``off`` is yolofs stopped on the compute node (the driver then backs instance disks on
+``_base``, Nova's own behaviour), ``on`` is YOLO, ``warm`` is ``off`` with the base file read into
+the page cache first (which helps only where Nova's cache mode goes through the page cache; the
+report gives the mode Nova chose, read from the guest's domain XML). Runs are interleaved:
+repetition by repetition, condition by condition, policy by policy, so that the machine's noise
+falls on all alike. Servers are created as a non-admin user with ``--nic none``; ``--servers N``
+creates N at once (``--min N --max N``) and reports the last of them.
+
+Storage ``hdd``: for the run, the compute node's instances directory (``_base`` included) is the
+boot benchmark's emulated HDD (``yolo_bench.storage.ThrottledDisk``, mounted over it), and every
+process doing I/O there shares its one blkio throttle: the fio stressors and yolofs are moved into
+its cgroup, and each guest's QEMU joins it as it starts, paused before its vCPUs run, through the
+all-in-one's libvirt hook (``tools/aio/libvirt-qemu-hook``).
+
+Run as root with the all-in-one's venv (tools/aio/boot-times does both).
 """
 
 import argparse
+import contextlib
 import dataclasses
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 
 import openstack
+
+from yolo_common import images
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 AIO = REPO / 'tools' / 'aio' / 'aio'
 READY_MARKER = 'YOLO-GUEST-READY'
-POLICIES = ('off', 'on')
+POLICIES = ('off', 'on', 'warm')
+INSTANCES = pathlib.Path('/var/lib/nova/instances')
+AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
+# Read by tools/aio/libvirt-qemu-hook: the cgroup guests join as they start.
+GUESTS_CGROUP_FILE = AIO_RUN_DIR / 'guests-blkio-cgroup'
 
 
 @dataclasses.dataclass
 class Boot:
     policy: str
+    stressors: int
+    servers: int
     repetition: int
-    active_seconds: float
-    ready_seconds: float
+    active_seconds: float       # until the last server was ACTIVE
+    ready_seconds: float        # until the last guest was ready
+    cache: str                  # Nova's cache mode for the root disk (domain XML)
 
 
 def drop_caches():
     subprocess.run(['sync'], check=True)
     pathlib.Path('/proc/sys/vm/drop_caches').write_text('3\n')
-
-
-def set_policy(policy):
-    subprocess.run([str(AIO), 'start-yolofs' if policy == 'on' else 'stop-yolofs'],
-                   check=True, stdout=subprocess.DEVNULL)
 
 
 def wait(what, timeout, probe, interval=1.0):
@@ -54,28 +72,96 @@ def wait(what, timeout, probe, interval=1.0):
         time.sleep(interval)
 
 
-def boot_once(conn, image, flavor, name, timeout):
-    """Creates a server, times it to ACTIVE and to ready, deletes it."""
+class ComputeNode:
+    """The all-in-one's compute node as the benchmark changes it: yolofs on or off, and (storage
+    ``hdd``) the emulated HDD under its instances directory, whose cgroup yolofs joins whenever
+    it starts."""
+
+    def __init__(self):
+        self.disk = None
+
+    def set_policy(self, policy):
+        subprocess.run([str(AIO), 'start-yolofs' if policy == 'on' else 'stop-yolofs'],
+                       check=True, stdout=subprocess.DEVNULL)
+        if policy == 'on' and self.disk is not None:
+            # The service's process group: the keeper and yolofs (a restarted one inherits it).
+            group = (AIO_RUN_DIR / 'yolofs.pid').read_text().strip()
+            pids = subprocess.run(['pgrep', '-g', group], check=True, capture_output=True,
+                                  text=True).stdout.split()
+            for pid in pids:
+                (self.disk.cgroup / 'cgroup.procs').write_text(pid)
+
+    @contextlib.contextmanager
+    def instances_on_hdd(self, stressors):
+        """The instances directory on a new emulated HDD for the duration (nothing of the one
+        beneath it is seen meanwhile: ``_base`` starts empty), with files for ``stressors``."""
+        from yolo_bench import runner
+        from yolo_bench import storage
+        self.set_policy('off')      # yolofs reads _base: it starts again on the new one
+        disk = storage.ThrottledDisk(INSTANCES)
+        disk.setup()
+        try:
+            for path in (INSTANCES, INSTANCES / '_base'):
+                path.mkdir(exist_ok=True)
+                shutil.chown(path, 'nova', 'nova')
+                path.chmod(0o755)
+            for i in range(stressors):
+                storage.write_random(runner.stressor_file(disk, i), runner.STRESSOR_FILE_MIB)
+            self.disk = disk
+            GUESTS_CGROUP_FILE.write_text(str(disk.cgroup))
+            yield disk
+        finally:
+            GUESTS_CGROUP_FILE.unlink(missing_ok=True)
+            self.set_policy('off')
+            self.disk = None
+            disk.teardown()
+
+
+def cache_mode(admin, server_id):
+    """The cache mode of the guest's root disk in its libvirt domain XML."""
+    name = admin.compute.get_server(server_id).instance_name
+    xml = subprocess.run(['virsh', '-c', 'qemu:///system', 'dumpxml', name], check=True,
+                         capture_output=True, text=True).stdout
+    return ET.fromstring(xml).find('./devices/disk/driver').get('cache')
+
+
+def boot_servers(conn, admin, image, flavor, name, count, timeout):
+    """Creates ``count`` servers at once; returns (seconds until the last is ACTIVE, seconds
+    until the last guest is ready, the cache mode); deletes them."""
     started = time.monotonic()
-    server = conn.compute.create_server(name=name, image_id=image.id, flavor_id=flavor.id,
-                                        networks='none')
+    first = conn.compute.create_server(name=name, image_id=image.id, flavor_id=flavor.id,
+                                       networks='none', min_count=count, max_count=count)
+    servers = [first] if count == 1 else wait(
+        'servers %s' % name, 60,
+        lambda: [s for s in conn.compute.servers(name='^%s-' % name)] or None)
     try:
+        assert len(servers) == count, (name, [s.name for s in servers])
+
         def active():
-            current = conn.compute.get_server(server.id)
-            if current.status == 'ERROR':
-                raise RuntimeError('server %s went to ERROR: %s' % (server.id, current.fault))
-            return current.status == 'ACTIVE'
-        wait('server ACTIVE', timeout, active)
+            states = [conn.compute.get_server(s.id) for s in servers]
+            failed = [s for s in states if s.status == 'ERROR']
+            if failed:
+                raise RuntimeError('server %s went to ERROR: %s' % (failed[0].id,
+                                                                    failed[0].fault))
+            return all(s.status == 'ACTIVE' for s in states)
+        wait('servers ACTIVE', timeout, active)
         active_at = time.monotonic()
+        cache = cache_mode(admin, servers[0].id)
+        pending = {s.id for s in servers}
 
         def ready():
-            output = conn.compute.get_server_console_output(server.id).get('output', '')
-            return READY_MARKER in output
-        wait('guest ready', timeout, ready)
-        return active_at - started, time.monotonic() - started
+            for server_id in list(pending):
+                output = conn.compute.get_server_console_output(server_id).get('output', '')
+                if READY_MARKER in output:
+                    pending.discard(server_id)
+            return not pending
+        wait('guests ready', timeout, ready)
+        return active_at - started, time.monotonic() - started, cache
     finally:
-        conn.compute.delete_server(server.id)
-        conn.compute.wait_for_delete(server, wait=timeout)
+        for server in servers:
+            conn.compute.delete_server(server.id)
+        for server in servers:
+            conn.compute.wait_for_delete(server, wait=timeout)
 
 
 def wait_for_boot_image(admin, image, timeout):
@@ -90,29 +176,68 @@ def wait_for_boot_image(admin, image, timeout):
 
 
 def summary(boots):
-    lines = ['| YOLO | boots | to ACTIVE (median, s) | to ready (median, s) | min-max (s) |',
-             '|---|---|---|---|---|']
+    """One row per condition (stressors, servers at once), one column per policy: the median
+    time to ready (min-max) and to ACTIVE; then off/on and warm/on."""
+    policies = [p for p in POLICIES if any(b.policy == p for b in boots)]
+    conditions = list(dict.fromkeys((b.stressors, b.servers) for b in boots))
+    head = ['I/O stressors', 'servers at once', 'cache'] + \
+        ['%s: ready s (min-max), ACTIVE s' % p for p in policies]
+    head += ['%s / on' % p for p in policies if p != 'on' and 'on' in policies]
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * 3 + '---:|' * (len(head) - 3)]
     medians = {}
-    for policy in POLICIES:
-        of_policy = [b for b in boots if b.policy == policy]
-        if not of_policy:
-            continue
-        ready = [b.ready_seconds for b in of_policy]
-        medians[policy] = statistics.median(ready)
-        lines.append('| %s | %d | %.1f | %.1f | %.1f-%.1f |' % (
-            policy, len(of_policy), statistics.median(b.active_seconds for b in of_policy),
-            medians[policy], min(ready), max(ready)))
-    if len(medians) == 2:
+    for stressors, servers in conditions:
+        of_condition = [b for b in boots if (b.stressors, b.servers) == (stressors, servers)]
+        cells = [str(stressors), str(servers),
+                 '/'.join(sorted({b.cache for b in of_condition}))]
+        for policy in policies:
+            ready = [b.ready_seconds for b in of_condition if b.policy == policy]
+            active = [b.active_seconds for b in of_condition if b.policy == policy]
+            medians[stressors, servers, policy] = statistics.median(ready)
+            cells.append('%.1f (%.1f-%.1f), %.1f' % (statistics.median(ready), min(ready),
+                                                     max(ready), statistics.median(active)))
+        if 'on' in policies:
+            on = medians[stressors, servers, 'on']
+            cells += ['%.2f' % (medians[stressors, servers, p] / on)
+                      for p in policies if p != 'on']
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    idle = medians.get((0, 1, 'on'))
+    if idle:
         lines.append('')
-        lines.append('YOLO off / on, time to ready: %.2f' % (medians['off'] / medians['on']))
+        for stressors, servers in conditions:
+            if (stressors, servers) != (0, 1):
+                lines.append('YOLO on with %d stressors, %d servers / YOLO on idle: %.2f' % (
+                    stressors, servers, medians[stressors, servers, 'on'] / idle))
     return '\n'.join(lines)
+
+
+def _list(text):
+    return [int(item) for item in text.split(',') if item]
+
+
+def _policies(text):
+    chosen = [item for item in text.split(',') if item]
+    unknown = set(chosen) - set(POLICIES)
+    if unknown:
+        raise argparse.ArgumentTypeError('unknown policy %s (choose from %s)' % (
+            ', '.join(sorted(unknown)), ', '.join(POLICIES)))
+    return chosen
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.cloud',
                                      description=__doc__.splitlines()[0])
     parser.add_argument('--repetitions', type=int, default=3,
-                        help='boots per policy (default: %(default)s)')
+                        help='boots per policy and condition (default: %(default)s)')
+    parser.add_argument('--policies', type=_policies, default=list(POLICIES),
+                        help='comma-separated, of %s (default: all)' % ', '.join(POLICIES))
+    parser.add_argument('--storage', choices=('local', 'hdd'), default='local',
+                        help='the instances directory where it is, or on the emulated HDD '
+                             '(default: %(default)s)')
+    parser.add_argument('--stressors', type=_list, default=[0],
+                        help='fio stressors on the instances directory\'s disk, comma-separated '
+                             '(hdd only; default: 0)')
+    parser.add_argument('--servers', type=_list, default=[1],
+                        help='servers created at once, comma-separated (default: 1)')
     parser.add_argument('--cloud', default='aio-demo',
                         help='clouds.yaml cloud that creates the servers (default: %(default)s)')
     parser.add_argument('--admin-cloud', default='aio-admin',
@@ -122,9 +247,12 @@ def parse_args(argv):
     parser.add_argument('--image-file', type=pathlib.Path,
                         help='qcow2 to upload (default: tools/build-test-image.sh)')
     parser.add_argument('--flavor', default='m1.yolo', help='(default: %(default)s)')
-    parser.add_argument('--timeout', type=float, default=900.0,
+    parser.add_argument('--timeout', type=float, default=1800.0,
                         help='seconds one boot may take (default: %(default)s)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.storage == 'local' and any(args.stressors):
+        parser.error('--stressors needs --storage hdd (they share its throttle)')
+    return args
 
 
 def main(argv=None):
@@ -143,28 +271,48 @@ def main(argv=None):
     print('==> waiting for the boot image of %s' % args.image, flush=True)
     wait_for_boot_image(admin, image, args.timeout)
     flavor = user.compute.find_flavor(args.flavor)
-    # Untimed: the compute node caches the image in _base and installs its boot image, which
-    # every later boot finds there (a host's first boot of an image is another benchmark).
-    set_policy('on')
-    print('==> warm-up boot (untimed)', flush=True)
-    boot_once(user, image, flavor, 'boot-times-warm-up', args.timeout)
+    base = INSTANCES / '_base' / images.base_file_name(image.id)
+    node = ComputeNode()
     boots = []
-    try:
-        for repetition in range(1, args.repetitions + 1):
-            for policy in POLICIES:
-                set_policy(policy)
-                drop_caches()
-                active, ready = boot_once(user, image, flavor,
-                                          'boot-times-%s-%d' % (policy, repetition),
-                                          args.timeout)
-                boots.append(Boot(policy, repetition, active, ready))
-                print('==> YOLO %-3s boot %d: ACTIVE after %.1f s, ready after %.1f s'
-                      % (policy, repetition, active, ready), flush=True)
-    finally:
-        set_policy('on')
+    with contextlib.ExitStack() as stack:
+        if args.storage == 'hdd':
+            disk = stack.enter_context(node.instances_on_hdd(max(args.stressors)))
+            print('==> instances directory on %s' % disk.describe(), flush=True)
+        # Untimed: the compute node caches the image in _base and installs its boot image, which
+        # every later boot finds there (a host's first boot of an image is another benchmark).
+        node.set_policy('on')
+        print('==> warm-up boot (untimed)', flush=True)
+        boot_servers(user, admin, image, flavor, 'boot-times-warm-up', 1, args.timeout)
+        try:
+            for repetition in range(1, args.repetitions + 1):
+                for stressors in args.stressors:
+                    for servers in args.servers:
+                        for policy in args.policies:
+                            boots.append(measure(args, node, user, admin, image, flavor, base,
+                                                 policy, stressors, servers, repetition))
+        finally:
+            node.set_policy('on')
     print()
     print(summary(boots))
     return 0
+
+
+def measure(args, node, user, admin, image, flavor, base, policy, stressors, servers,
+            repetition):
+    from yolo_bench import runner
+    node.set_policy(policy)
+    drop_caches()
+    if policy == 'warm':
+        subprocess.run(['cat', str(base)], stdout=subprocess.DEVNULL, check=True)
+    name = 'boot-times-%s-%d-%d-%d' % (policy, stressors, servers, repetition)
+    with runner.io_stressors(node.disk, stressors):
+        active, ready, cache = boot_servers(user, admin, image, flavor, name, servers,
+                                            args.timeout)
+    boot = Boot(policy, stressors, servers, repetition, active, ready, cache)
+    print('==> YOLO %-4s %d stressors, %d servers, boot %d: ACTIVE after %.1f s, ready after '
+          '%.1f s (cache=%s)' % (policy, stressors, servers, repetition, active, ready, cache),
+          flush=True)
+    return boot
 
 
 if __name__ == '__main__':

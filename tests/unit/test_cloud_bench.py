@@ -1,0 +1,42 @@
+"""The Nova-level boot benchmark's arguments and report (its boots run on the all-in-one:
+tools/aio/boot-times)."""
+
+import pytest
+
+from yolo_bench import cloud
+from yolo_bench.cloud import Boot
+
+
+def boots(policy, stressors, servers, seconds):
+    return [Boot(policy, stressors, servers, rep, s - 10, s, 'none')
+            for rep, s in enumerate(seconds, 1)]
+
+
+def test_summary_compares_each_policy_with_yolo_in_the_same_condition():
+    measured = (boots('off', 0, 1, [40, 44, 42]) + boots('on', 0, 1, [40, 41, 39]) +
+                boots('warm', 0, 1, [38, 39, 40]) + boots('off', 8, 1, [300, 330, 320]) +
+                boots('on', 8, 1, [50, 52, 49]) + boots('warm', 8, 1, [310, 290, 300]))
+    lines = cloud.summary(measured).splitlines()
+    assert lines[0] == ('| I/O stressors | servers at once | cache | off: ready s (min-max), '
+                        'ACTIVE s | on: ready s (min-max), ACTIVE s | warm: ready s (min-max), '
+                        'ACTIVE s | off / on | warm / on |')
+    assert lines[2] == ('| 0 | 1 | none | 42.0 (40.0-44.0), 32.0 | 40.0 (39.0-41.0), 30.0 '
+                        '| 39.0 (38.0-40.0), 29.0 | 1.05 | 0.97 |')
+    assert lines[3] == ('| 8 | 1 | none | 320.0 (300.0-330.0), 310.0 | 50.0 (49.0-52.0), 40.0 '
+                        '| 300.0 (290.0-310.0), 290.0 | 6.40 | 6.00 |')
+    assert lines[-1] == 'YOLO on with 8 stressors, 1 servers / YOLO on idle: 1.25'
+
+
+def test_stressors_need_the_emulated_hdd(capsys):
+    with pytest.raises(SystemExit):
+        cloud.parse_args(['--stressors', '0,8'])
+    assert '--stressors needs --storage hdd' in capsys.readouterr().err
+    args = cloud.parse_args(['--storage', 'hdd', '--stressors', '0,8', '--servers', '1,3',
+                             '--policies', 'off,on'])
+    assert (args.stressors, args.servers, args.policies) == ([0, 8], [1, 3], ['off', 'on'])
+
+
+def test_unknown_policies_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        cloud.parse_args(['--policies', 'on,fast'])
+    assert 'unknown policy fast' in capsys.readouterr().err
