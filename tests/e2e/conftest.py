@@ -13,6 +13,7 @@ import pathlib
 import signal
 import subprocess
 
+import psutil
 import pytest
 
 from yolo_bench.cloud import wait as wait_until
@@ -70,10 +71,20 @@ def yolofs_ctl(*args):
 
 
 def kill_yolofs():
-    """SIGKILLs yolofs and its keeper (the service's process group): the mount is left dead
-    (ENOTCONN) until ``aio start-yolofs``."""
+    """SIGKILLs yolofs and its keeper (the service's process group: start-stop-daemon made it,
+    its leader is gone) and waits until both are gone: the mount is left dead (ENOTCONN) until
+    ``aio start-yolofs``."""
     pidfile = AIO_RUN_DIR / 'yolofs.pid'
-    os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+    keeper = psutil.Process(int(pidfile.read_text()))
+    group = [keeper, *keeper.children(recursive=True)]
+    os.killpg(os.getpgid(keeper.pid), signal.SIGKILL)
+
+    def gone(process):
+        try:
+            return process.status() == psutil.STATUS_ZOMBIE   # dead, not yet reaped
+        except psutil.NoSuchProcess:
+            return True
+    wait_until('yolofs and its keeper gone', 30, lambda: all(map(gone, group)))
     pidfile.unlink()
 
 

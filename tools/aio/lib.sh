@@ -34,15 +34,16 @@ start_service() {  # NAME USER COMMAND [ARG...]
 }
 
 stop_service() {  # NAME [SECONDS to stop before SIGKILL]
-    local pidfile=$AIO_RUN_DIR/$1.pid pid
+    local pidfile=$AIO_RUN_DIR/$1.pid group=""
     [[ -e $pidfile ]] || return 0
-    pid=$(cat "$pidfile")
+    # start-stop-daemon made each service a session of its own (whose leader, the first of its
+    # two forks, is gone: the service is not the group's leader): what the service started (the
+    # worker's profiling QEMU, say) goes with it.
+    group=$(ps -o pgid= -p "$(cat "$pidfile")" 2>/dev/null | tr -d ' ') || true
     start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry "TERM/${2:-10}/KILL/5" \
         --remove-pidfile >/dev/null || true
-    # start-stop-daemon made each service a session of its own: what it started (the worker's
-    # profiling QEMU, say) goes with it.
-    if [[ -n $pid ]]; then
-        kill -KILL -- "-$pid" 2>/dev/null || true
+    if [[ -n $group ]]; then
+        kill -KILL -- "-$group" 2>/dev/null || true
     fi
     rm -f "$pidfile"
 }
