@@ -23,6 +23,7 @@ Run as root with the all-in-one's venv (tools/aio/boot-times does both).
 import argparse
 import contextlib
 import dataclasses
+import os
 import pathlib
 import shutil
 import statistics
@@ -34,6 +35,7 @@ import xml.etree.ElementTree as ET
 import openstack
 
 from yolo_common import images
+from yolo_common import yolofs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 AIO = REPO / 'tools' / 'aio' / 'aio'
@@ -43,6 +45,7 @@ INSTANCES = pathlib.Path('/var/lib/nova/instances')
 AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
 # Read by tools/aio/libvirt-qemu-hook: the cgroup guests join as they start.
 GUESTS_CGROUP_FILE = AIO_RUN_DIR / 'guests-blkio-cgroup'
+YOLOFS_CONTROL_SOCKET = '/run/yolofs/control.sock'
 
 
 @dataclasses.dataclass
@@ -85,8 +88,8 @@ class ComputeNode:
                        check=True, stdout=subprocess.DEVNULL)
         if policy == 'on' and self.disk is not None:
             # The service's process group: the keeper and yolofs (a restarted one inherits it).
-            group = (AIO_RUN_DIR / 'yolofs.pid').read_text().strip()
-            pids = subprocess.run(['pgrep', '-g', group], check=True, capture_output=True,
+            group = os.getpgid(int((AIO_RUN_DIR / 'yolofs.pid').read_text()))
+            pids = subprocess.run(['pgrep', '-g', str(group)], check=True, capture_output=True,
                                   text=True).stdout.split()
             for pid in pids:
                 (self.disk.cgroup / 'cgroup.procs').write_text(pid)
@@ -301,6 +304,10 @@ def measure(args, node, user, admin, image, flavor, base, policy, stressors, ser
             repetition):
     from yolo_bench import runner
     node.set_policy(policy)
+    if policy == 'on':
+        # yolofs has just started: its boot image is loaded (verified against the base file)
+        # before the clock starts, as on a compute node where yolofs runs all along.
+        yolofs.ControlClient(YOLOFS_CONTROL_SOCKET).preload(base.name)
     drop_caches()
     if policy == 'warm':
         subprocess.run(['cat', str(base)], stdout=subprocess.DEVNULL, check=True)
