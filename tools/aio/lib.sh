@@ -40,8 +40,10 @@ stop_service() {  # NAME [SECONDS to stop before SIGKILL]
     # two forks, is gone: the service is not the group's leader): what the service started (the
     # worker's profiling QEMU, say) goes with it.
     group=$(ps -o pgid= -p "$(cat "$pidfile")" 2>/dev/null | tr -d ' ') || true
-    start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry "TERM/${2:-10}/KILL/5" \
-        --remove-pidfile >/dev/null || true
+    if service_running "$1"; then
+        start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry "TERM/${2:-10}/KILL/5" \
+            --remove-pidfile >/dev/null || true
+    fi
     if [[ -n $group ]]; then
         kill -KILL -- "-$group" 2>/dev/null || true
     fi
@@ -581,10 +583,16 @@ libvirt_cleanup_domains() {
     fi
 }
 
-unmount_worker_mounts() {
-    # Learning mounts of profiling boots whose worker was killed.
-    local target
-    for target in $(findmnt -rn -o TARGET | grep "^$YOLO_WORKER_DIR/" || true); do
+unmount_leftovers() {
+    # Learning mounts of profiling boots whose worker was killed, and a benchmark's emulated HDD
+    # over the instances directory whose benchmark was killed (deepest first, then its loop).
+    local target loop
+    for target in $(findmnt -rn -o TARGET | grep -E "^($YOLO_WORKER_DIR|$NOVA_STATE)/" |
+                    sort -r || true); do
         umount -l "$target" 2>/dev/null || true
+    done
+    for loop in $(losetup --list --noheadings --output NAME,BACK-FILE |
+                  awk -v dir="$NOVA_STATE/" 'index($2, dir) == 1 {print $1}'); do
+        losetup -d "$loop" 2>/dev/null || true
     done
 }
