@@ -28,6 +28,7 @@ class Calibration:
     disk_iops: float = 0.0              # 0: unknown
     disk_bytes_per_second: float = 0.0  # 0: unknown
     io_exponent: float = 1.0            # k of e^(k x); the thesis' 1 until measured
+    accel: str = ''                     # QEMU's accelerator in the boots: 'kvm', 'tcg', '' unknown
     measured_at: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
 
@@ -50,6 +51,8 @@ def load(path):
     try:
         calibration = Calibration(**data)
         calibration.params  # validates the numbers
+        if calibration.accel not in ('', 'kvm', 'tcg'):
+            raise ValueError('unknown accelerator %r' % calibration.accel)
     except (TypeError, ValueError) as e:
         raise ValueError('%s: not a calibration: %s' % (path, e))
     return calibration
@@ -77,7 +80,12 @@ def io_utilisation(host_load, disk_iops=0.0, disk_bytes_per_second=0.0):
     return float(host_load['io_utilisation'])
 
 
-def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0):
+def accel_of_virt_type(virt_type):
+    """The QEMU accelerator of guests Nova starts with ``[libvirt] virt_type`` (None: no QEMU)."""
+    return {'kvm': 'kvm', 'qemu': 'tcg'}.get(virt_type)
+
+
+def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0, accel=''):
     """The parameters from idle boots: beta is the CPU time a boot needs, alpha the rest of a
     normal boot, alpha_yolo the rest of a boot served from its boot image. ``normal`` and
     ``yolo`` are lists of (boot seconds, vCPU running seconds up to ready); medians are used.
@@ -94,5 +102,5 @@ def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0):
     return Calibration(alpha=round(params.alpha, 3), beta=round(params.beta, 3),
                        alpha_yolo=round(params.alpha_yolo, 3), cpus=cpus,
                        disk_iops=disk_iops, disk_bytes_per_second=disk_bytes_per_second,
-                       measured_at=time.time(),
+                       accel=accel, measured_at=time.time(),
                        details={'normal_boots': normal, 'yolo_boots': yolo})

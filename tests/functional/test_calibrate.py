@@ -8,7 +8,7 @@ def test_calibrate_boots_and_saves(test_image, tmp_path):
     output = tmp_path / 'calibration.json'
     assert calibrate.main(['--image', str(test_image), '--instances-path', str(tmp_path / 'i'),
                            '--boots', '1', '--output', str(output), '--disk-iops', '300',
-                           '--disk-bytes-per-second', '150e6']) == 0
+                           '--disk-bytes-per-second', '150e6', '--accel', 'tcg']) == 0
     result = calibration.load(str(output))
     normal_boot, _ = result.details['normal_boots'][0]
     yolo_boot, yolo_cpu = result.details['yolo_boots'][0]
@@ -17,6 +17,7 @@ def test_calibrate_boots_and_saves(test_image, tmp_path):
     assert result.alpha == round(max(0.0, normal_boot - yolo_cpu), 3)
     assert result.alpha_yolo == round(max(0.0, yolo_boot - yolo_cpu), 3)
     assert (result.disk_iops, result.disk_bytes_per_second) == (300.0, 150e6)
+    assert result.accel == 'tcg'
     # k was measured by a boot under load, within its bounds.
     assert result.details['loaded_boot'] > 0
     assert 0.0 <= result.io_exponent <= 3.0

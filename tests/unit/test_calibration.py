@@ -18,6 +18,21 @@ def test_save_then_load(tmp_path):
     # Medians: beta 22.5, alpha 29.0 - 22.5, alpha_yolo 23.2 - 22.5.
     assert (loaded.alpha, loaded.beta, loaded.alpha_yolo) == (6.5, 22.5, 0.7)
     assert loaded.disk_iops == 300.0
+    assert loaded.accel == ''   # files written before the accelerator was recorded
+
+
+def test_the_accelerator_is_kept_and_checked(tmp_path):
+    path = tmp_path / 'calibration.json'
+    saved = calibration.from_boots([(28.0, 22.0)], [(23.0, 22.4)], cpus=2, accel='kvm')
+    calibration.save(saved, str(path))
+    assert calibration.load(str(path)).accel == 'kvm'
+    data = json.loads(path.read_text())
+    data['accel'] = 'hvf'
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match='unknown accelerator'):
+        calibration.load(str(path))
+    assert [calibration.accel_of_virt_type(t) for t in ('kvm', 'qemu', 'lxc')] == [
+        'kvm', 'tcg', None]
 
 
 def test_missing_file_is_none_broken_file_is_an_error(tmp_path):

@@ -44,3 +44,17 @@ def test_the_boot_benchmark_takes_cache_modes_and_a_ready_pattern():
     assert args.cache == ['none', 'writethrough']
     assert args.ready_pattern.search(b'yolo-guest login: ') is not None
     assert bench_cli.parse_args(['run']).ready_pattern == b'YOLO-GUEST-READY'
+
+
+def test_calibrate_boots_with_novas_accelerator_or_asks_for_one(tmp_path, capsys):
+    nova_conf = tmp_path / 'nova.conf'
+    for virt_type, accel in (('kvm', 'kvm'), ('qemu', 'tcg'), ('lxc', None)):
+        nova_conf.write_text('[DEFAULT]\ndebug = %%(x)s\n[libvirt]\nvirt_type = %s\n' % virt_type)
+        assert calibrate.novas_accel(str(nova_conf)) == accel
+    assert calibrate.novas_accel(str(tmp_path / 'missing.conf')) is None
+    image = tmp_path / 'image.qcow2'
+    image.write_bytes(b'')
+    with pytest.raises(SystemExit) as exit_info:
+        calibrate.main(['--image', str(image), '--nova-config', str(nova_conf)])
+    assert exit_info.value.code == 2
+    assert 'say --accel kvm or tcg' in capsys.readouterr().err

@@ -3,7 +3,7 @@
 Run on an idle compute node (as root: it drops the page cache and mounts yolofs)::
 
     yolo-calibrate --image debian12.qcow2 [--instances-path /var/lib/nova/instances]
-                   [--boots 3] [--output /var/lib/yolo/calibration.json]
+                   [--boots 3] [--output /var/lib/yolo/calibration.json] [--accel kvm|tcg]
 
 The image is converted to raw in a scratch directory on the instance storage (as Nova makes a
 base file), a boot image is learned from one boot, then ``--boots`` normal and YOLO boots are
@@ -13,9 +13,15 @@ alpha_yolo the rest of a YOLO boot. The disk's capacity (random 4 KiB read IOPS 
 32, sequential 1 MiB read bytes per second) is measured with fio unless given. Last, one normal
 boot runs while fio reads at half the disk's IOPS: it measures k, the exponent of the model's I/O
 part (1 for the thesis' HDD, near 0 for disks that share their rate without seeking).
+
+The boots use the accelerator of the guests Nova starts on this host (``[libvirt] virt_type`` in
+nova.conf: ``kvm`` or ``qemu``, that is TCG) unless ``--accel`` says otherwise: a TCG boot spends
+many times a KVM boot's CPU time, so a KVM host's parameters must not come from TCG boots. The
+accelerator is saved with the parameters, and the driver ignores a file made with another one.
 """
 
 import argparse
+import configparser
 import contextlib
 import dataclasses
 import json
@@ -43,9 +49,18 @@ def log(message):
     print('==> %s' % message, flush=True)
 
 
-def boot(disk, console_log, timeout):
+def novas_accel(nova_config):
+    """The accelerator of the guests Nova starts, from its ``[libvirt] virt_type``; None if the
+    file does not say (Nova's default, kvm, is not assumed: the operator is asked)."""
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read(nova_config)
+    virt_type = parser.get('libvirt', 'virt_type', fallback=None)
+    return calibration.accel_of_virt_type(virt_type) if virt_type else None
+
+
+def boot(disk, console_log, timeout, accel):
     """(boot seconds, vCPU running seconds at ready) of one cold boot of ``disk``."""
-    with qemu.Guest(disk, console_log=console_log) as guest:
+    with qemu.Guest(disk, console_log=console_log, accel=accel) as guest:
         seconds = guest.wait_ready(timeout)
         return round(seconds, 2), round(guest.vcpu_at_ready[0], 2)
 
@@ -89,7 +104,7 @@ def half_load(directory, iops):
         os.unlink(path)
 
 
-def measure(image, scratch, boots, timeout):
+def measure(image, scratch, boots, timeout, accel):
     """Learns the image's boot image, then ``boots`` normal and YOLO boots, alternately."""
     base_dir = scratch / '_base'
     base_dir.mkdir(parents=True)
@@ -97,7 +112,8 @@ def measure(image, scratch, boots, timeout):
     log('converting %s to raw in %s' % (image, base_dir))
     images.convert_to_raw(image, base)
     log('learning its boot image from one boot')
-    learned = learning.learn_boot_image(base, scratch / 'learn', boot_timeout=timeout)
+    learned = learning.learn_boot_image(base, scratch / 'learn', boot_timeout=timeout,
+                                        accel=accel)
     store = scratch / 'boot-images'
     store.mkdir()
     shutil.copy(learned.boot_image, store)
@@ -115,19 +131,20 @@ def measure(image, scratch, boots, timeout):
                 if policy == 'yolo':
                     mount.client.evict(base.name)
                     mount.client.preload(base.name)
-                results.append(boot(overlay, scratch / ('%s-%d.log' % (policy, i)), timeout))
+                results.append(boot(overlay, scratch / ('%s-%d.log' % (policy, i)), timeout,
+                                    accel))
                 overlay.unlink()
                 log('%s boot %d: %.1f s, vCPU ran %.1f s' % (policy, i + 1, *results[-1]))
     return base, normal, yolo
 
 
-def loaded_boot(base, scratch, iops, timeout):
+def loaded_boot(base, scratch, iops, timeout, accel):
     """One cold normal boot while the disk serves half its IOPS to fio."""
     overlay = scratch / 'loaded.qcow2'
     images.create_overlay(base, overlay)
     qemu.drop_caches()
     with half_load(str(scratch), iops):
-        seconds, _ = boot(overlay, scratch / 'loaded.log', timeout)
+        seconds, _ = boot(overlay, scratch / 'loaded.log', timeout, accel)
     overlay.unlink()
     log('normal boot at half the disk\'s IOPS: %.1f s' % seconds)
     return seconds
@@ -152,7 +169,16 @@ def main(argv=None):
                         help='the disk\'s capacity in bytes per second (else: fio)')
     parser.add_argument('--io-exponent', type=float,
                         help='k of the I/O part (else: measured by a boot under load)')
+    parser.add_argument('--accel', choices=('kvm', 'tcg'),
+                        help='QEMU\'s accelerator for the boots (else: the one of Nova\'s '
+                        '[libvirt] virt_type in --nova-config)')
+    parser.add_argument('--nova-config', default='/etc/nova/nova.conf',
+                        help='nova-compute\'s configuration, read for [libvirt] virt_type')
     args = parser.parse_args(argv)
+    accel = args.accel or novas_accel(args.nova_config)
+    if accel is None:
+        parser.error('%s has no [libvirt] virt_type of kvm or qemu: say --accel kvm or tcg'
+                     % args.nova_config)
 
     os.makedirs(args.instances_path, exist_ok=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix='yolo-calibrate-', dir=args.instances_path))
@@ -162,12 +188,12 @@ def main(argv=None):
             iops, bps = fio_capacity(str(scratch))
         iops = args.disk_iops if args.disk_iops is not None else iops
         bps = args.disk_bytes_per_second if args.disk_bytes_per_second is not None else bps
-        base, normal, yolo = measure(args.image, scratch, args.boots, args.boot_timeout)
+        base, normal, yolo = measure(args.image, scratch, args.boots, args.boot_timeout, accel)
         result = calibration.from_boots(normal, yolo, cpus=os.cpu_count() or 1, disk_iops=iops,
-                                        disk_bytes_per_second=bps)
+                                        disk_bytes_per_second=bps, accel=accel)
         k = args.io_exponent
         if k is None:
-            loaded = loaded_boot(base, scratch, int(iops), args.boot_timeout)
+            loaded = loaded_boot(base, scratch, int(iops), args.boot_timeout, accel)
             k = boot_model.io_exponent_from(result.params, loaded, 0.5)
             result.details['loaded_boot'] = loaded
         result = dataclasses.replace(result, io_exponent=round(k, 3))
@@ -175,9 +201,9 @@ def main(argv=None):
         shutil.rmtree(scratch, ignore_errors=True)
     calibration.save(result, args.output)
     log('alpha %.2f s, beta %.2f s, alpha_yolo %.2f s, k %.2f, %d CPUs, disk %.0f IOPS, '
-        '%.0f MB/s: saved in %s' % (
+        '%.0f MB/s, %s boots: saved in %s' % (
             result.alpha, result.beta, result.alpha_yolo, result.io_exponent, result.cpus,
-            iops, bps / 1e6, args.output))
+            iops, bps / 1e6, accel, args.output))
     return 0
 
 

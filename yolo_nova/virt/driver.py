@@ -253,6 +253,14 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         except ValueError as e:
             LOG.warning('Ignoring the calibration file: %s', e)
             measured = None
+        accel = calibration.accel_of_virt_type(CONF.libvirt.virt_type)
+        if measured is not None and measured.accel and measured.accel != accel:
+            # A TCG boot spends many times a KVM boot's CPU time: its parameters would be wrong.
+            LOG.warning('Ignoring the calibration file %s: its boots ran under %s, this host\'s '
+                        'guests under %s (virt_type %s): run yolo-calibrate again',
+                        CONF.yolo.calibration_file, measured.accel, accel,
+                        CONF.libvirt.virt_type)
+            measured = None
         fields = {}
         for option, field in (('boot_time_alpha', 'alpha'), ('boot_time_beta', 'beta'),
                               ('boot_time_alpha_yolo', 'alpha_yolo'), ('disk_iops', 'disk_iops'),

@@ -13,6 +13,7 @@ from nova.virt import fake as fake_virt
 from nova.virt.libvirt import driver as libvirt_driver
 
 from tests.unit import nova_base
+from yolo_nova import calibration
 from yolo_nova.virt import backing
 from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
@@ -64,6 +65,28 @@ class TestAvailableResource(nova_base.NoDBTestCase):
         with mock.patch.object(self.drvr, '_calibration', side_effect=ZeroDivisionError):
             stats = self.drvr.get_available_resource('node')['stats']
         self.assertEqual('false', stats['yolo_active'])
+
+
+class TestCalibration(nova_base.NoDBTestCase):
+    """The calibration file counts only if its boots ran under this host's accelerator."""
+
+    def test_a_file_from_another_accelerator_is_ignored(self):
+        path = self.useFixture(fixtures.TempDir()).join('calibration.json')
+        self.flags(calibration_file=path, group='yolo')
+        calibration.save(calibration.from_boots([(10.0, 3.0)], [(4.0, 3.5)], cpus=2,
+                                                accel='tcg'), path)
+        self.flags(virt_type='qemu', group='libvirt')
+        self.assertEqual((6.5, 3.5, 0.5), self._parameters())
+        self.flags(virt_type='kvm', group='libvirt')
+        with self.assertLogs(yolo_driver.LOG.logger, 'WARNING') as logs:
+            self.assertEqual(self._parameters(), (yolo_driver.UNCALIBRATED.alpha,
+                                                  yolo_driver.UNCALIBRATED.beta,
+                                                  yolo_driver.UNCALIBRATED.alpha_yolo))
+        self.assertIn('its boots ran under tcg', logs.output[0])
+
+    def _parameters(self):
+        known = yolo_driver.YoloLibvirtDriver._calibration(None)
+        return known.alpha, known.beta, known.alpha_yolo
 
 
 class TestQcow2DisksInXml(nova_base.NoDBTestCase):
