@@ -128,9 +128,10 @@ def cache_mode(admin, server_id):
     return ET.fromstring(xml).find('./devices/disk/driver').get('cache')
 
 
-def boot_servers(conn, admin, image, flavor, name, count, timeout):
+def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=None):
     """Creates ``count`` servers at once; returns (seconds until the last is ACTIVE, seconds
-    until the last guest is ready, the cache mode); deletes them."""
+    until the last guest is ready, the cache mode); deletes them. ``on_active(servers)`` is
+    called once all are ACTIVE."""
     started = time.monotonic()
     first = conn.compute.create_server(name=name, image_id=image.id, flavor_id=flavor.id,
                                        networks='none', min_count=count, max_count=count)
@@ -149,6 +150,8 @@ def boot_servers(conn, admin, image, flavor, name, count, timeout):
             return all(s.status == 'ACTIVE' for s in states)
         wait('servers ACTIVE', timeout, active)
         active_at = time.monotonic()
+        if on_active is not None:
+            on_active(servers)
         cache = cache_mode(admin, servers[0].id)
         pending = {s.id for s in servers}
 
@@ -165,6 +168,21 @@ def boot_servers(conn, admin, image, flavor, name, count, timeout):
             conn.compute.delete_server(server.id)
         for server in servers:
             conn.compute.wait_for_delete(server, wait=timeout)
+
+
+def public_image(admin, name, image_file=None):
+    """The public image ``name``, uploaded from ``image_file`` (default: the test image) if
+    missing."""
+    image = admin.image.find_image(name)
+    if image is None:
+        image_file = image_file or pathlib.Path(subprocess.run(
+            [str(REPO / 'tools' / 'build-test-image.sh')], check=True, capture_output=True,
+            text=True).stdout.splitlines()[-1])
+        print('==> uploading %s as the public image %s' % (image_file, name), flush=True)
+        image = admin.image.create_image(name=name, filename=str(image_file),
+                                         disk_format='qcow2', container_format='bare',
+                                         visibility='public', wait=True)
+    return image
 
 
 def wait_for_boot_image(admin, image, timeout):
@@ -262,15 +280,12 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     admin = openstack.connect(cloud=args.admin_cloud)
     user = openstack.connect(cloud=args.cloud)
-    image = admin.image.find_image(args.image)
-    if image is None:
-        image_file = args.image_file or pathlib.Path(subprocess.run(
-            [str(REPO / 'tools' / 'build-test-image.sh')], check=True, capture_output=True,
-            text=True).stdout.splitlines()[-1])
-        print('==> uploading %s as the public image %s' % (image_file, args.image), flush=True)
-        image = admin.image.create_image(name=args.image, filename=str(image_file),
-                                         disk_format='qcow2', container_format='bare',
-                                         visibility='public', wait=True)
+    computes = [s.host for s in admin.compute.services(binary='nova-compute')
+                if s.state == 'up' and s.status == 'enabled']
+    if len(computes) != 1:
+        sys.exit('this benchmark times boots on one compute host; these are up: %s (the '
+                 'second host is for python -m yolo_bench.scheduling)' % ', '.join(computes))
+    image = public_image(admin, args.image, args.image_file)
     print('==> waiting for the boot image of %s' % args.image, flush=True)
     wait_for_boot_image(admin, image, args.timeout)
     flavor = user.compute.find_flavor(args.flavor)

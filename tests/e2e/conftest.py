@@ -136,13 +136,13 @@ def wait_for_ready(cloud, server_id, previous='', timeout=BOOT_TIMEOUT):
     return wait_until('guest of %s ready' % server_id, timeout, probe, interval=3.0)
 
 
-def instance_disk(server_id):
-    return INSTANCES / server_id / 'disk'
+def instance_disk(server_id, instances=INSTANCES):
+    return instances / server_id / 'disk'
 
 
-def backing_file(server_id):
+def backing_file(server_id, instances=INSTANCES):
     info = json.loads(subprocess.run(
-        ['qemu-img', 'info', '-U', '--output=json', str(instance_disk(server_id))],
+        ['qemu-img', 'info', '-U', '--output=json', str(instance_disk(server_id, instances))],
         capture_output=True, text=True, check=True).stdout)
     return info.get('full-backing-filename') or info.get('backing-filename')
 

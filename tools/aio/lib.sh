@@ -178,9 +178,14 @@ start_infrastructure() {
     service rabbitmq-server status >/dev/null 2>&1 || service rabbitmq-server start >/dev/null
     wait_for "RabbitMQ" 120 rabbitmqctl -q status
     configure_libvirtd
-    if ! pgrep -x virtlogd >/dev/null; then virtlogd -d; fi
-    if ! pgrep -x libvirtd >/dev/null; then libvirtd -d; fi
+    # By their pid files: a second host's daemons may run too (add-compute).
+    pid_alive /run/virtlogd.pid || virtlogd -d
+    pid_alive /run/libvirtd.pid || libvirtd -d
     wait_for "libvirtd" 30 virsh -c qemu:///system version
+}
+
+pid_alive() {  # PIDFILE
+    [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
 stop_infrastructure() {
@@ -211,9 +216,9 @@ configure_libvirtd() {
         install -D -m 0755 "$AIO_REPO/tools/aio/libvirt-qemu-hook" /etc/libvirt/hooks/qemu
         changed=1
     fi
-    if ((changed)) && pgrep -x libvirtd >/dev/null; then
-        pkill -x libvirtd
-        wait_for "libvirtd to stop" 30 bash -c '! pgrep -x libvirtd'
+    if ((changed)) && pid_alive /run/libvirtd.pid; then
+        kill "$(cat /run/libvirtd.pid)"
+        wait_for "libvirtd to stop" 30 bash -c "! kill -0 $(cat /run/libvirtd.pid)"
     fi
 }
 
@@ -477,11 +482,21 @@ EOF
     as_user nova nova-manage db sync
     start_wsgi nova-api nova "$NOVA_API_PORT" nova.wsgi.osapi_compute:application
     start_service nova-conductor nova "$AIO_VENV/bin/nova-conductor" --config-file /etc/nova/nova.conf
-    start_service nova-scheduler nova "$AIO_VENV/bin/nova-scheduler" --config-file /etc/nova/nova.conf
+    # The scheduler logs its decisions, YoloBootFilter's predictions per host among them.
+    [[ -e /etc/nova/nova-scheduler.conf ]] || config_file /etc/nova/nova-scheduler.conf nova <<EOF
+[DEFAULT]
+debug = true
+EOF
+    start_scheduler
     start_yolofs
     start_service nova-compute nova "$AIO_VENV/bin/nova-compute" --config-file /etc/nova/nova.conf
-    wait_for "nova-compute in placement" 180 compute_registered
+    wait_for "nova-compute in placement" 180 compute_registered "$(virsh -c qemu:///system hostname)"
     as_user nova nova-manage cell_v2 discover_hosts >/dev/null
+}
+
+start_scheduler() {
+    start_service nova-scheduler nova "$AIO_VENV/bin/nova-scheduler" --config-file /etc/nova/nova.conf \
+        --config-file /etc/nova/nova-scheduler.conf
 }
 
 install_nova_rootwrap() {
@@ -500,11 +515,11 @@ EOF
     visudo -c -q -f /etc/sudoers.d/yolo-aio-nova
 }
 
-compute_registered() {
-    # The compute node's resource provider (named after the hypervisor, the machine's host
-    # name) with its inventory: what the scheduler asks placement for.
+compute_registered() {  # NODE
+    # The compute node's resource provider (named after the node: libvirt's host name) with its
+    # inventory: what the scheduler asks placement for.
     local provider
-    provider=$(admin_openstack resource provider list -f value -c uuid) || return 1
+    provider=$(admin_openstack resource provider list --name "$1" -f value -c uuid) || return 1
     [[ -n $provider ]] &&
         admin_openstack resource provider inventory list "$provider" -f value -c resource_class |
         grep -qx VCPU
@@ -517,27 +532,35 @@ admin_openstack() {
 # --- yolofs and the worker -----------------------------------------------------------------
 
 start_yolofs() {
-    # yolofs mounts a FUSE filesystem and locks memory: it runs as root. nova-compute (group
-    # nova) uses its control socket.
-    if ! service_running yolofs; then
-        # A mount left by a yolofs that was killed answers ENOTCONN: detach it first.
-        fusermount3 -uz "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
-        install -d -m 0755 "$YOLOFS_MOUNTPOINT"
-    fi
-    # shellcheck disable=SC2086 # the options are word-split on purpose
-    # The keeper starts yolofs again on the same mount if it dies (docs/operations.md).
-    start_service yolofs root "$YOLOFS_BIN" keep -- "$YOLOFS_BIN" mount --source "$YOLOFS_SOURCE" \
-        --mountpoint "$YOLOFS_MOUNTPOINT" --boot-images "$YOLOFS_BOOT_IMAGES" \
-        --control-socket "$YOLOFS_CONTROL_SOCKET" --control-socket-group nova \
-        --control-socket-mode 0660 $YOLOFS_OPTIONS
-    wait_for "yolofs" 30 "$YOLOFS_BIN" ctl --socket "$YOLOFS_CONTROL_SOCKET" status
+    start_yolofs_service yolofs "$YOLOFS_SOURCE" "$YOLOFS_MOUNTPOINT" "$YOLOFS_BOOT_IMAGES" \
+        "$YOLOFS_CONTROL_SOCKET" "$YOLOFS_OPTIONS"
 }
 
 stop_yolofs() {
+    stop_yolofs_service yolofs "$YOLOFS_MOUNTPOINT"
+}
+
+start_yolofs_service() {  # NAME SOURCE MOUNTPOINT BOOT-IMAGES CONTROL-SOCKET OPTIONS
+    # yolofs mounts a FUSE filesystem and locks memory: it runs as root. nova-compute (group
+    # nova) uses its control socket.
+    if ! service_running "$1"; then
+        # A mount left by a yolofs that was killed answers ENOTCONN: detach it first.
+        fusermount3 -uz "$3" 2>/dev/null || true
+        install -d -m 0755 "$3"
+    fi
+    # shellcheck disable=SC2086 # the options are word-split on purpose
+    # The keeper starts yolofs again on the same mount if it dies (docs/operations.md).
+    start_service "$1" root "$YOLOFS_BIN" keep -- "$YOLOFS_BIN" mount --source "$2" \
+        --mountpoint "$3" --boot-images "$4" --control-socket "$5" --control-socket-group nova \
+        --control-socket-mode 0660 $6
+    wait_for "$1" 30 "$YOLOFS_BIN" ctl --socket "$5" status
+}
+
+stop_yolofs_service() {  # NAME MOUNTPOINT
     # yolofs may finish a learning window first (--record-idle-secs 30).
-    stop_service yolofs 45
+    stop_service "$1" 45
     # Also a mount whose yolofs died (ENOTCONN, which mountpoint(1) does not see as a mount).
-    fusermount3 -uz "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
+    fusermount3 -uz "$2" 2>/dev/null || true
 }
 
 setup_yolo_worker() {
@@ -570,13 +593,15 @@ write_clouds_yaml() {
 
 libvirt_cleanup_domains() {
     # Guests of the cloud die with it: their disks go with `clean`, and a later `up` starts over.
-    local domain
-    if pgrep -x libvirtd >/dev/null; then
-        for domain in $(virsh -c qemu:///system list --all --name | grep '^instance-' || true); do
-            virsh -c qemu:///system destroy "$domain" >/dev/null 2>&1 || true
-            virsh -c qemu:///system undefine --nvram "$domain" >/dev/null 2>&1 || true
+    local domain uri
+    for uri in qemu:///system "$COMPUTE2_LIBVIRT_URI"; do
+        virsh -c "$uri" version >/dev/null 2>&1 || continue
+        for domain in $(virsh -c "$uri" list --all --name | grep '^instance-' || true); do
+            virsh -c "$uri" destroy "$domain" >/dev/null 2>&1 || true
+            virsh -c "$uri" undefine --nvram "$domain" >/dev/null 2>&1 || true
         done
-    else
+    done
+    if ! pid_alive /run/libvirtd.pid; then
         # A machine whose processes were stopped: libvirt's persistent definitions remain.
         pkill -f -- '-name guest=instance-' || true
         rm -f /etc/libvirt/qemu/instance-*.xml
@@ -584,15 +609,117 @@ libvirt_cleanup_domains() {
 }
 
 unmount_leftovers() {
-    # Learning mounts of profiling boots whose worker was killed, and a benchmark's emulated HDD
-    # over the instances directory whose benchmark was killed (deepest first, then its loop).
-    local target loop
-    for target in $(findmnt -rn -o TARGET | grep -E "^($YOLO_WORKER_DIR|$NOVA_STATE)/" |
-                    sort -r || true); do
+    # Learning mounts of profiling boots whose worker was killed, a benchmark's emulated HDD over
+    # an instances directory whose benchmark was killed, the second host's storage. Loop devices
+    # first, while their backing files still have their paths: detaching one that is mounted
+    # frees it when it is unmounted. Then the mounts, deepest first.
+    local target loop state
+    for state in "$NOVA_STATE" "$COMPUTE2_STATE"; do
+        for loop in $(losetup --list --noheadings --output NAME,BACK-FILE |
+                      awk -v dir="$state/" 'index($2, dir) == 1 {print $1}'); do
+            losetup -d "$loop" 2>/dev/null || true
+        done
+    done
+    for target in $(findmnt -rn -o TARGET |
+                    grep -E "^($YOLO_WORKER_DIR|$NOVA_STATE|$COMPUTE2_STATE)(/|$)" | sort -r || true); do
         umount -l "$target" 2>/dev/null || true
     done
-    for loop in $(losetup --list --noheadings --output NAME,BACK-FILE |
-                  awk -v dir="$NOVA_STATE/" 'index($2, dir) == 1 {print $1}'); do
-        losetup -d "$loop" 2>/dev/null || true
+}
+
+# --- a second compute host on the same machine ----------------------------------------------
+
+add_compute() {
+    progress "a second compute host, $AIO_COMPUTE2_HOST"
+    install -d -o nova -g nova -m 0755 "$COMPUTE2_STATE"
+    # The root mount of a machine without systemd is private: mounts made under the host's state
+    # after its libvirtd has started (its yolofs) would not reach libvirtd's namespace.
+    mountpoint -q "$COMPUTE2_STATE" || mount --rbind "$COMPUTE2_STATE" "$COMPUTE2_STATE"
+    mount --make-rshared "$COMPUTE2_STATE"
+    install -d -o nova -g nova -m 0755 "$COMPUTE2_INSTANCES"
+    compute2_own_disk
+    install -d -o nova -g nova -m 0755 "$COMPUTE2_INSTANCES" "$COMPUTE2_INSTANCES/_base"
+    install -d -o nova -g nova -m 0750 "$COMPUTE2_STATE/tmp"
+    install -d -m 0755 "$(dirname "$COMPUTE2_YOLOFS_BOOT_IMAGES")"
+    start_compute2_libvirtd
+    # Read after nova.conf, whose every other setting it shares.
+    config_file /etc/nova/nova-compute-2.conf nova <<EOF
+[DEFAULT]
+host = $AIO_COMPUTE2_HOST
+state_path = $COMPUTE2_STATE
+instances_path = $COMPUTE2_INSTANCES
+[libvirt]
+connection_uri = $COMPUTE2_LIBVIRT_URI
+[oslo_concurrency]
+lock_path = $COMPUTE2_STATE/tmp
+[yolo]
+boot_image_dir = $COMPUTE2_YOLOFS_BOOT_IMAGES
+calibration_file = $(dirname "$COMPUTE2_YOLOFS_BOOT_IMAGES")/calibration.json
+EOF
+    "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova-compute-2.conf \
+        --mount-point "$COMPUTE2_YOLOFS_MOUNTPOINT" --control-socket "$COMPUTE2_YOLOFS_CONTROL_SOCKET"
+    start_compute2_yolofs
+    start_service nova-compute-2 nova "$AIO_VENV/bin/nova-compute" \
+        --config-file /etc/nova/nova.conf --config-file /etc/nova/nova-compute-2.conf
+    wait_for "$AIO_COMPUTE2_HOST in placement" 180 compute_registered \
+        "$(virsh -c "$COMPUTE2_LIBVIRT_URI" hostname)"
+    as_user nova nova-manage cell_v2 discover_hosts >/dev/null
+}
+
+compute2_own_disk() {
+    # The host's instances directory on a block device of its own: ext4 on a loop device over a
+    # file in memory (a tmpfs), so that none of its I/O reaches the machine's disk, the first
+    # host's. yolofs measures the load of the device under its source directory: the two hosts'
+    # I/O loads are told apart.
+    local loop memory=$COMPUTE2_STATE/memory
+    mountpoint -q "$COMPUTE2_INSTANCES" && return 0
+    install -d -m 0700 "$memory"
+    mountpoint -q "$memory" || mount -t tmpfs -o size=9G,mode=0700 tmpfs "$memory"
+    truncate -s 8G "$memory/disk.img"
+    loop=$(losetup --find --show "$memory/disk.img")
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
+    mount "$loop" "$COMPUTE2_INSTANCES"
+}
+
+start_compute2_yolofs() {
+    start_yolofs_service yolofs-compute-2 "$COMPUTE2_INSTANCES/_base" \
+        "$COMPUTE2_YOLOFS_MOUNTPOINT" "$COMPUTE2_YOLOFS_BOOT_IMAGES" \
+        "$COMPUTE2_YOLOFS_CONTROL_SOCKET" "${YOLOFS_OPTIONS/127.0.0.1:9466/$COMPUTE2_YOLOFS_METRICS}"
+}
+
+start_compute2_libvirtd() {
+    # Its own virtlogd and libvirtd, in new mount and UTS namespaces: libvirt's state and its
+    # persistent domain definitions are private directories, and its host name (the node's name
+    # in Nova and placement, which must differ from the first host's) is the compute host's.
+    # Mounts made later under the host's state (its yolofs) propagate into the namespace.
+    local dir
+    pid_alive "$COMPUTE2_LIBVIRT/libvirtd.pid" && return 0
+    for dir in run lib cache etc-qemu; do
+        install -d -m 0755 "$COMPUTE2_LIBVIRT/$dir"
+    done
+    # shellcheck disable=SC2016 # expanded by the shell in the namespaces
+    unshare --mount --uts --propagation slave -- bash -euc '
+        hostname "$2"
+        mount --bind "$1/run" /run/libvirt
+        mount --bind "$1/lib" /var/lib/libvirt
+        mount --bind "$1/cache" /var/cache/libvirt
+        mount --bind "$1/etc-qemu" /etc/libvirt/qemu
+        virtlogd -d -p "$1/virtlogd.pid"
+        libvirtd -d -p "$1/libvirtd.pid"' - "$COMPUTE2_LIBVIRT" "$AIO_COMPUTE2_HOST"
+    wait_for "$AIO_COMPUTE2_HOST's libvirtd" 30 virsh -c "$COMPUTE2_LIBVIRT_URI" version
+}
+
+stop_compute2() {
+    stop_service nova-compute-2
+    stop_yolofs_service yolofs-compute-2 "$COMPUTE2_YOLOFS_MOUNTPOINT"
+}
+
+stop_compute2_libvirtd() {
+    local pidfile pid
+    for pidfile in "$COMPUTE2_LIBVIRT/libvirtd.pid" "$COMPUTE2_LIBVIRT/virtlogd.pid"; do
+        pid_alive "$pidfile" || continue
+        pid=$(cat "$pidfile")
+        kill "$pid"
+        wait_for "$AIO_COMPUTE2_HOST's $(basename "$pidfile" .pid) to stop" 30 \
+            bash -c "! kill -0 $pid 2>/dev/null"
     done
 }

@@ -1,0 +1,77 @@
+"""Two compute hosts, and YoloBootFilter with its weigher choosing the one without I/O contention.
+
+``aio add-compute`` starts a second compute host on the machine (its own libvirtd, instances
+directory on a block device of its own, yolofs and boot image store). A fio stressor then loads
+one host's instance storage; once both hosts have reported their load (nova-compute's resource
+update, every 60 s), a new server must land on the other host, and the scheduler's log must show
+why: YoloBootFilter's prediction for each host. The contention then moves to the other host, and the
+next server follows it. These tests run last: the others expect one compute host.
+"""
+
+import subprocess
+
+import pytest
+
+from tests.e2e.conftest import admin
+from tests.e2e.conftest import AIO
+from tests.e2e.conftest import backing_file
+from tests.e2e.conftest import create_server
+from tests.e2e.conftest import delete_server
+from tests.e2e.conftest import FLAVOR
+from tests.e2e.conftest import wait_for_status
+from yolo_bench.scheduling import contention
+from yolo_bench.scheduling import FIRST_HOST
+from yolo_bench.scheduling import INSTANCES
+from yolo_bench.scheduling import log_position
+from yolo_bench.scheduling import predictions
+from yolo_bench.scheduling import SECOND_HOST
+from yolo_bench.scheduling import wait_for_reports
+
+pytestmark = pytest.mark.last
+
+
+@pytest.fixture(scope='module')
+def second_host(cloud, published_boot_image):
+    """The second compute host, after a first boot on each host placed by the admin (its _base
+    gets the image, its yolofs the boot image): both hosts then differ only in their load."""
+    image, _ = published_boot_image
+    subprocess.run([str(AIO), 'add-compute'], check=True)
+    hosts = {h['Host'] for h in admin('compute', 'service', 'list', '--service', 'nova-compute')}
+    assert hosts == {FIRST_HOST, SECOND_HOST}
+    for host in (FIRST_HOST, SECOND_HOST):
+        server = admin('server', 'create', '--nic', 'none', '--image', image['id'], '--flavor',
+                       FLAVOR, '--availability-zone', 'nova:%s' % host, 'e2e-warm-up-%s' % host)
+        try:
+            wait_for_status('aio-admin', server['id'], 'ACTIVE')
+            assert admin('server', 'show', server['id'])['OS-EXT-SRV-ATTR:host'] == host
+            on_its_mount(host, server['id'])
+        finally:
+            delete_server('aio-admin', server['id'])
+    return SECOND_HOST
+
+
+def on_its_mount(host, server_id):
+    """The guest's disk is backed by its host's own yolofs mount."""
+    backing = backing_file(server_id, INSTANCES[host])
+    assert backing.startswith(str(INSTANCES[host].parent / 'yolofs') + '/'), (host, backing)
+
+
+def test_servers_land_on_the_host_without_contention(second_host, published_boot_image):
+    image, _ = published_boot_image
+    for busy, idle in ((FIRST_HOST, SECOND_HOST), (SECOND_HOST, FIRST_HOST)):
+        with contention(busy, stressors=1):
+            loads = wait_for_reports(busy, idle)
+            since = log_position()
+            server = create_server('aio-demo', image['id'], 'e2e-sched-%s' % idle)
+            try:
+                landed = admin('server', 'show', server['id'])['OS-EXT-SRV-ATTR:host']
+                verdicts = predictions(since)
+                assert landed == idle, (
+                    'loads %s, predictions %s: landed on %s' % (loads, verdicts, landed))
+                # Both hosts were predicted, the busy one slower.
+                assert set(verdicts) == {FIRST_HOST, SECOND_HOST}, verdicts
+                assert verdicts[busy][0] > verdicts[idle][0], verdicts
+                assert verdicts[idle][2] == 'passes', verdicts
+                on_its_mount(idle, server['id'])
+            finally:
+                delete_server('aio-demo', server['id'])

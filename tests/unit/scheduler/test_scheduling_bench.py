@@ -1,0 +1,61 @@
+"""The scheduling benchmark reads YoloBootFilter's predictions from the scheduler's log: here, from
+lines the filter itself logged, as oslo.log writes them at debug level."""
+
+import fixtures
+
+from yolo_bench import scheduling
+from yolo_nova.scheduler.filters import boot_time_filter
+
+from tests.unit.nova_base import NoDBTestCase
+from tests.unit.scheduler.test_boot_time import host
+from tests.unit.scheduler.test_boot_time import spec
+from tests.unit.scheduler.test_boot_time import stats
+
+
+class TestPredictionsFromTheLog(NoDBTestCase):
+
+    def test_each_hosts_last_prediction_and_verdict(self):
+        self.flags(max_boot_time_ratio=2.0, group='yolo')
+        hosts = [host('aio-compute', stats(io=0.97)), host('aio-compute-2', stats(io=0.02))]
+        logger = boot_time_filter.LOG.logger
+        with self.assertLogs(logger, 'DEBUG') as logs:
+            boot_time_filter.YoloBootFilter().filter_all(hosts, spec())
+        log = self.useFixture(fixtures.TempDir()).join('nova-scheduler.log')
+        with open(log, 'w') as f:
+            f.write('2026-11-24 21:00:00.000 1 DEBUG nova.scheduler [req-x] earlier line\n')
+            since = f.tell()
+            for record in logs.records:
+                # oslo.log's debug suffix follows the message.
+                f.write('2026-11-24 21:00:01.000 1 DEBUG %s [req-y] %s {{(pid=1) _passes '
+                        'boot_time_filter.py:51}}\n' % (record.name, record.getMessage()))
+        found = scheduling.predictions(since, log)
+        self.assertEqual({'aio-compute', 'aio-compute-2'}, set(found))
+        busy, idle = found['aio-compute'], found['aio-compute-2']
+        self.assertEqual((0.97, 'rejected'), (busy[1], busy[2]))
+        self.assertEqual((0.02, 'passes'), (idle[1], idle[2]))
+        self.assertGreater(busy[0], 2 * idle[0])
+
+
+def test_the_summary_counts_placements_and_the_models_error():
+    requests = [
+        scheduling.Request('on', 'aio-compute', 1, 'aio-compute-2',
+                           {'aio-compute': (90.0, 0.97, 'rejected'),
+                            'aio-compute-2': (30.0, 0.01, 'passes')}, 25.0),
+        scheduling.Request('off', 'aio-compute', 1, 'aio-compute',
+                           {'aio-compute': (90.0, 0.97, 'passes'),
+                            'aio-compute-2': (30.0, 0.01, 'passes')}, 100.0),
+    ]
+    assert requests[0].error == (30.0 - 25.0) / 25.0
+    lines = scheduling.summary(requests).splitlines()
+    assert lines[2] == ('| on | aio-compute | 1 | 90.0 (0.97), rejected | 30.0 (0.01) | '
+                        'aio-compute-2 | 25.0 | +20% |')
+    assert lines[3] == ('| off | aio-compute | 1 | 90.0 (0.97) | 30.0 (0.01) | aio-compute | '
+                        '100.0 | -10% |')
+    assert lines[-2] == ('YOLO on: 1 of 1 servers on the host without contention; mean absolute '
+                         'model error 20%; boot median 25.0 s')
+    assert lines[-1].startswith('YOLO off: 0 of 1 servers on the host without contention')
+
+
+def test_a_request_without_a_prediction_for_its_host_has_no_error():
+    request = scheduling.Request('on', 'a', 1, 'b', {}, 20.0)
+    assert request.error is None

@@ -1,0 +1,250 @@
+"""Two compute hosts, one under I/O contention: where new servers land, what YoloBootFilter
+predicted for each host, and how long their guests took to boot.
+
+    python -m yolo_bench.scheduling [--requests 3] [--stressors 2] [--yolo on,off]
+
+(``tools/aio/scheduling`` stands the all-in-one cloud up with its second compute host first.)
+For each scheduler setting and each phase (fio stressors on the first host's instance storage,
+then on the second's), servers are created one at a time once both hosts have reported their
+load, each deleted when its guest is ready. Settings: ``on`` is YoloBootFilter and its weigher as
+configured; ``off`` makes the filter pass every host and the weigher weigh nothing, so that Nova's
+own weighers choose, while the filter still logs its predictions.
+
+Per request: every host's predicted boot time and the filter's verdict (from the scheduler's
+debug log), the host the server landed on, and its measured boot: from ACTIVE to the guest's
+ready marker (QEMU starts about a second before Nova reports ACTIVE; the model predicts QEMU's
+boot). The model's error is the prediction for the chosen host against the measured boot.
+"""
+
+import argparse
+import configparser
+import contextlib
+import dataclasses
+import json
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+
+import openstack
+
+from yolo_bench import cloud
+from yolo_bench import runner
+from yolo_bench import storage
+
+FIRST_HOST = 'aio-compute'
+SECOND_HOST = 'aio-compute-2'
+INSTANCES = {FIRST_HOST: pathlib.Path('/var/lib/nova/instances'),
+             SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/instances')}
+SCHEDULER_CONF = pathlib.Path('/etc/nova/nova-scheduler.conf')
+SCHEDULER_LOG = pathlib.Path('/var/log/yolo-aio/nova-scheduler.log')
+# What setting "off" writes into [yolo] of the scheduler's configuration.
+YOLO_OFF = {'max_boot_time_ratio': '0', 'max_predicted_boot_time': '0',
+            'boot_time_weight_multiplier': '0'}
+# YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
+PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
+                        r'cpu ([\d.]+).*: (passes|rejected)\b')
+# nova-compute reports every 60 s; yolofs' load is a moving average over a few seconds.
+REPORT_TIMEOUT = 300
+
+
+@dataclasses.dataclass
+class Request:
+    yolo: str               # the scheduler setting
+    busy: str               # the host under contention
+    number: int
+    landed: str
+    predicted: dict         # host: (predicted boot seconds, io utilisation, verdict)
+    boot_seconds: float     # ACTIVE to ready
+
+    @property
+    def error(self):
+        """The prediction for the chosen host against the measured boot (signed, relative)."""
+        if self.landed not in self.predicted:
+            return None
+        return (self.predicted[self.landed][0] - self.boot_seconds) / self.boot_seconds
+
+
+def reported_io(host):
+    """The I/O utilisation ``host`` last reported to the scheduler (Nova's compute_nodes), or
+    None before its first report with YOLO's stats."""
+    row = subprocess.run(
+        ['mysql', '-N', '-B', 'nova', '-e',
+         "SELECT stats FROM compute_nodes WHERE host = '%s' AND deleted = 0" % host],
+        capture_output=True, text=True, check=True).stdout.strip()
+    stats = json.loads(row) if row else {}
+    return float(stats['yolo_io_utilisation']) if 'yolo_io_utilisation' in stats else None
+
+
+def wait_for_reports(busy, idle, timeout=REPORT_TIMEOUT):
+    """Waits until ``busy`` has reported an I/O utilisation of at least 0.8 and ``idle`` one
+    under 0.3; returns both."""
+    def reported():
+        loads = {host: reported_io(host) for host in (busy, idle)}
+        if None in loads.values():
+            return None
+        return loads if loads[busy] >= 0.8 and loads[idle] < 0.3 else None
+    return cloud.wait('%s reported busy and %s idle' % (busy, idle), timeout, reported,
+                      interval=5.0)
+
+
+@contextlib.contextmanager
+def contention(host, stressors):
+    """``stressors`` fio processes reading and writing the host's instance storage at random
+    (the boot benchmark's stressors), for the duration."""
+    disk = storage.LocalDisk(INSTANCES[host])
+    files = [runner.stressor_file(disk, i) for i in range(stressors)]
+    try:
+        for path in files:
+            storage.write_random(path, runner.STRESSOR_FILE_MIB)
+        with runner.io_stressors(disk, stressors):
+            yield
+    finally:
+        for path in files:
+            path.unlink(missing_ok=True)
+
+
+def log_position():
+    return SCHEDULER_LOG.stat().st_size
+
+
+def predictions(since, log=SCHEDULER_LOG):
+    """YoloBootFilter's last prediction per host in the scheduler's log after byte ``since``:
+    {host: (predicted seconds, io utilisation, verdict)}."""
+    with open(log, 'rb') as f:
+        f.seek(since)
+        text = f.read().decode(errors='replace')
+    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(5))
+            for m in PREDICTION.finditer(text)}
+
+
+def set_scheduler(setting):
+    """YOLO's filter and weigher as configured (``on``) or without effect (``off``); restarts
+    nova-scheduler."""
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read(SCHEDULER_CONF)
+    if not conf.has_section('yolo'):
+        conf.add_section('yolo')
+    for key, value in YOLO_OFF.items():
+        if setting == 'off':
+            conf.set('yolo', key, value)
+        else:
+            conf.remove_option('yolo', key)
+    with open(SCHEDULER_CONF, 'w') as f:   # in place: its owner and mode stay
+        conf.write(f)
+    subprocess.run([str(cloud.AIO), 'restart-scheduler'], check=True, stdout=subprocess.DEVNULL)
+
+
+def request(user, admin, image, flavor, name, timeout):
+    """One server: (the host it landed on, its boot from ACTIVE to ready, the predictions)."""
+    since = log_position()
+    landed = {}
+
+    def on_active(servers):
+        landed['host'] = admin.compute.get_server(servers[0].id).compute_host
+    active, ready, _ = cloud.boot_servers(user, admin, image, flavor, name, 1, timeout,
+                                          on_active=on_active)
+    return landed['host'], ready - active, predictions(since)
+
+
+def summary(requests):
+    lines = ['| YOLO in the scheduler | contended host | request | predicted %s (io) | '
+             'predicted %s (io) | landed on | boot, ACTIVE to ready (s) | model error |' % (
+                 FIRST_HOST, SECOND_HOST),
+             '|---|---|---:|---:|---:|---|---:|---:|']
+    for r in requests:
+        cells = [r.yolo, r.busy, str(r.number)]
+        for host in (FIRST_HOST, SECOND_HOST):
+            seconds, io, verdict = r.predicted.get(host, (float('nan'), float('nan'), '-'))
+            cells.append('%.1f (%.2f)%s' % (seconds, io, ', rejected' if verdict == 'rejected'
+                                            else ''))
+        error = r.error
+        cells += [r.landed, '%.1f' % r.boot_seconds,
+                  '-' if error is None else '%+.0f%%' % (100 * error)]
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    lines.append('')
+    for setting in dict.fromkeys(r.yolo for r in requests):
+        mine = [r for r in requests if r.yolo == setting]
+        away = sum(r.landed != r.busy for r in mine)
+        errors = [abs(r.error) for r in mine if r.error is not None]
+        lines.append('YOLO %s: %d of %d servers on the host without contention; mean absolute '
+                     'model error %s; boot median %.1f s' % (
+                         setting, away, len(mine),
+                         '%.0f%%' % (100 * statistics.mean(errors)) if errors else '-',
+                         statistics.median(r.boot_seconds for r in mine)))
+    return '\n'.join(lines)
+
+
+def _settings(text):
+    chosen = [item for item in text.split(',') if item]
+    if not chosen or set(chosen) - {'on', 'off'}:
+        raise argparse.ArgumentTypeError('a comma-separated list of on and off')
+    return chosen
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog='python -m yolo_bench.scheduling',
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument('--requests', type=int, default=3,
+                        help='servers per setting and phase (default: %(default)s)')
+    parser.add_argument('--stressors', type=int, default=2,
+                        help='fio stressors on the contended host\'s instance storage '
+                             '(default: %(default)s)')
+    parser.add_argument('--yolo', type=_settings, default=['on', 'off'],
+                        help='scheduler settings, comma-separated: on, off (default: on,off)')
+    parser.add_argument('--cloud', default='aio-demo',
+                        help='clouds.yaml cloud that creates the servers (default: %(default)s)')
+    parser.add_argument('--admin-cloud', default='aio-admin', help='(default: %(default)s)')
+    parser.add_argument('--image', default='debian12-yolo',
+                        help='public image to boot, uploaded if missing (default: %(default)s)')
+    parser.add_argument('--flavor', default='m1.yolo', help='(default: %(default)s)')
+    parser.add_argument('--timeout', type=float, default=1800.0,
+                        help='seconds one boot may take (default: %(default)s)')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    admin = openstack.connect(cloud=args.admin_cloud)
+    user = openstack.connect(cloud=args.cloud)
+    image = cloud.public_image(admin, args.image)
+    print('==> waiting for the boot image of %s' % args.image, flush=True)
+    cloud.wait_for_boot_image(admin, image, args.timeout)
+    flavor = user.compute.find_flavor(args.flavor)
+    admin_flavor = admin.compute.find_flavor(args.flavor)
+    # Untimed, one per host (placed by the admin): each caches the image in _base and installs
+    # its boot image, as later boots find them.
+    for host in INSTANCES:
+        print('==> warm-up boot on %s (untimed)' % host, flush=True)
+        warm_up = admin.compute.create_server(
+            name='scheduling-warm-up', image_id=image.id, flavor_id=admin_flavor.id,
+            networks='none', availability_zone='nova:%s' % host)
+        admin.compute.wait_for_server(warm_up, wait=args.timeout)
+        admin.compute.delete_server(warm_up)
+        admin.compute.wait_for_delete(warm_up, wait=args.timeout)
+    requests = []
+    try:
+        for setting in args.yolo:
+            set_scheduler(setting)
+            for busy, idle in ((FIRST_HOST, SECOND_HOST), (SECOND_HOST, FIRST_HOST)):
+                with contention(busy, args.stressors):
+                    loads = wait_for_reports(busy, idle)
+                    print('==> YOLO %s, %s under contention: reported I/O %s' % (
+                        setting, busy, loads), flush=True)
+                    for number in range(1, args.requests + 1):
+                        landed, boot, predicted = request(
+                            user, admin, image, flavor,
+                            'scheduling-%s-%s-%d' % (setting, busy, number), args.timeout)
+                        requests.append(Request(setting, busy, number, landed, predicted, boot))
+                        print('==> %d: landed on %s, boot %.1f s, predicted %s' % (
+                            number, landed, boot, predicted), flush=True)
+    finally:
+        set_scheduler('on')
+    print()
+    print(summary(requests))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
