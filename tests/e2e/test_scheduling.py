@@ -5,7 +5,7 @@ directory on a block device of its own, yolofs and boot image store). A fio stre
 one host's instance storage; once both hosts have reported their load (nova-compute's resource
 update, every 60 s), a new server must land on the other host, and the scheduler's log must show
 why: YoloBootFilter's prediction for each host. The contention then moves to the other host, and the
-next server follows it. These tests run last: the others expect one compute host.
+next server follows it. These tests run after those that expect one compute host.
 """
 
 import subprocess
@@ -27,7 +27,7 @@ from yolo_bench.scheduling import predictions
 from yolo_bench.scheduling import SECOND_HOST
 from yolo_bench.scheduling import wait_for_reports
 
-pytestmark = pytest.mark.last
+pytestmark = pytest.mark.two_hosts
 
 
 @pytest.fixture(scope='module')
