@@ -26,6 +26,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
 import openstack
 
@@ -45,8 +46,10 @@ YOLO_OFF = {'max_boot_time_ratio': '0', 'max_predicted_boot_time': '0',
 # YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
 PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
                         r'cpu ([\d.]+).*: (passes|rejected)\b')
-# nova-compute reports every 60 s; yolofs' load is a moving average over a few seconds.
+# nova-compute reports every 60 s; yolofs' load is a moving average with a time constant of
+# 10 s, which has come 95% of the way to a new load after three.
 REPORT_TIMEOUT = 300
+LOAD_SETTLE_SECONDS = 30
 
 
 @dataclasses.dataclass
@@ -66,40 +69,49 @@ class Request:
         return (self.predicted[self.landed][0] - self.boot_seconds) / self.boot_seconds
 
 
-def reported_io(host):
-    """The I/O utilisation ``host`` last reported to the scheduler (Nova's compute_nodes), or
-    None before its first report with YOLO's stats."""
+def reported_stats(host):
+    """The stats ``host`` last reported to the scheduler (Nova's compute_nodes), YOLO's among
+    them; {} before its first report."""
     row = subprocess.run(
         ['mysql', '-N', '-B', 'nova', '-e',
          "SELECT stats FROM compute_nodes WHERE host = '%s' AND deleted = 0" % host],
         capture_output=True, text=True, check=True).stdout.strip()
-    stats = json.loads(row) if row else {}
+    return json.loads(row) if row else {}
+
+
+def reported_io(host):
+    """The I/O utilisation ``host`` last reported, or None before its first report with YOLO's
+    stats."""
+    stats = reported_stats(host)
     return float(stats['yolo_io_utilisation']) if 'yolo_io_utilisation' in stats else None
 
 
-def wait_for_reports(busy, idle, timeout=REPORT_TIMEOUT):
-    """Waits until ``busy`` has reported an I/O utilisation of at least 0.8 and ``idle`` one
-    under 0.3; returns both."""
+def wait_for_reports(hosts, after, accept=None, timeout=REPORT_TIMEOUT):
+    """Waits until every host has reported a load measured after Unix time ``after`` (and, with
+    ``accept``, until it accepts them); returns their I/O utilisations as reported: with a
+    calibrated disk capacity a share of throughput, else of busy time."""
     def reported():
-        loads = {host: reported_io(host) for host in (busy, idle)}
-        if None in loads.values():
+        stats = {host: reported_stats(host) for host in hosts}
+        if any(float(s.get('yolo_updated_at', 0)) < after for s in stats.values()):
             return None
-        return loads if loads[busy] >= 0.8 and loads[idle] < 0.3 else None
-    return cloud.wait('%s reported busy and %s idle' % (busy, idle), timeout, reported,
-                      interval=5.0)
+        loads = {host: float(s['yolo_io_utilisation']) for host, s in stats.items()}
+        return loads if accept is None or accept(loads) else None
+    return cloud.wait('reports of %s after %s' % (', '.join(hosts), time.ctime(after)), timeout,
+                      reported, interval=5.0)
 
 
 @contextlib.contextmanager
 def contention(host, stressors):
     """``stressors`` fio processes reading and writing the host's instance storage at random
-    (the boot benchmark's stressors), for the duration."""
+    (the boot benchmark's stressors), for the duration; yields the Unix time from which yolofs'
+    smoothed load has taken them in."""
     disk = storage.LocalDisk(INSTANCES[host])
     files = [runner.stressor_file(disk, i) for i in range(stressors)]
     try:
         for path in files:
             storage.write_random(path, runner.STRESSOR_FILE_MIB)
         with runner.io_stressors(disk, stressors):
-            yield
+            yield time.time() + LOAD_SETTLE_SECONDS
     finally:
         for path in files:
             path.unlink(missing_ok=True)
@@ -228,8 +240,8 @@ def main(argv=None):
         for setting in args.yolo:
             set_scheduler(setting)
             for busy, idle in ((FIRST_HOST, SECOND_HOST), (SECOND_HOST, FIRST_HOST)):
-                with contention(busy, args.stressors):
-                    loads = wait_for_reports(busy, idle)
+                with contention(busy, args.stressors) as settled:
+                    loads = wait_for_reports(INSTANCES, settled)
                     print('==> YOLO %s, %s under contention: reported I/O %s' % (
                         setting, busy, loads), flush=True)
                     for number in range(1, args.requests + 1):

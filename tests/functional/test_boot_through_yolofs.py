@@ -61,8 +61,9 @@ def test_learn_then_boot_from_the_boot_image(image_cache, mount_factory, tmp_pat
     assert stats['errors'] == 0, stats
 
 
-# What a guest's kernel prints when a read of its disk fails.
-KILL_BOOTS = 20
+# Boots of the kill test: CI runs fewer (.ci/run, its time budget); docs/benchmarks.md's
+# figures are from 20.
+KILL_BOOTS = int(os.environ.get('YOLO_KILL_BOOTS', '20'))
 
 
 def sampled_reads(path, count=300, seed=21):
