@@ -120,10 +120,17 @@ class ComputeNode:
             disk.teardown()
 
 
+# libvirt of the all-in-one's second compute host (tools/aio/settings); the first host's is the
+# machine's.
+LIBVIRT_URIS = {'aio-compute-2':
+                'qemu+unix:///system?socket=/var/lib/libvirt-compute-2/run/libvirt-sock'}
+
+
 def cache_mode(admin, server_id):
     """The cache mode of the guest's root disk in its libvirt domain XML."""
-    name = admin.compute.get_server(server_id).instance_name
-    xml = subprocess.run(['virsh', '-c', 'qemu:///system', 'dumpxml', name], check=True,
+    server = admin.compute.get_server(server_id)
+    uri = LIBVIRT_URIS.get(server.compute_host, 'qemu:///system')
+    xml = subprocess.run(['virsh', '-c', uri, 'dumpxml', server.instance_name], check=True,
                          capture_output=True, text=True).stdout
     return ET.fromstring(xml).find('./devices/disk/driver').get('cache')
 
