@@ -171,7 +171,7 @@ class TestYoloBootTimeWeigher(NoDBTestCase):
         names, weights_ = self.order(hosts)
         # The boot image makes a busy host (26.4 s) faster than an idle one without (31 s).
         self.assertEqual(['imaged', 'fast', 'mid', 'slow'], names)
-        self.assertEqual(1.0, weights_[0])
+        self.assertEqual(4.0, weights_[0])      # the default multiplier
         self.assertEqual(0.0, weights_[-1])
 
     def test_hosts_without_data_weigh_as_the_slowest(self):
