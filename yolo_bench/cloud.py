@@ -242,13 +242,19 @@ def _list(text):
     return [int(item) for item in text.split(',') if item]
 
 
-def _policies(text):
-    chosen = [item for item in text.split(',') if item]
-    unknown = set(chosen) - set(POLICIES)
-    if unknown:
-        raise argparse.ArgumentTypeError('unknown policy %s (choose from %s)' % (
-            ', '.join(sorted(unknown)), ', '.join(POLICIES)))
-    return chosen
+def comma_separated(choices, what):
+    """An argparse type: a comma-separated list of some of ``choices``."""
+    def parse(text):
+        chosen = [item for item in text.split(',') if item]
+        unknown = set(chosen) - set(choices)
+        if unknown:
+            raise argparse.ArgumentTypeError('unknown %s %s (choose from %s)' % (
+                what, ', '.join(sorted(unknown)), ', '.join(choices)))
+        if not chosen:
+            raise argparse.ArgumentTypeError('no %s given (choose from %s)' % (
+                what, ', '.join(choices)))
+        return chosen
+    return parse
 
 
 def parse_args(argv):
@@ -256,7 +262,8 @@ def parse_args(argv):
                                      description=__doc__.splitlines()[0])
     parser.add_argument('--repetitions', type=int, default=3,
                         help='boots per policy and condition (default: %(default)s)')
-    parser.add_argument('--policies', type=_policies, default=list(POLICIES),
+    parser.add_argument('--policies', type=comma_separated(POLICIES, 'policy'),
+                        default=list(POLICIES),
                         help='comma-separated, of %s (default: all)' % ', '.join(POLICIES))
     parser.add_argument('--storage', choices=('local', 'hdd'), default='local',
                         help='the instances directory where it is, or on the emulated HDD '

@@ -36,7 +36,7 @@ from yolo_bench import storage
 
 FIRST_HOST = 'aio-compute'
 SECOND_HOST = 'aio-compute-2'
-INSTANCES = {FIRST_HOST: pathlib.Path('/var/lib/nova/instances'),
+INSTANCES = {FIRST_HOST: cloud.INSTANCES,
              SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/instances')}
 SCHEDULER_CONF = pathlib.Path('/etc/nova/nova-scheduler.conf')
 SCHEDULER_LOG = pathlib.Path('/var/log/yolo-aio/nova-scheduler.log')
@@ -77,13 +77,6 @@ def reported_stats(host):
          "SELECT stats FROM compute_nodes WHERE host = '%s' AND deleted = 0" % host],
         capture_output=True, text=True, check=True).stdout.strip()
     return json.loads(row) if row else {}
-
-
-def reported_io(host):
-    """The I/O utilisation ``host`` last reported, or None before its first report with YOLO's
-    stats."""
-    stats = reported_stats(host)
-    return float(stats['yolo_io_utilisation']) if 'yolo_io_utilisation' in stats else None
 
 
 def wait_for_reports(hosts, after, accept=None, timeout=REPORT_TIMEOUT):
@@ -188,13 +181,6 @@ def summary(requests):
     return '\n'.join(lines)
 
 
-def _settings(text):
-    chosen = [item for item in text.split(',') if item]
-    if not chosen or set(chosen) - {'on', 'off'}:
-        raise argparse.ArgumentTypeError('a comma-separated list of on and off')
-    return chosen
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.scheduling',
                                      description=__doc__.splitlines()[0])
@@ -203,7 +189,8 @@ def parse_args(argv):
     parser.add_argument('--stressors', type=int, default=2,
                         help='fio stressors on the contended host\'s instance storage '
                              '(default: %(default)s)')
-    parser.add_argument('--yolo', type=_settings, default=['on', 'off'],
+    parser.add_argument('--yolo', type=cloud.comma_separated(('on', 'off'), 'setting'),
+                        default=['on', 'off'],
                         help='scheduler settings, comma-separated: on, off (default: on,off)')
     parser.add_argument('--cloud', default='aio-demo',
                         help='clouds.yaml cloud that creates the servers (default: %(default)s)')
@@ -239,7 +226,7 @@ def main(argv=None):
     try:
         for setting in args.yolo:
             set_scheduler(setting)
-            for busy, idle in ((FIRST_HOST, SECOND_HOST), (SECOND_HOST, FIRST_HOST)):
+            for busy in (FIRST_HOST, SECOND_HOST):
                 with contention(busy, args.stressors) as settled:
                     loads = wait_for_reports(INSTANCES, settled)
                     print('==> YOLO %s, %s under contention: reported I/O %s' % (

@@ -216,10 +216,15 @@ configure_libvirtd() {
         install -D -m 0755 "$AIO_REPO/tools/aio/libvirt-qemu-hook" /etc/libvirt/hooks/qemu
         changed=1
     fi
-    if ((changed)) && pid_alive /run/libvirtd.pid; then
-        kill "$(cat /run/libvirtd.pid)"
-        wait_for "libvirtd to stop" 30 bash -c "! kill -0 $(cat /run/libvirtd.pid)"
-    fi
+    if ((changed)); then stop_daemon libvirtd /run/libvirtd.pid; fi
+}
+
+stop_daemon() {  # NAME PIDFILE: a daemon that went to the background itself (-d), if it runs
+    local pid
+    pid_alive "$2" || return 0
+    pid=$(cat "$2")
+    kill "$pid"
+    wait_for "$1 to stop" 30 bash -c "! kill -0 $pid 2>/dev/null"
 }
 
 create_database() {  # USER DATABASE...
@@ -714,12 +719,8 @@ stop_compute2() {
 }
 
 stop_compute2_libvirtd() {
-    local pidfile pid
-    for pidfile in "$COMPUTE2_LIBVIRT/libvirtd.pid" "$COMPUTE2_LIBVIRT/virtlogd.pid"; do
-        pid_alive "$pidfile" || continue
-        pid=$(cat "$pidfile")
-        kill "$pid"
-        wait_for "$AIO_COMPUTE2_HOST's $(basename "$pidfile" .pid) to stop" 30 \
-            bash -c "! kill -0 $pid 2>/dev/null"
+    local daemon
+    for daemon in libvirtd virtlogd; do
+        stop_daemon "$AIO_COMPUTE2_HOST's $daemon" "$COMPUTE2_LIBVIRT/$daemon.pid"
     done
 }
