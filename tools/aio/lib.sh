@@ -458,6 +458,10 @@ workers = 1
 discover_hosts_in_cells_interval = 60
 [libvirt]
 virt_type = qemu
+# QEMU's default CPU model for TCG guests, as the QEMU-level benchmarks and yolo-calibrate boot
+# them (Nova would pick a model from libvirt's host capabilities, which it caches on disk: a
+# guest on an Intel machine was given an EPYC with 5-level paging).
+cpu_mode = none
 connection_uri = qemu:///system
 [vnc]
 enabled = false
