@@ -218,10 +218,11 @@ impl Recorder {
 
     /// Ends the window of `name` now (the `record_stop` control request); false if none is open.
     pub fn stop(self: &Arc<Self>, name: &str) -> bool {
+        let mut builds = self.builds.lock().unwrap();
         let recording = self.active.lock().unwrap().remove(name);
         match recording {
             Some(recording) => {
-                self.finish(recording, "stop");
+                self.finish(recording, "stop", &mut builds);
                 true
             }
             None => false,
@@ -260,6 +261,9 @@ impl Recorder {
     }
 
     fn end_finished_windows(self: &Arc<Self>, now: Instant) {
+        // Taken before windows leave `active`: a wait_idle that finds none active waits for
+        // their builds to be listed, then joins them.
+        let mut builds = self.builds.lock().unwrap();
         let ended: Vec<(Arc<Recording>, &'static str)> = {
             let mut active = self.active.lock().unwrap();
             let over: Vec<(String, &'static str)> = active
@@ -271,11 +275,16 @@ impl Recorder {
                 .collect()
         };
         for (recording, ended_by) in ended {
-            self.finish(recording, ended_by);
+            self.finish(recording, ended_by, &mut builds);
         }
     }
 
-    fn finish(self: &Arc<Self>, recording: Arc<Recording>, ended_by: &'static str) {
+    fn finish(
+        self: &Arc<Self>,
+        recording: Arc<Recording>,
+        ended_by: &'static str,
+        builds: &mut Vec<thread::JoinHandle<()>>,
+    ) {
         recording.finished.store(true, Ordering::Relaxed);
         let recorder = self.clone();
         let name = recording.name.clone();
@@ -297,7 +306,6 @@ impl Recorder {
             });
         match spawned {
             Ok(handle) => {
-                let mut builds = self.builds.lock().unwrap();
                 // Finished ones are dropped (detached), so only those under way are kept.
                 builds.retain(|build| !build.is_finished());
                 builds.push(handle);
