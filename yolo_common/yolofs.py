@@ -106,6 +106,30 @@ class ControlClient:
         learns for it then names the image)."""
         return self.request('remember', file=file, image_id=image_id)
 
+    def fill_begin(self, file, boot_image_path, image_id):
+        """Has yolofs serve fill file ``file`` (``NAME.yolo-fill`` in the source directory, at
+        its final size) from the boot image at ``boot_image_path`` (checked as for ``install``,
+        not compared with any data yet) and the ranges reported with :meth:`fill_done`; reads
+        of other ranges wait for them (docs/first-boot.md)."""
+        return self.request('fill_begin', file=file,
+                            boot_image=os.path.abspath(boot_image_path), image_id=image_id)
+
+    def fill_done(self, file, offset, length):
+        """Reports bytes ``offset``..``offset + length`` of ``file`` written, final."""
+        return self.request('fill_done', file=file, offset=offset, length=length)
+
+    def fill_wants(self, file, wait_seconds=1.0):
+        """The (offset, length) ranges reads of ``file`` are waiting for, waiting up to
+        ``wait_seconds`` (at most 10) for one."""
+        answer = self.request('fill_wants', file=file, wait_ms=int(wait_seconds * 1000),
+                              timeout=max(self.timeout, wait_seconds + 10))
+        return [tuple(want) for want in answer['wants']]
+
+    def fill_end(self, file, complete, reason=None):
+        """Ends the fill of ``file``: complete (every byte written and verified: yolofs then
+        compares the boot image with it, ``boot_image_matches``) or failed (its reads fail)."""
+        return self.request('fill_end', file=file, complete=complete, reason=reason)
+
     def prune(self):
         """Has yolofs delete the boot images (and their files) of base files that are gone;
         returns the names of the files deleted."""

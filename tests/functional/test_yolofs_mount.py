@@ -789,3 +789,108 @@ def test_mount_waits_for_novas_image_cache_to_exist(tmp_path):
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=30)[0]
     assert 'waiting for %s to exist' % source in output
+
+
+def offered_fill(base_dir, boot_image_dir, tmp_path):
+    """The boot image of the base file moved out of the store (a client offers it), an empty
+    fill file of the base file's size, the boot image's extents and the holes between them."""
+    offered = tmp_path / 'offered.yolo'
+    shutil.move(boot_image_dir / (NAME + '.yolo'), offered)
+    fill_name = NAME + '.yolo-fill'
+    with open(base_dir / fill_name, 'wb') as f:
+        f.truncate(SIZE)
+    extents = json.loads(yolofs.run('inspect', '--json', '--extents', offered).stdout)['extents']
+    holes, cursor = [], 0
+    for extent in extents:
+        if extent['source_offset'] > cursor:
+            holes.append((cursor, extent['source_offset'] - cursor))
+        cursor = max(cursor, extent['source_offset'] + extent['length'])
+    if cursor < SIZE:
+        holes.append((cursor, SIZE - cursor))
+    assert len(holes) >= 2
+    return offered, fill_name, extents, holes
+
+
+def test_a_base_file_being_filled_is_served_before_it_is_complete(
+        mount_factory, base_dir, boot_image_dir, content, tmp_path):
+    """A fill file (docs/first-boot.md): sparse at its final size, served at once from its boot
+    image; a read of a hole waits until the fill writes it and says so (its want), one that
+    waits too long fails with EIO; complete, the boot image is compared with the data and the
+    file is read through the mount as it is renamed to its base file name."""
+    offered, fill_name, extents, holes = offered_fill(base_dir, boot_image_dir, tmp_path)
+    (base_dir / NAME).unlink()
+    mount = mount_factory(base_dir, boot_images=tmp_path / 'empty-store',
+                          fill_read_timeout_secs=2)
+    answer = mount.client.fill_begin(fill_name, offered, 'some-image-id')
+    assert answer['new'] and answer['size'] == SIZE and answer['filled_bytes'] == 0
+    extent = extents[0]
+    served = mount.mountpoint / fill_name
+    fd = os.open(served, os.O_RDONLY)
+    try:
+        start, length = extent['source_offset'], extent['length']
+        assert os.pread(fd, length, start) == content[start:start + length]
+
+        with pytest.raises(OSError) as hole:
+            os.pread(fd, holes[0][1], holes[0][0])
+        assert hole.value.errno == errno.EIO
+
+        fill = open(base_dir / fill_name, 'r+b')
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            start, size = holes[1][0], holes[1][1] + (1 << 20)
+            reading = pool.submit(os.pread, fd, size, start)
+            wants = []
+            while not reading.done():
+                for offset, length in mount.client.fill_wants(fill_name, 0.5):
+                    fill.seek(offset)
+                    fill.write(content[offset:offset + length])
+                    fill.flush()
+                    mount.client.fill_done(fill_name, offset, length)
+                    wants.append((offset, length))
+            assert reading.result() == content[start:start + size]
+        assert wants
+
+        fill.seek(0)
+        fill.write(content)
+        fill.close()
+        mount.client.fill_done(fill_name, 0, SIZE)
+        assert mount.client.fill_end(fill_name, complete=True)['boot_image_matches'] is True
+        os.rename(base_dir / fill_name, base_dir / NAME)
+        assert os.pread(fd, SIZE, 0) == content
+        assert (mount.mountpoint / NAME).read_bytes() == content
+    finally:
+        os.close(fd)
+
+
+def test_a_failed_fill_or_a_boot_image_of_other_data_never_serves_a_wrong_byte(
+        mount_factory, base_dir, boot_image_dir, content, tmp_path):
+    offered, fill_name, _, holes = offered_fill(base_dir, boot_image_dir, tmp_path)
+    mount = mount_factory(base_dir, boot_images=tmp_path / 'empty-store',
+                          fill_read_timeout_secs=30)
+    mount.client.fill_begin(fill_name, offered, 'some-image-id')
+    fd = os.open(mount.mountpoint / fill_name, os.O_RDONLY)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(os.pread, fd, holes[-1][1], holes[-1][0])
+            while not mount.client.fill_wants(fill_name, 0.5):
+                pass
+            mount.client.fill_end(fill_name, complete=False, reason='glance unreachable')
+            with pytest.raises(OSError) as failed:
+                reading.result()
+            assert failed.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+
+    # Other data than the boot image's: the fill completes (its data was verified) and the
+    # boot image is reported not to match it, then never served again.
+    other = bytes(b ^ 0xff for b in content)
+    (base_dir / fill_name).write_bytes(other)
+    mount.client.fill_begin(fill_name, offered, 'some-image-id')
+    fd = os.open(mount.mountpoint / fill_name, os.O_RDONLY | os.O_DIRECT)
+    try:
+        mount.client.fill_done(fill_name, 0, SIZE)
+        ended = mount.client.fill_end(fill_name, complete=True)
+        assert ended['boot_image_matches'] is False and 'differs' in ended['mismatch']
+        buf = mmap.mmap(-1, SIZE)
+        assert os.preadv(fd, [buf], 0) == SIZE and bytes(buf) == other
+    finally:
+        os.close(fd)

@@ -25,6 +25,7 @@ use log::{debug, warn};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::fill::{Outcome, FILL_SUFFIX};
 use crate::fs::MirrorFs;
 use crate::hostload::HostLoadSampler;
 use crate::recorder::Recorder;
@@ -58,6 +59,27 @@ pub enum Request {
     Remember { file: String, image_id: String },
     /// Delete the store's files of base files that are gone from the source directory.
     Prune,
+    /// Serve fill file FILE (in the source directory, at its final size; docs/first-boot.md)
+    /// from a boot image (a file the client owns, checked but not yet compared with any data)
+    /// and the ranges reported filled; reads of other ranges wait for them.
+    FillBegin {
+        file: String,
+        boot_image: PathBuf,
+        image_id: String,
+    },
+    /// Bytes OFFSET..OFFSET+LENGTH of fill file FILE hold their final data.
+    FillDone { file: String, offset: u64, length: u64 },
+    /// The ranges reads of fill file FILE wait for, waiting up to WAIT_MS (at most 10 s) for one.
+    FillWants { file: String, wait_ms: u64 },
+    /// End the fill of FILE: --complete once every byte is filled and verified (its boot image is
+    /// then compared with it), or failed (its reads fail).
+    FillEnd {
+        file: String,
+        #[arg(long)]
+        complete: bool,
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 /// Who may connect to the control socket: its mode bits and, if set, its group.
@@ -208,6 +230,18 @@ pub fn install(
     Ok(json!({ "installed": installed }))
 }
 
+/// The name of a fill file.
+fn fill_file_name(file: &str) -> Result<&str, String> {
+    let name = base_file_name(file)?;
+    if !name.ends_with(FILL_SUFFIX) {
+        return Err(format!("{name} is not a fill file (*{FILL_SUFFIX})"));
+    }
+    Ok(name)
+}
+
+/// Longest wait of a `fill_wants` request.
+const MAX_WANTS_WAIT_MS: u64 = 10_000;
+
 /// The `remember` request: the base file must exist in `source_dir`.
 pub fn remember(source_dir: &Path, store: &BootImageStore, file: &str, image_id: &str) -> Result<Value, String> {
     let name = base_file_name(file)?;
@@ -282,6 +316,32 @@ impl Daemon {
                 image_id,
             } => install(&self.source, &self.store, &file, &boot_image, &image_id, client_uid),
             Request::Remember { file, image_id } => Ok(remember(&self.source, &self.store, &file, &image_id)?),
+            Request::FillBegin {
+                file,
+                boot_image,
+                image_id,
+            } => self.fill_begin(&file, &boot_image, &image_id, client_uid),
+            Request::FillDone { file, offset, length } => {
+                let name = fill_file_name(&file)?;
+                let filling = self.fs.filling(name).ok_or_else(|| format!("no fill of {name}"))?;
+                let range = offset..offset.checked_add(length).ok_or("range overflows")?;
+                filling.fill.filled(range).map_err(|e| e.to_string())?;
+                let (filled, _) = filling.fill.progress();
+                Ok(json!({ "file": name, "filled_bytes": filled, "size": filling.fill.size() }))
+            }
+            Request::FillWants { file, wait_ms } => {
+                let name = fill_file_name(&file)?;
+                let filling = self.fs.filling(name).ok_or_else(|| format!("no fill of {name}"))?;
+                let wait = std::time::Duration::from_millis(wait_ms.min(MAX_WANTS_WAIT_MS));
+                let wants: Vec<[u64; 2]> = filling
+                    .fill
+                    .wants(wait)
+                    .into_iter()
+                    .map(|r| [r.start, r.end - r.start])
+                    .collect();
+                Ok(json!({ "file": name, "wants": wants }))
+            }
+            Request::FillEnd { file, complete, reason } => self.fill_end(&file, complete, reason),
             Request::Prune => {
                 let recording: Vec<String> = self.recorder.as_ref().map(|r| r.learning()).unwrap_or_default();
                 let removed = self
@@ -289,6 +349,49 @@ impl Daemon {
                     .prune(&self.source, |name| recording.iter().any(|r| r == name))
                     .map_err(|e| format!("pruning the store: {e}"))?;
                 Ok(json!({ "removed": removed }))
+            }
+        }
+    }
+
+    fn fill_begin(&self, file: &str, boot_image: &Path, image_id: &str, client_uid: u32) -> Result<Value, Failure> {
+        let name = fill_file_name(file)?;
+        let owner = (client_uid != 0).then_some(client_uid);
+        let (_, image) = self
+            .store
+            .read_offered(boot_image, image_id, owner)
+            .map_err(|e| Failure {
+                refused: e.is_refusal(),
+                error: e.to_string(),
+            })?;
+        let extents = image.extents.len();
+        let (filling, new) = self.fs.begin_fill(name, image).map_err(|e| e.to_string())?;
+        let (filled, _) = filling.fill.progress();
+        log::info!(
+            "{name}: serving a fill of {} bytes ({extents} boot image extents)",
+            filling.fill.size()
+        );
+        Ok(json!({ "file": name, "size": filling.fill.size(), "new": new, "filled_bytes": filled }))
+    }
+
+    fn fill_end(&self, file: &str, complete: bool, reason: Option<String>) -> Result<Value, Failure> {
+        let name = fill_file_name(file)?;
+        if !complete {
+            let reason = reason.unwrap_or_else(|| "ended by the client".into());
+            log::warn!("{name}: fill failed: {reason}");
+            let ended = self.fs.end_fill(name, Outcome::Failed(reason)).is_some();
+            return Ok(json!({ "file": name, "ended": ended }));
+        }
+        let filling = self.fs.filling(name).ok_or_else(|| format!("no fill of {name}"))?;
+        let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        // The boot image was served on its publisher's word: now the data it stands for is here.
+        let matches = filling.boot_image.verify_against(&source);
+        self.fs.end_fill(name, Outcome::Complete);
+        match matches {
+            Ok(()) => Ok(json!({ "file": name, "ended": true, "boot_image_matches": true })),
+            Err(e) => {
+                log::error!("{name}: ALARM: the boot image served during the fill does not match the filled data: {e}");
+                self.store.counters().rejected("fill_mismatch");
+                Ok(json!({ "file": name, "ended": true, "boot_image_matches": false, "mismatch": e.to_string() }))
             }
         }
     }

@@ -26,6 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
 
+use crate::fill::{Fill, FillError, Outcome, FILL_SUFFIX};
 use crate::format::BootImage;
 use crate::recorder::{Recorder, Recording};
 use crate::stats::{FileStats, StatsRegistry};
@@ -47,6 +48,10 @@ pub enum FsError {
     NotADirectory,
     #[error("source file ended early at offset {0}")]
     ShortRead(u64),
+    #[error("base file being filled: {0}")]
+    Fill(#[from] FillError),
+    #[error("{0} is a fill file yolofs has no fill for (was yolofs restarted?)")]
+    UnknownFill(String),
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
 }
@@ -58,7 +63,7 @@ impl FsError {
             FsError::UnknownHandle(_) => libc::EBADF,
             FsError::ReadOnly => libc::EROFS,
             FsError::NotADirectory => libc::ENOTDIR,
-            FsError::ShortRead(_) => libc::EIO,
+            FsError::ShortRead(_) | FsError::Fill(_) | FsError::UnknownFill(_) => libc::EIO,
             FsError::Io(e) if e.kind() == io::ErrorKind::NotFound => libc::ENOENT,
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
@@ -245,7 +250,16 @@ pub struct OpenFile {
     /// The boot image, valid while the source's key (its ctime above all) is the one here.
     boot_image: RwLock<Option<(Arc<BootImage>, SourceKey)>>,
     recording: Option<Arc<Recording>>,
+    /// Its fill, if it is a fill file (which has no boot image in the store).
+    filling: Option<Arc<Filling>>,
     stats: Arc<FileStats>,
+}
+
+/// A base file being filled (docs/first-boot.md): its fill, and the boot image its reads are
+/// served from meanwhile, trusted by its publisher and verified once the file is complete.
+pub struct Filling {
+    pub fill: Fill,
+    pub boot_image: Arc<BootImage>,
 }
 
 /// How a file was opened, for the FUSE adapter's open flags.
@@ -274,11 +288,23 @@ pub struct MirrorFs {
     recorder: Option<Arc<Recorder>>,
     /// Whether the kernel agreed to FUSE passthrough (set once mounted).
     kernel_passthrough: AtomicBool,
+    /// Fill files being filled, by name.
+    fills: RwLock<HashMap<String, Arc<Filling>>>,
+    /// How long a read of a fill file waits for bytes not filled yet (milliseconds).
+    fill_read_timeout_ms: AtomicU64,
 }
 
-/// Names that are never learned: Nova's downloads in progress.
+/// A fill read waits this long by default: a read waiting for a whole download and conversion
+/// (formats that cannot be fetched by range) has minutes to wait, not for ever.
+pub const DEFAULT_FILL_READ_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Names that are never learned: Nova's downloads in progress, and fill files.
 fn is_transient(name: &str) -> bool {
-    name.ends_with(".part") || name.ends_with(".tmp")
+    name.ends_with(".part") || name.ends_with(".tmp") || is_fill_file(name)
+}
+
+pub fn is_fill_file(name: &str) -> bool {
+    name.ends_with(FILL_SUFFIX)
 }
 
 impl MirrorFs {
@@ -317,7 +343,65 @@ impl MirrorFs {
             stats,
             recorder,
             kernel_passthrough: AtomicBool::new(false),
+            fills: RwLock::default(),
+            fill_read_timeout_ms: AtomicU64::new(DEFAULT_FILL_READ_TIMEOUT.as_millis() as u64),
         })
+    }
+
+    pub fn set_fill_read_timeout(&self, timeout: Duration) {
+        self.fill_read_timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Starts serving fill file `name` (in the source directory, at its final size) from
+    /// `boot_image` and its filled ranges; the fill under way if there is one (concurrent first
+    /// boots share it): (the fill, whether it is new).
+    pub fn begin_fill(&self, name: &str, boot_image: BootImage) -> Result<(Arc<Filling>, bool)> {
+        let meta = fs::symlink_metadata(self.source_root.join(name))?;
+        if !meta.is_file() || !is_fill_file(name) {
+            return Err(FsError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name} is not a fill file"),
+            )));
+        }
+        if meta.len() != boot_image.identity.source_size {
+            return Err(FsError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{name} has {} bytes, its boot image's source {}",
+                    meta.len(),
+                    boot_image.identity.source_size
+                ),
+            )));
+        }
+        let mut fills = self.fills.write().unwrap();
+        if let Some(filling) = fills.get(name) {
+            return Ok((filling.clone(), false));
+        }
+        let filling = Arc::new(Filling {
+            fill: Fill::new(meta.len()),
+            boot_image: Arc::new(boot_image),
+        });
+        fills.insert(name.to_string(), filling.clone());
+        Ok((filling, true))
+    }
+
+    pub fn filling(&self, name: &str) -> Option<Arc<Filling>> {
+        self.fills.read().unwrap().get(name).cloned()
+    }
+
+    /// Ends the fill of `name` (its open files keep it: complete, they read the file; failed,
+    /// they fail) and forgets it.
+    pub fn end_fill(&self, name: &str, outcome: Outcome) -> Option<Arc<Filling>> {
+        let filling = self.fills.write().unwrap().remove(name)?;
+        filling.fill.finish(outcome);
+        Some(filling)
+    }
+
+    pub fn fill_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.fills.read().unwrap().keys().cloned().collect();
+        names.sort();
+        names
     }
 
     /// Lets files without a boot image be served by the kernel (FUSE passthrough), or stops it.
@@ -520,12 +604,18 @@ impl MirrorFs {
             (Some(recorder), None) => recorder.begin(&name, &source),
             (None, _) => None,
         };
+        let filling = if is_fill_file(&name) {
+            Some(self.filling(&name).ok_or_else(|| FsError::UnknownFill(name.clone()))?)
+        } else {
+            None
+        };
         let stats = self.stats.for_file(&name);
         let handle = OpenFile {
             name,
             source,
             boot_image: RwLock::new(boot_image.map(|image| (image, source_key))),
             recording,
+            filling,
             stats,
         };
         Ok((handle, serving))
@@ -572,12 +662,15 @@ impl MirrorFs {
     /// the file.
     pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let handle = self.handle_or_reopen(ino, fh)?;
-        let result = match self.fresh_boot_image(&handle)? {
-            Some(image) => read_mixed(&image, &handle.source, offset, size as u64),
-            None => pread_full(&handle.source, offset, size as u64).map(|data| {
-                let n = data.len() as u64;
-                (data, 0, n)
-            }),
+        let result = match &handle.filling {
+            Some(filling) => self.read_filling(&handle, filling, offset, size as u64),
+            None => match self.fresh_boot_image(&handle)? {
+                Some(image) => read_mixed(&image, &handle.source, offset, size as u64),
+                None => pread_full(&handle.source, offset, size as u64).map(|data| {
+                    let n = data.len() as u64;
+                    (data, 0, n)
+                }),
+            },
         };
         if let Some(recording) = &handle.recording {
             let (memory, passthrough) = result.as_ref().map_or((0, 0), |(_, m, p)| (*m, *p));
@@ -594,6 +687,30 @@ impl MirrorFs {
                 Err(e)
             }
         }
+    }
+
+    /// A read of a fill file: what the boot image does not cover waits until it is filled.
+    fn read_filling(&self, handle: &OpenFile, filling: &Filling, offset: u64, len: u64) -> Result<(Vec<u8>, u64, u64)> {
+        let end = offset.saturating_add(len).min(filling.fill.size());
+        if offset >= end {
+            return Ok((Vec::new(), 0, 0));
+        }
+        let missing: Vec<std::ops::Range<u64>> = filling
+            .boot_image
+            .uncovered(offset, end - offset)
+            .into_iter()
+            .map(|(start, length)| start..start + length)
+            .collect();
+        let timeout = Duration::from_millis(self.fill_read_timeout_ms.load(Ordering::Relaxed));
+        filling.fill.wait_filled(&missing, timeout)?;
+        // Past the wait every byte read is filled, final: never a hole's zeros. Once the file is
+        // complete it is read alone (its boot image may have turned out not to match it).
+        if filling.fill.is_complete() {
+            let data = pread_full(&handle.source, offset, end - offset)?;
+            let n = data.len() as u64;
+            return Ok((data, 0, n));
+        }
+        read_mixed(&filling.boot_image, &handle.source, offset, end - offset)
     }
 
     /// The boot image of an open file if its base file has not changed since the boot image was

@@ -11,6 +11,7 @@
 
 pub mod build;
 pub mod control;
+pub mod fill;
 pub mod format;
 pub mod fs;
 pub mod fuse;

@@ -146,6 +146,10 @@ struct MountArgs {
     /// Boot windows end this many seconds after the first read at the latest.
     #[arg(long, default_value_t = 300.0)]
     record_max_secs: f64,
+    /// A read of a base file being filled (docs/first-boot.md) waits at most this many seconds
+    /// for bytes not filled yet, then fails with EIO.
+    #[arg(long, default_value_t = yolofs::fs::DEFAULT_FILL_READ_TIMEOUT.as_secs_f64())]
+    fill_read_timeout_secs: f64,
     /// Block size of learned boot images, in bytes.
     #[arg(long, default_value_t = 4096)]
     block_size: u32,
@@ -659,6 +663,7 @@ fn mount(args: MountArgs) -> Result<()> {
         stats.clone(),
     ));
     let fs = Arc::new(MirrorFs::new(&source, store.clone(), stats.clone(), recorder.clone())?);
+    fs.set_fill_read_timeout(Duration::from_secs_f64(args.fill_read_timeout_secs));
     let host_load = HostLoadSampler::start(
         &source,
         Duration::from_secs_f64(args.load_interval_secs),

@@ -350,7 +350,7 @@ pub struct StoreCounters {
 }
 
 impl StoreCounters {
-    fn rejected(&self, reason: &'static str) {
+    pub fn rejected(&self, reason: &'static str) {
         *self.rejections.lock().unwrap().entry(reason).or_default() += 1;
     }
 
@@ -546,29 +546,10 @@ impl BootImageStore {
         owner: Option<u32>,
     ) -> Result<Installed, InstallError> {
         let started = Instant::now();
-        check_image_id(image_id).map_err(InstallError::BadRequest)?;
-        if !candidate.is_absolute() {
-            return Err(InstallError::BadRequest(format!(
-                "boot image path {} is not absolute",
-                candidate.display()
-            )));
-        }
         // One install at a time, from before the candidate is read: each holds a whole boot image
         // in memory (up to --max-boot-image-bytes).
         let _installing = self.install_lock.lock().unwrap();
-        let bytes = self.read_candidate(candidate, owner)?;
-        let image = BootImage::parse(&bytes).map_err(|source| InstallError::Invalid {
-            path: candidate.into(),
-            source,
-        })?;
-        let found = &image.identity.image_id;
-        if !found.is_empty() && found != image_id {
-            return Err(InstallError::ForeignImage {
-                path: candidate.into(),
-                found: found.clone(),
-                expected: image_id.into(),
-            });
-        }
+        let (bytes, image) = self.read_offered(candidate, image_id, owner)?;
         let store_error = |source| InstallError::Store {
             dir: self.config.dir.clone(),
             source,
@@ -632,6 +613,38 @@ impl BootImageStore {
     }
 
     /// The whole candidate file, read once through one descriptor and never past the size bound.
+    /// A boot image a client offers for Glance image `image_id`: a file it owns (`owner`, None
+    /// for root), within the size limit, well formed (checksums included) and built for that image.
+    /// Not compared with any base file: [`BootImageStore::install`] does that.
+    pub fn read_offered(
+        &self,
+        candidate: &Path,
+        image_id: &str,
+        owner: Option<u32>,
+    ) -> Result<(Vec<u8>, BootImage), InstallError> {
+        check_image_id(image_id).map_err(InstallError::BadRequest)?;
+        if !candidate.is_absolute() {
+            return Err(InstallError::BadRequest(format!(
+                "boot image path {} is not absolute",
+                candidate.display()
+            )));
+        }
+        let bytes = self.read_candidate(candidate, owner)?;
+        let image = BootImage::parse(&bytes).map_err(|source| InstallError::Invalid {
+            path: candidate.into(),
+            source,
+        })?;
+        let found = &image.identity.image_id;
+        if !found.is_empty() && found != image_id {
+            return Err(InstallError::ForeignImage {
+                path: candidate.into(),
+                found: found.clone(),
+                expected: image_id.into(),
+            });
+        }
+        Ok((bytes, image))
+    }
+
     fn read_candidate(&self, path: &Path, owner: Option<u32>) -> Result<Vec<u8>, InstallError> {
         let refused = |reason: String| InstallError::Candidate {
             path: path.into(),

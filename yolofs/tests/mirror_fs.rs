@@ -5,6 +5,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
+use std::thread;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -558,4 +559,97 @@ fn a_file_recreated_under_the_same_inode_number_is_another_inode() {
     fs::write(&path, &fixture.content).unwrap();
     let (second, _) = open_disk(&fs);
     assert_ne!(first, second);
+}
+
+/// A fill file of the fixture's disk (sparse, at its final size) served from its boot image.
+fn filling_mirror(fixture: &Fixture, read_timeout: Duration) -> (Arc<MirrorFs>, BootImage, yolofs::fs::Opened) {
+    let image = fixture.build_boot_image();
+    File::create(fixture.base().join("disk.yolo-fill"))
+        .unwrap()
+        .set_len(SIZE as u64)
+        .unwrap();
+    let (fs, _, _) = fixture.mirror();
+    fs.set_fill_read_timeout(read_timeout);
+    let (_, new) = fs
+        .begin_fill("disk.yolo-fill", BootImage::open(&fixture.boot_image_path()).unwrap())
+        .unwrap();
+    assert!(new);
+    let attr = fs.lookup(ROOT_INO, "disk.yolo-fill".as_ref()).unwrap();
+    let opened = fs.open(attr.ino, libc::O_RDONLY).unwrap();
+    assert!(!opened.immutable && !opened.kernel_passthrough);
+    (Arc::new(fs), image, opened)
+}
+
+fn fill(fixture: &Fixture, fs: &MirrorFs, range: std::ops::Range<u64>) {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(fixture.base().join("disk.yolo-fill"))
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&fixture.content[range.start as usize..range.end as usize], range.start)
+        .unwrap();
+    fs.filling("disk.yolo-fill").unwrap().fill.filled(range).unwrap();
+}
+
+#[test]
+fn a_fill_file_serves_its_boot_image_at_once_and_waits_for_the_rest() {
+    let fixture = Fixture::new();
+    let (fs, image, opened) = filling_mirror(&fixture, Duration::from_secs(30));
+    let extent = &image.extents[0];
+    let covered = fs
+        .read(opened.ino, opened.fh, extent.source_offset, extent.length as u32)
+        .unwrap();
+    assert_eq!(
+        covered,
+        &fixture.content[extent.source_offset as usize..extent.source_end() as usize]
+    );
+
+    // A read across the boot image and holes waits until the holes are filled: it is the fill's
+    // wants meanwhile, and then it gets the source's bytes.
+    let reader = {
+        let fs = fs.clone();
+        thread::spawn(move || fs.read(opened.ino, opened.fh, 0, 256 << 10).unwrap())
+    };
+    let filling = fs.filling("disk.yolo-fill").unwrap();
+    let mut served = 0;
+    while !reader.is_finished() {
+        for range in filling.fill.wants(Duration::from_millis(100)) {
+            fill(&fixture, &fs, range);
+            served += 1;
+        }
+    }
+    assert!(served > 0);
+    assert_eq!(reader.join().unwrap(), &fixture.content[..256 << 10]);
+}
+
+#[test]
+fn a_hole_read_times_out_and_a_failed_fill_fails_every_read() {
+    let fixture = Fixture::new();
+    let (fs, image, opened) = filling_mirror(&fixture, Duration::from_millis(50));
+    let hole = image.uncovered(0, SIZE as u64)[0];
+    let error = fs.read(opened.ino, opened.fh, hole.0, hole.1 as u32).unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    let extent = &image.extents[1];
+    assert!(fs.read(opened.ino, opened.fh, extent.source_offset, 1).is_ok());
+
+    fs.end_fill(
+        "disk.yolo-fill",
+        yolofs::fill::Outcome::Failed("glance unreachable".into()),
+    );
+    let error = fs.read(opened.ino, opened.fh, extent.source_offset, 1).unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+}
+
+#[test]
+fn a_complete_fill_is_read_from_its_file_and_no_fill_is_never_read() {
+    let fixture = Fixture::new();
+    let (fs, _, opened) = filling_mirror(&fixture, Duration::from_secs(30));
+    fill(&fixture, &fs, 0..SIZE as u64);
+    fs.end_fill("disk.yolo-fill", yolofs::fill::Outcome::Complete);
+    check_random_reads(&fs, &opened, &fixture.content, 5);
+
+    // A fill file yolofs serves no fill of (it was restarted, say) may hold holes: not opened.
+    let attr = fs.lookup(ROOT_INO, "disk.yolo-fill".as_ref()).unwrap();
+    let error = fs.open(attr.ino, libc::O_RDONLY).unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "{error}");
 }
