@@ -111,7 +111,9 @@ def wait_for_status(cloud, server_id, status, timeout=BOOT_TIMEOUT):
         if server.status == 'ERROR':
             fault = connection('aio-admin').compute.get_server(server_id).fault
             raise AssertionError('server %s went to ERROR: %s' % (server_id, fault))
-        return server.status == status
+        # Nova shows a server's new status before its task ends (shelve's offload reports
+        # SHELVED_OFFLOADED while it still cleans up), and refuses the next action until then.
+        return server.status == status and server.task_state is None
     wait_until('server %s %s' % (server_id, status), timeout, probe)
 
 
