@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::fill::{Outcome, FILL_SUFFIX};
-use crate::fs::MirrorFs;
+use crate::fs::{self as mirror, Filling, MirrorFs};
 use crate::hostload::HostLoadSampler;
 use crate::recorder::Recorder;
 use crate::stats::StatsRegistry;
@@ -233,7 +233,7 @@ pub fn install(
 /// The name of a fill file.
 fn fill_file_name(file: &str) -> Result<&str, String> {
     let name = base_file_name(file)?;
-    if !name.ends_with(FILL_SUFFIX) {
+    if !mirror::is_fill_file(name) {
         return Err(format!("{name} is not a fill file (*{FILL_SUFFIX})"));
     }
     Ok(name)
@@ -322,16 +322,14 @@ impl Daemon {
                 image_id,
             } => self.fill_begin(&file, &boot_image, &image_id, client_uid),
             Request::FillDone { file, offset, length } => {
-                let name = fill_file_name(&file)?;
-                let filling = self.fs.filling(name).ok_or_else(|| format!("no fill of {name}"))?;
+                let (name, filling) = self.filling(&file)?;
                 let range = offset..offset.checked_add(length).ok_or("range overflows")?;
                 filling.fill.filled(range).map_err(|e| e.to_string())?;
                 let (filled, _) = filling.fill.progress();
                 Ok(json!({ "file": name, "filled_bytes": filled, "size": filling.fill.size() }))
             }
             Request::FillWants { file, wait_ms } => {
-                let name = fill_file_name(&file)?;
-                let filling = self.fs.filling(name).ok_or_else(|| format!("no fill of {name}"))?;
+                let (name, filling) = self.filling(&file)?;
                 let wait = std::time::Duration::from_millis(wait_ms.min(MAX_WANTS_WAIT_MS));
                 let wants: Vec<[u64; 2]> = filling
                     .fill
@@ -351,6 +349,13 @@ impl Daemon {
                 Ok(json!({ "removed": removed }))
             }
         }
+    }
+
+    /// The fill under way of fill file `file`: (its checked name, the fill).
+    fn filling<'a>(&self, file: &'a str) -> Result<(&'a str, Arc<Filling>), String> {
+        let name = fill_file_name(file)?;
+        let filling = self.fs.filling(name).ok_or_else(|| format!("no fill of {name}"))?;
+        Ok((name, filling))
     }
 
     fn fill_begin(&self, file: &str, boot_image: &Path, image_id: &str, client_uid: u32) -> Result<Value, Failure> {
@@ -381,7 +386,7 @@ impl Daemon {
             let ended = self.fs.end_fill(name, Outcome::Failed(reason)).is_some();
             return Ok(json!({ "file": name, "ended": ended }));
         }
-        let filling = self.fs.filling(name).ok_or_else(|| format!("no fill of {name}"))?;
+        let (_, filling) = self.filling(name)?;
         let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
         // The boot image was served on its publisher's word: now the data it stands for is here.
         let matches = filling.boot_image.verify_against(&source);

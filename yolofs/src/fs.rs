@@ -398,12 +398,6 @@ impl MirrorFs {
         Some(filling)
     }
 
-    pub fn fill_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.fills.read().unwrap().keys().cloned().collect();
-        names.sort();
-        names
-    }
-
     /// Lets files without a boot image be served by the kernel (FUSE passthrough), or stops it.
     pub fn set_kernel_passthrough(&self, enabled: bool) {
         self.kernel_passthrough.store(enabled, Ordering::Relaxed);
@@ -666,10 +660,7 @@ impl MirrorFs {
             Some(filling) => self.read_filling(&handle, filling, offset, size as u64),
             None => match self.fresh_boot_image(&handle)? {
                 Some(image) => read_mixed(&image, &handle.source, offset, size as u64),
-                None => pread_full(&handle.source, offset, size as u64).map(|data| {
-                    let n = data.len() as u64;
-                    (data, 0, n)
-                }),
+                None => read_through(&handle.source, offset, size as u64),
             },
         };
         if let Some(recording) = &handle.recording {
@@ -706,9 +697,7 @@ impl MirrorFs {
         // Past the wait every byte read is filled, final: never a hole's zeros. Once the file is
         // complete it is read alone (its boot image may have turned out not to match it).
         if filling.fill.is_complete() {
-            let data = pread_full(&handle.source, offset, end - offset)?;
-            let n = data.len() as u64;
-            return Ok((data, 0, n));
+            return read_through(&handle.source, offset, end - offset);
         }
         read_mixed(&filling.boot_image, &handle.source, offset, end - offset)
     }
@@ -771,6 +760,13 @@ fn pread_full(file: &File, offset: u64, len: u64) -> Result<Vec<u8>> {
     }
     buf.truncate(done);
     Ok(buf)
+}
+
+/// Serves a read from `source` alone, counted as [`read_mixed`] counts.
+fn read_through(source: &File, offset: u64, len: u64) -> Result<(Vec<u8>, u64, u64)> {
+    let data = pread_full(source, offset, len)?;
+    let n = data.len() as u64;
+    Ok((data, 0, n))
 }
 
 /// Serves a read from the boot image where it covers the range and from `source` elsewhere.
