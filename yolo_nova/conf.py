@@ -141,6 +141,21 @@ Whether to download an image's published boot image (image property ``yolo_boot_
 Glance when the image is cached on this host, and have yolofs verify and install it. Images
 without one are learned from their first boot on the host when yolofs runs with ``--learn``.
 """),
+    cfg.BoolOpt(
+        'first_boot_before_download', default=False,
+        help="""
+Start the first guest of an image on this host before the image is downloaded
+(docs/first-boot.md): when its base file is not cached, yolofs is healthy and Glance publishes
+a trusted boot image for it, the boot image is fetched, the instance disk is created over the
+base file as yolofs serves it while it is being filled, and the download fills it in the
+background (ranges the guest waits for first, for images stored raw in Glance). Off by default
+until proven on more deployments.
+
+Related options:
+
+* ``fetch_boot_images`` must be on.
+* ``yolofs mount --fill-read-timeout-secs``: how long a guest's read waits for a range.
+"""),
     cfg.StrOpt(
         'download_dir',
         help="""

@@ -63,6 +63,9 @@ class FakeImageAPI:
         return {'id': image_id, 'owner': record.get('owner', self.project_id),
                 'container_format': record.get('container_format', 'yolo'),
                 'status': 'active', 'size': record.get('size', 0),
+                'disk_format': record.get('disk_format'),
+                'os_hash_algo': record.get('os_hash_algo'),
+                'os_hash_value': record.get('os_hash_value'),
                 'properties': record['properties']}
 
     def download(self, context, image_id, dest_path=None):

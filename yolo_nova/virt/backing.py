@@ -31,6 +31,9 @@ class BackingFiles:
         self.enabled = enabled
         # Disks inside on_base(): any placement Nova's nested calls make keeps them on _base.
         self._held_on_base = set()
+        # This host's fills of base files (first_boot.FirstBoots), if first boots before the
+        # download are on: a base file being filled is in _base only once complete.
+        self.first_boots = None
 
     def mounted(self):
         return yolofs.is_mounted(self.mount_point)
@@ -77,8 +80,11 @@ class BackingFiles:
             healthy = False
         elif healthy is None:
             healthy = self.yolofs_healthy()
-        wanted = self.mount_path(name) if healthy and os.path.exists(self.mount_path(name)) \
-            else self.base_path(name)
+        if healthy and os.path.exists(self.mount_path(name)):
+            wanted = self.mount_path(name)
+        else:
+            wanted = self.base_path(name)
+            self.wait_for_fill(name)
         if wanted != backing:
             rebase_unsafe(disk_path, wanted, fmt)
             LOG.info('%s: backing file %s -> %s', disk_path, backing, wanted)
@@ -99,11 +105,22 @@ class BackingFiles:
         try:
             info = backing_info(disk_path)
             if info is not None and self.directory_of(info[0]) == 'mount':
-                rebase_unsafe(disk_path, self.base_path(os.path.basename(info[0])), info[1])
+                name = os.path.basename(info[0])
+                self.wait_for_fill(name)
+                rebase_unsafe(disk_path, self.base_path(name), info[1])
             yield
         finally:
             self._held_on_base.discard(held)
         self.place(disk_path)
+
+    def wait_for_fill(self, name):
+        """Waits for base file ``name`` to be in _base if it is being filled: what a guest
+        started over it without yolofs, or Nova's own qemu-img, needs (the fill is the download
+        Nova's normal path would have waited for)."""
+        fill = self.first_boots.running(name) if self.first_boots is not None else None
+        if fill is not None and not os.path.exists(self.base_path(name)):
+            LOG.info('Waiting for base file %s to be filled', name)
+            fill.wait()
 
     def name_base_files_in_nova(self):
         """Makes Nova's ``get_disk_backing_file(path, basename=False)`` name a backing file on

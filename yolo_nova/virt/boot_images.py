@@ -142,29 +142,37 @@ class BootImages:
             if not self.fetch:
                 return 'none'
             image = self.image_api.get(context, image_id)
-            boot_image_id = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
-            if not boot_image_id:
-                LOG.debug('Image %s has no published boot image', image_id)
-                return 'none'
-            if self._refused.get(image_id) == boot_image_id:
-                return 'rejected'
-            boot_image = self.boot_image_api.get(context, boot_image_id)
-            reason = untrusted(boot_image, image_id, self.owner, self.max_bytes)
-            if reason:
-                LOG.warning('Not using boot image %s of image %s: %s', boot_image_id, image_id,
-                            reason)
-                self._refused[image_id] = boot_image_id
-                return 'rejected'
-            result = self._install(context, name, image_id, boot_image_id)
-            if result == 'rejected':
-                self._refused[image_id] = boot_image_id
-            return result
+            boot_image_id = self.trusted_boot_image_id(context, image_id, image)
+            if boot_image_id is None:
+                published = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
+                return 'rejected' if published else 'none'
+            return self._install(context, name, image_id, boot_image_id)
         except Exception:
             # A boot image only makes boots faster; nothing about it may stop one.
             LOG.exception('Could not get the boot image of image %s to yolofs', image_id)
             return 'failed'
 
-    def _install(self, context, name, image_id, boot_image_id):
+    def trusted_boot_image_id(self, context, image_id, image):
+        """The id of the boot image Glance publishes for ``image`` (Nova's image API's view of
+        it) if it is one to use; else None, and if one was refused its id is remembered."""
+        boot_image_id = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
+        if not boot_image_id:
+            LOG.debug('Image %s has no published boot image', image_id)
+            return None
+        if self._refused.get(image_id) == boot_image_id:
+            return None
+        boot_image = self.boot_image_api.get(context, boot_image_id)
+        reason = untrusted(boot_image, image_id, self.owner, self.max_bytes)
+        if reason:
+            LOG.warning('Not using boot image %s of image %s: %s', boot_image_id, image_id,
+                        reason)
+            self.refuse(image_id, boot_image_id)
+            return None
+        return boot_image_id
+
+    def download(self, context, name, boot_image_id):
+        """Downloads a boot image into the download directory, for base file ``name``; returns
+        its path (the caller deletes it), a file yolofs (root) can read."""
         os.makedirs(self.download_dir, mode=0o755, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix=name + '.', suffix='.yolo', dir=self.download_dir)
         os.close(fd)
@@ -173,23 +181,40 @@ class BootImages:
             self.boot_image_api.download(context, boot_image_id, dest_path=path)
             # yolofs runs as root and reads it (root could anyway); it must stay our own file.
             os.chmod(path, 0o644)
-            try:
-                installed = self.client.install(name, path, image_id,
-                                                timeout=self.install_timeout)
-            except yolofs.YolofsError as e:
-                LOG.warning('yolofs did not install boot image %s for base file %s: %s',
-                            boot_image_id, name, e)
-                # A refused boot image is not fetched again; another failure (a full disk)
-                # may pass.
-                return 'rejected' if e.refused else 'failed'
-            LOG.info('Installed verified boot image %s for base file %s (yolofs: %s)',
-                     boot_image_id, name, installed)
-            return 'installed'
+        except BaseException:
+            os.unlink(path)
+            raise
+        return path
+
+    def _install(self, context, name, image_id, boot_image_id):
+        path = self.download(context, name, boot_image_id)
+        try:
+            return self.install_file(name, path, image_id, boot_image_id)
         finally:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            os.unlink(path)
+
+    def install_file(self, name, path, image_id, boot_image_id):
+        """Has yolofs verify the boot image downloaded at ``path`` against base file ``name``
+        and install it; returns 'installed', 'rejected' (remembered: not fetched again) or
+        'failed'."""
+        try:
+            installed = self.client.install(name, path, image_id, timeout=self.install_timeout)
+        except (OSError, ValueError, yolofs.YolofsError) as e:
+            LOG.warning('yolofs did not install boot image %s for base file %s: %s',
+                        boot_image_id, name, e)
+            # A refused boot image is not fetched again; another failure (a full disk, yolofs
+            # down) may pass.
+            if isinstance(e, yolofs.YolofsError) and e.refused:
+                self.refuse(image_id, boot_image_id)
+                return 'rejected'
+            return 'failed'
+        LOG.info('Installed verified boot image %s for base file %s (yolofs: %s)',
+                 boot_image_id, name, installed)
+        return 'installed'
+
+    def refuse(self, image_id, boot_image_id):
+        """Boot image ``boot_image_id`` of image ``image_id`` is never used again here."""
+        self._refused[image_id] = boot_image_id
 
     def verified_image_ids(self, status=None):
         """Glance image ids yolofs serves a verified, unrefused boot image for (``status``: an

@@ -276,6 +276,10 @@ class Detacher:
             if not boot_is_over(status, watch.names, now - watch.started, self.settle_seconds,
                                 self.max_seconds, watch.window_seen):
                 continue
+            # A base file being filled (docs/first-boot.md) is not in _base yet to move onto.
+            if not all(os.path.exists(self.backing_files.base_path(name))
+                       for name in watch.names):
+                continue
             # Not while Nova works on the guest (a migration may take long): next time round.
             if self.detach(uuid, wait=False) is not None:
                 del watched[uuid]

@@ -8,6 +8,8 @@ What it changes, and where (docs/nova-driver.md has the full list of Nova's path
 * New qcow2 root disks over a ``_base`` file get their backing file on the yolofs mount, same
   name (image backend, :mod:`yolo_nova.virt.imagebackend`); the image's published boot image is
   fetched when the base file is cached and handed to yolofs, which verifies and installs it.
+  With ``[yolo] first_boot_before_download``, a base file not cached yet is filled in the
+  background while the guest boots from the boot image (:mod:`yolo_nova.virt.first_boot`).
 * Every start of a guest (spawn, reboot, power on, host restart, resume, rescue, unrescue,
   resize, migration, evacuation) first points its disks at the mount if yolofs is healthy, or
   back at ``_base`` if not, and asks yolofs to preload the boot images: an instance always starts.
@@ -38,6 +40,7 @@ from yolo_nova import host_stats
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
 from yolo_nova.virt import detach
+from yolo_nova.virt import first_boot
 from yolo_nova.virt import imagebackend
 
 CONF = nova.conf.CONF
@@ -60,8 +63,16 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             CONF.yolo.download_dir or os.path.join(CONF.instances_path, 'yolo-incoming'),
             fetch=CONF.yolo.fetch_boot_images, install_timeout=CONF.yolo.install_timeout,
             owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes)
+        self.yolo_first_boots = None
+        if CONF.yolo.first_boot_before_download and CONF.yolo.fetch_boot_images:
+            # Nova's image backend takes its locks of base files there (Image.lock_path).
+            self.yolo_first_boots = first_boot.FirstBoots(
+                self.yolo_backing, self.yolo_boot_images,
+                os.path.join(CONF.instances_path, 'locks'))
+            self.yolo_backing.first_boots = self.yolo_first_boots
         self.image_backend = imagebackend.YoloBackend(
-            CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images)
+            CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images,
+            self.yolo_first_boots)
         # The destination XML of a live migration is the source guest's live XML: its
         # backingStore names the source's chain (the mount, maybe), which the destination would
         # open as named. Nova builds it in one module function; its result is passed on without
@@ -82,6 +93,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
 
     def init_host(self, host):
         super().init_host(host)
+        if self.yolo_first_boots is not None:
+            try:
+                self.yolo_first_boots.abandon_leftovers()
+            except OSError:
+                LOG.exception('Could not look for the fill files of an earlier nova-compute')
         if self.yolo_detacher is None:
             return
         # Guests that were running while nova-compute was away: an interrupted detach is

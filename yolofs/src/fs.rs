@@ -307,6 +307,12 @@ pub fn is_fill_file(name: &str) -> bool {
     name.ends_with(FILL_SUFFIX)
 }
 
+/// The base file a fill file becomes once filled (`NAME.yolo-fill` -> `NAME`).
+fn base_of_fill_file(relative: &Path) -> Option<PathBuf> {
+    let name = relative.to_str()?.strip_suffix(FILL_SUFFIX)?;
+    (!name.is_empty()).then(|| PathBuf::from(name))
+}
+
 impl MirrorFs {
     pub fn new(
         source_root: &Path,
@@ -509,8 +515,21 @@ impl MirrorFs {
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
-        let relative = self.relative_path(parent)?.join(name);
-        let meta = fs::symlink_metadata(self.source_root.join(&relative))?;
+        let mut relative = self.relative_path(parent)?.join(name);
+        let meta = match fs::symlink_metadata(self.source_root.join(&relative)) {
+            Ok(meta) => meta,
+            // A base file being filled is its fill file until the fill renames it: instance disks
+            // name the base file, as Nova knows it, from the start (docs/first-boot.md).
+            Err(e) if e.kind() == io::ErrorKind::NotFound && parent == ROOT_INO => {
+                let fill_name = format!("{}{FILL_SUFFIX}", name.to_string_lossy());
+                if self.filling(&fill_name).is_none() {
+                    return Err(e.into());
+                }
+                relative = PathBuf::from(fill_name);
+                fs::symlink_metadata(self.source_root.join(&relative))?
+            }
+            Err(e) => return Err(e.into()),
+        };
         let ino = self.register(&meta, relative);
         Ok(attr_of(ino, &meta))
     }
@@ -577,8 +596,19 @@ impl MirrorFs {
     /// A new descriptor of an inode's source file, with its boot image and (if `observe`) the
     /// boot window its reads belong to.
     fn open_source(&self, ino: u64, observe: bool) -> Result<(OpenFile, Serving)> {
-        let (relative, key, serving) = self.entry(ino)?;
-        let source = File::open(self.source_root.join(&relative))?;
+        let (mut relative, key, serving) = self.entry(ino)?;
+        let source = match File::open(self.source_root.join(&relative)) {
+            // Looked up while its fill ran, a base file may be opened after the fill renamed it:
+            // the same file under its own name (the key check below makes sure).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match base_of_fill_file(&relative) {
+                Some(base) => {
+                    relative = base;
+                    File::open(self.source_root.join(&relative))?
+                }
+                None => return Err(e.into()),
+            },
+            other => other?,
+        };
         let name = relative.to_string_lossy().into_owned();
         let meta = source.metadata()?;
         // The path may now name another file (renamed over): never its bytes under this inode.

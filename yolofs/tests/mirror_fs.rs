@@ -653,3 +653,34 @@ fn a_complete_fill_is_read_from_its_file_and_no_fill_is_never_read() {
     let error = fs.open(attr.ino, libc::O_RDONLY).unwrap_err();
     assert_eq!(error.errno(), libc::EIO, "{error}");
 }
+
+#[test]
+fn a_base_file_being_filled_is_found_under_its_own_name_until_it_is_there() {
+    let fixture = Fixture::new();
+    let (fs, image, _) = filling_mirror(&fixture, Duration::from_secs(30));
+    fs::remove_file(fixture.base().join("disk")).unwrap();
+    let attr = fs.lookup(ROOT_INO, "disk".as_ref()).unwrap();
+    let opened = fs.open(attr.ino, libc::O_RDONLY).unwrap();
+    let extent = &image.extents[0];
+    let covered = fs
+        .read(opened.ino, opened.fh, extent.source_offset, extent.length as u32)
+        .unwrap();
+    assert_eq!(
+        covered,
+        &fixture.content[extent.source_offset as usize..extent.source_end() as usize]
+    );
+
+    // Complete and renamed to the base file, it is the base file; without a fill, a missing
+    // base file is missing.
+    fill(&fixture, &fs, 0..SIZE as u64);
+    fs.end_fill("disk.yolo-fill", yolofs::fill::Outcome::Complete);
+    fs::rename(fixture.base().join("disk.yolo-fill"), fixture.base().join("disk")).unwrap();
+    check_random_reads(&fs, &opened, &fixture.content, 5);
+    // An open of the inode looked up during the fill (the kernel keeps its entry a while).
+    let reopened = fs.open(attr.ino, libc::O_RDONLY).unwrap();
+    check_random_reads(&fs, &reopened, &fixture.content, 5);
+    assert!(fs.lookup(ROOT_INO, "disk".as_ref()).is_ok());
+    fs::remove_file(fixture.base().join("disk")).unwrap();
+    let error = fs.lookup(ROOT_INO, "disk".as_ref()).unwrap_err();
+    assert_eq!(error.errno(), libc::ENOENT, "{error}");
+}

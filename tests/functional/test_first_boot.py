@@ -1,0 +1,457 @@
+"""The first boot of an image before its download (docs/first-boot.md): the driver's fills of
+base files, through a real yolofs mount and socket, from an HTTP server that serves an image's
+data as Glance's image download does (single ranges honoured), throttled or failing at will.
+Nova's image API and Glance's metadata are not involved here (the e2e tests boot through them):
+a fill is started as FirstBoots.begin starts it once it has a trusted boot image."""
+
+import concurrent.futures
+import errno
+import filecmp
+import hashlib
+import http.server
+import json
+import os
+import random
+import re
+import subprocess
+import threading
+import time
+
+from keystoneauth1 import session as ks_session
+import pytest
+import tenacity
+
+from yolo_common import yolofs
+from yolo_nova.virt import backing
+from yolo_nova.virt import boot_images
+from yolo_nova.virt import first_boot
+
+SIZE = 24 << 20
+NAME = '3f786850e387550fdab836ed7e6dc881de23001b'
+IMAGE_ID = 'b8b7d7bd-5c39-4b5e-9d0b-5d9f0e2b1a37'
+
+
+class ImageServer(http.server.ThreadingHTTPServer):
+    """``GET /v2/images/IMAGE_ID/file``: the file at ``path``, whole or one range, at ``rate``
+    bytes per second (0: unthrottled). ``break_after``: the next whole download is cut after
+    that many bytes; ``down``: every request is answered 503."""
+
+    daemon_threads = True
+
+    def __init__(self, path, image_id=IMAGE_ID, rate=0):
+        super().__init__(('127.0.0.1', 0), ImageHandler)
+        self.path = path
+        self.size = os.path.getsize(path)
+        self.image_id = image_id
+        self.rate = rate
+        self.break_after = None
+        self.down = False
+        self.ranges = []
+
+    @property
+    def endpoint(self):
+        return 'http://127.0.0.1:%d' % self.server_address[1]
+
+    def __enter__(self):
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.shutdown()
+        self.server_close()
+
+
+class ImageHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        server = self.server
+        if server.down or self.path != '/v2/images/%s/file' % server.image_id:
+            self.send_error(503 if server.down else 404)
+            return
+        start, end = 0, server.size
+        match = re.fullmatch(r'bytes=(\d+)-(\d*)', self.headers.get('Range', ''))
+        if match:
+            start = int(match.group(1))
+            end = int(match.group(2)) + 1 if match.group(2) else end
+            server.ranges.append((start, end))
+            self.send_response(206)
+            self.send_header('Content-Range', 'bytes %d-%d/%d' % (start, end - 1, server.size))
+        else:
+            self.send_response(200)
+        self.send_header('Content-Length', str(end - start))
+        self.end_headers()
+        cut = None
+        if not (match and match.group(2)) and server.break_after is not None:
+            cut, server.break_after = start + server.break_after, None
+        # Ranges a read waits for are not throttled: the fill fetches them out of turn.
+        throttled = not (match and match.group(2))
+        chunk = 256 << 10
+        with open(server.path, 'rb') as data:
+            for offset in range(start, end, chunk):
+                if server.down or (cut is not None and offset >= cut):
+                    self.close_connection = True
+                    return
+                if throttled and server.rate:
+                    time.sleep(chunk / server.rate)
+                self.wfile.write(os.pread(data.fileno(), min(chunk, end - offset), offset))
+
+
+@pytest.fixture
+def content():
+    return random.Random(3).randbytes(SIZE)
+
+
+@pytest.fixture
+def image_server(content, tmp_path):
+    (tmp_path / 'glance-store').write_bytes(content)
+    with ImageServer(tmp_path / 'glance-store') as server:
+        yield server
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    for name in ('_base', 'locks', 'incoming', 'boot-images', 'mnt'):
+        (tmp_path / name).mkdir()
+    return tmp_path
+
+
+def build_boot_image(tmp_path, content, name='offered.yolo'):
+    """A boot image of ``content`` for IMAGE_ID, of scattered ranges as a boot reads them."""
+    source = tmp_path / ('source-of-' + name)
+    source.write_bytes(content)
+    rng = random.Random(9)
+    trace = tmp_path / 'trace'
+    trace.write_text(''.join('%d %d\n' % (rng.randrange(SIZE // 2), rng.randrange(1, 65536))
+                             for _ in range(60)))
+    path = tmp_path / 'incoming' / name
+    yolofs.run('build', '--trace', trace, '--source', source, '--output', path,
+               '--image-id', IMAGE_ID)
+    source.unlink()
+    return path
+
+
+def extents_of(boot_image):
+    return json.loads(yolofs.run('inspect', '--json', '--extents', boot_image).stdout)['extents']
+
+
+class Host:
+    """One compute host's yolofs mount and the driver's objects over it."""
+
+    def __init__(self, dirs, **yolofs_options):
+        self.dirs = dirs
+        self.base_dir = dirs / '_base'
+        self.mount = yolofs.Mount(
+            source=self.base_dir, mountpoint=dirs / 'mnt', boot_images=dirs / 'boot-images',
+            control_socket=dirs / 'control.sock', log_path=dirs / 'yolofs.log',
+            **yolofs_options)
+        self.yolofs_options = yolofs_options
+        self.mount.start()
+        self.backing = backing.BackingFiles(self.base_dir, dirs / 'mnt', dirs / 'control.sock',
+                                            10.0)
+        self.boot_images = boot_images.BootImages(self.backing, dirs / 'incoming')
+        self.first_boots = first_boot.FirstBoots(self.backing, self.boot_images,
+                                                 str(dirs / 'locks'))
+
+    def restart_yolofs(self):
+        self.mount.stop()
+        self.mount.start()
+
+    def fill_raw(self, server, boot_image, checksum=None):
+        data = first_boot.GlanceData(ks_session.Session(), server.endpoint, IMAGE_ID)
+        return self.first_boots.start(
+            NAME, SIZE, IMAGE_ID, 'boot-image-id', str(boot_image),
+            lambda fill: fill.run_raw(data, checksum))
+
+    def served(self, name=NAME):
+        return self.dirs / 'mnt' / name
+
+
+@pytest.fixture
+def host(dirs):
+    host = Host(dirs, fill_read_timeout_secs=60)
+    yield host
+    host.mount.stop()
+
+
+def sha256(content):
+    return ('sha256', hashlib.sha256(content).hexdigest())
+
+
+def holes_of(extents):
+    holes, cursor = [], 0
+    for extent in extents:
+        if extent['source_offset'] > cursor:
+            holes.append((cursor, extent['source_offset'] - cursor))
+        cursor = max(cursor, extent['source_offset'] + extent['length'])
+    if cursor < SIZE:
+        holes.append((cursor, SIZE - cursor))
+    return holes
+
+
+def test_a_raw_image_is_read_before_its_download_and_ends_as_an_ordinary_base_file(
+        host, dirs, image_server, content):
+    image_server.rate = 4 << 20   # 6 s for the whole
+    boot_image = build_boot_image(dirs, content)
+    extents = extents_of(boot_image)
+    fill = host.fill_raw(image_server, boot_image, sha256(content))
+    assert fill is not None and fill.running
+    # Concurrent first boots share the fill.
+    assert host.fill_raw(image_server, boot_image, sha256(content)) is fill
+
+    # The base file is on the mount under its own name at once, at its final size, though
+    # _base has only the fill file.
+    assert not (host.base_dir / NAME).exists()
+    assert os.path.getsize(host.served()) == SIZE
+    fd = os.open(host.served(), os.O_RDONLY)
+    try:
+        extent = extents[0]
+        start, length = extent['source_offset'], extent['length']
+        assert os.pread(fd, length, start) == content[start:start + length]
+
+        # A read near the end is fetched by range before the download gets there.
+        start = SIZE - (3 << 20)
+        assert os.pread(fd, 8192, start) == content[start:start + 8192]
+        assert fill.running and fill._cursor < start
+        assert any(s <= start < e for s, e in image_server.ranges)
+
+        assert fill.wait(60)
+        assert fill.outcome == 'complete' and fill.boot_image_matches is True
+        assert os.pread(fd, SIZE, 0) == content
+    finally:
+        os.close(fd)
+    assert (host.base_dir / NAME).read_bytes() == content
+    assert os.listdir(host.base_dir) == [NAME]
+    assert os.stat(host.base_dir / NAME).st_mode & 0o777 == 0o644
+    # The boot image is now the base file's, installed and verified as any other.
+    assert host.boot_images.has_boot_image(NAME, host.backing.status())
+    assert host.served().read_bytes() == content
+    assert os.listdir(dirs / 'incoming') == []
+    assert host.first_boots.running(NAME) is None
+
+
+def test_a_broken_download_resumes_where_it_broke(host, dirs, image_server, content):
+    image_server.break_after = 10 << 20
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content), sha256(content))
+    assert fill.wait(120) and fill.outcome == 'complete', fill.reason
+    # Resumed by one range from the last whole chunk written (a chunk cut short is not kept).
+    [(resumed, end)] = image_server.ranges
+    assert 0 < resumed <= 10 << 20 and end == SIZE
+    assert (host.base_dir / NAME).read_bytes() == content
+
+
+def test_glance_unreachable_mid_fill_fails_it_and_leaves_nothing(
+        host, dirs, image_server, content, monkeypatch):
+    monkeypatch.setattr(first_boot.Fill._download.retry, 'wait', tenacity.wait_none())
+    image_server.rate = 4 << 20
+    boot_image = build_boot_image(dirs, content)
+    hole = holes_of(extents_of(boot_image))[-1]
+    fill = host.fill_raw(image_server, boot_image, sha256(content))
+    fd = os.open(host.served(), os.O_RDONLY)
+    try:
+        time.sleep(1)
+        image_server.down = True
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(os.pread, fd, hole[1], hole[0])
+            assert fill.wait(60) and fill.outcome == 'failed'
+            with pytest.raises(OSError) as failed:
+                reading.result(30)
+            assert failed.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    assert os.listdir(host.base_dir) == []
+    assert os.listdir(dirs / 'incoming') == []
+    assert not host.served().exists()
+
+
+def test_data_that_is_not_the_images_is_never_a_base_file(host, dirs, image_server, content):
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content),
+                         ('sha256', hashlib.sha256(b'another image').hexdigest()))
+    assert fill.wait(60) and fill.outcome == 'failed' and 'checksum' in fill.reason
+    assert os.listdir(host.base_dir) == []
+
+
+def test_a_boot_image_of_other_data_is_an_alarm_and_quarantined(
+        host, dirs, image_server, content):
+    other = bytes(b ^ 0x5a for b in content[:SIZE // 2]) + content[SIZE // 2:]
+    fill = host.fill_raw(image_server, build_boot_image(dirs, other), sha256(content))
+    assert fill.wait(60) and fill.outcome == 'complete'
+    assert fill.boot_image_matches is False
+    # The data is Glance's, verified: the base file stands; the boot image is never used.
+    assert (host.base_dir / NAME).read_bytes() == content
+    assert not host.boot_images.has_boot_image(NAME, host.backing.status())
+    assert host.boot_images.trusted_boot_image_id(
+        None, IMAGE_ID, {'properties': {boot_images.BOOT_IMAGE_PROPERTY: 'boot-image-id'}}) \
+        is None
+    assert 'ALARM' in (dirs / 'yolofs.log').read_text()
+
+
+def test_yolofs_restarted_mid_fill_serves_it_again(host, dirs, image_server, content):
+    image_server.rate = 3 << 20
+    boot_image = build_boot_image(dirs, content)
+    extent = extents_of(boot_image)[0]
+    fill = host.fill_raw(image_server, boot_image, sha256(content))
+    time.sleep(1)
+    host.restart_yolofs()
+    # The new yolofs keeps no fill: the fill's next report of a range registers it again.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            host.backing.client.fill_wants(fill.file, 0)
+            break
+        except yolofs.YolofsError:
+            assert fill.running and time.monotonic() < deadline
+            time.sleep(0.2)
+    start, length = extent['source_offset'], extent['length']
+    with open(host.served(), 'rb') as served:
+        served.seek(start)
+        assert served.read(length) == content[start:start + length]
+        served.seek(SIZE - 4096)
+        assert served.read(4096) == content[-4096:]
+    assert fill.wait(60) and fill.outcome == 'complete'
+    assert (host.base_dir / NAME).read_bytes() == content
+
+
+def test_a_fill_left_by_a_stopped_compute_service_is_deleted(host, dirs, content):
+    fill_path = host.base_dir / first_boot.fill_name(NAME)
+    with open(fill_path, 'wb') as f:
+        f.truncate(SIZE)
+    host.backing.client.fill_begin(fill_path.name, build_boot_image(dirs, content), IMAGE_ID)
+    fd = os.open(host.served(), os.O_RDONLY)
+    try:
+        # A new nova-compute: its FirstBoots knows no fill.
+        first_boot.FirstBoots(host.backing, host.boot_images,
+                              str(dirs / 'locks')).abandon_leftovers()
+        with pytest.raises(OSError) as failed:
+            os.pread(fd, 4096, SIZE - 4096)
+        assert failed.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    assert os.listdir(host.base_dir) == []
+
+
+def test_a_full_disk_fails_the_fill_and_leaves_nothing(dirs, image_server, content):
+    small = dirs / '_base'
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=12m', 'tmpfs', small], check=True)
+    try:
+        host = Host(dirs, fill_read_timeout_secs=60)
+        try:
+            fill = host.fill_raw(image_server, build_boot_image(dirs, content), sha256(content))
+            assert fill.wait(60) and fill.outcome == 'failed'
+            assert 'No space left' in fill.reason
+            assert os.listdir(small) == []
+        finally:
+            host.mount.stop()
+    finally:
+        subprocess.run(['umount', small], check=True)
+
+
+def test_other_formats_are_served_once_converted(host, dirs, content):
+    boot_image = build_boot_image(dirs, content)
+    hole = holes_of(extents_of(boot_image))[-1]
+    converting = threading.Event()
+
+    def fetch_to_raw(path):
+        converting.wait(30)
+        with open(path, 'wb') as f:
+            f.write(content)
+
+    fill = host.first_boots.start(NAME, SIZE, IMAGE_ID, 'boot-image-id', str(boot_image),
+                                  lambda fill: fill.run_converted(fetch_to_raw))
+    fd = os.open(host.served(), os.O_RDONLY)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(os.pread, fd, hole[1], hole[0])
+            time.sleep(1)
+            assert not reading.done()
+            converting.set()
+            assert reading.result(30) == content[hole[0]:hole[0] + hole[1]]
+    finally:
+        os.close(fd)
+    assert fill.wait(30) and fill.outcome == 'complete'
+    assert os.listdir(host.base_dir) == [NAME]
+
+
+def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usual_base_file(
+        image_cache, mount_factory, tmp_path):
+    """YoloLibvirtDriver with ``first_boot_before_download``, an empty ``_base`` and Glance's
+    data throttled to 1 MiB/s: Nova's root disk is created over the base file being filled,
+    the test image boots from it (its boot image covers its first MiBs only: every other read
+    is a range fetched on demand), and the fill then leaves the base file a normal download
+    would have."""
+    import fixtures
+    import nova.conf
+    from nova import context as nova_context
+    from nova.tests import fixtures as nova_fixtures
+    from oslo_config import fixture as config_fixture
+
+    from tests.functional import test_nova_driver as driver_tests
+    from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
+    from yolo_common import images
+    from yolo_common import qemu
+
+    image_id = 'c2a7f9e4-0b1d-4f51-8d7e-3a2b1c0d9e8f'
+    name = images.base_file_name(image_id)
+    base_dir = tmp_path / 'instances' / '_base'
+    base_dir.mkdir(parents=True)
+    trace = tmp_path / 'trace'
+    trace.write_text('0 %d\n' % (4 << 20))
+    boot_image = tmp_path / 'boot.yolo'
+    yolofs.run('build', '--trace', trace, '--source', image_cache, '--output', boot_image,
+               '--image-id', image_id)
+    glance = FakeImageAPI()
+    glance.images[image_id] = {
+        'owner': 'a-tenant', 'container_format': 'bare', 'disk_format': 'raw',
+        'size': os.path.getsize(image_cache), 'os_hash_algo': 'sha256',
+        'os_hash_value': hashlib.sha256(image_cache.read_bytes()).hexdigest(),
+        'properties': {boot_images.BOOT_IMAGE_PROPERTY: 'boot-image-id'}}
+    glance.images['boot-image-id'] = {
+        'size': os.path.getsize(boot_image), 'file': boot_image,
+        'properties': {boot_images.SOURCE_IMAGE_PROPERTY: image_id}}
+
+    with fixtures.Fixture() as scope, \
+            ImageServer(image_cache, image_id=image_id, rate=1 << 20) as server:
+        conf = scope.useFixture(config_fixture.Config(nova.conf.CONF))
+        scope.useFixture(nova_fixtures.PrivsepFixture())
+        conf.config(instances_path=str(base_dir.parent), use_cow_images=True,
+                    force_raw_images=True)
+        conf.config(images_type='qcow2', virt_type='qemu', group='libvirt')
+        conf.config(mount_point=str(tmp_path / 'mnt0'),
+                    control_socket=str(tmp_path / 'control0.sock'),
+                    download_dir=str(tmp_path / 'downloads'), first_boot_before_download=True,
+                    group='yolo')
+        # Glance's download, as the booting user's session would make it.
+        scope.useFixture(fixtures.MockPatch(
+            'yolo_nova.virt.first_boot.GlanceData.for_context',
+            lambda context, image_id: first_boot.GlanceData(ks_session.Session(),
+                                                            server.endpoint, image_id)))
+        mount = mount_factory(base_dir, boot_images=tmp_path / 'boot-images')
+        drvr = driver_tests.make_driver(glance)
+        context = nova_context.get_admin_context()
+        instance = driver_tests.make_instance(context, image_id)
+
+        # Nova's fetch is never called: the disk is made over the base file being filled.
+        disk = driver_tests.create_root_disk(drvr, context, instance, base_dir / name)
+        info = images.info(disk)
+        assert info['backing-filename'] == str(mount.mountpoint / name)
+        assert info['virtual-size'] == 4 << 30
+        assert not (base_dir / name).exists()
+        fill = drvr.yolo_first_boots.running(name)
+        assert fill is not None
+
+        driver_tests.start_with_driver(drvr, context, instance, disk)
+        assert images.info(disk)['backing-filename'] == str(mount.mountpoint / name)
+        with qemu.Guest(disk, console_log=tmp_path / 'boot.log') as guest:
+            guest.wait_ready(driver_tests.BOOT_TIMEOUT)
+            filled = fill._cursor
+            assert fill.running and filled < os.path.getsize(image_cache), filled
+            server.rate = 0
+            assert fill.wait(600) and fill.outcome == 'complete', fill.reason
+    assert filecmp.cmp(base_dir / name, image_cache, shallow=False)
+    assert sorted(os.listdir(base_dir)) == [name]
+    assert drvr.yolo_boot_images.has_boot_image(name, mount.client.status())
+    print('guest ready with %d of %d bytes downloaded in order, %d ranges fetched on demand'
+          % (filled, os.path.getsize(image_cache), len(server.ranges)))

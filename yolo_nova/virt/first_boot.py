@@ -1,0 +1,493 @@
+"""The first boot of an image on a host, before its download has finished (docs/first-boot.md).
+
+When a base file is not cached yet and its image has a trusted published boot image, the driver
+creates a *fill file* (``_base/NAME.yolo-fill``, sparse, at the base file's final size), has
+yolofs serve it on its mount from the boot image at once, creates the instance disk over it and
+starts the guest, while a thread of its own fills the file under Nova's lock of the base file:
+
+* images stored raw in Glance are downloaded in order, and the ranges reads wait for (yolofs'
+  ``fill_wants``) are fetched ahead with HTTP ``Range`` requests on Glance's image download;
+* other formats go through Nova's own ``fetch_to_raw`` (download, inspection, conversion), and
+  are copied into the fill file as they are: a qcow2 cluster cannot be fetched by range.
+
+Each range written is reported to yolofs (``fill_done``), which wakes the reads waiting for it.
+Once complete, the data is verified as Nova verifies a download, yolofs compares the boot image
+with it (``fill_end``), and the fill file is renamed to the base file: the same inode, which
+yolofs and QEMU keep reading. Any failure fails the fill (yolofs then fails the reads still
+waiting, never serving a wrong byte) and deletes the fill file: ``_base`` never keeps a partial
+file.
+"""
+
+import hashlib
+import logging as std_logging
+import os
+import threading
+import time
+
+from keystoneauth1 import exceptions as ks_exceptions
+from oslo_concurrency import lockutils
+from oslo_log import log as logging
+import requests
+import tenacity
+
+from yolo_common import yolofs
+
+LOG = logging.getLogger(__name__)
+
+FILL_SUFFIX = '.yolo-fill'
+CHUNK_BYTES = 4 << 20          # written, hashed and reported to yolofs at a time
+RANGE_ALIGN = 1 << 20          # a range a read waits for is fetched rounded out to this
+WANTS_POLL_SECONDS = 2.0       # fill_wants' long poll
+# A download that breaks (Glance restarted, a network blip) resumes where it broke, a few times.
+DOWNLOAD_ATTEMPTS = 5
+DOWNLOAD_ERRORS = (requests.RequestException, ks_exceptions.ConnectionError,
+                   ks_exceptions.ServiceUnavailable, ks_exceptions.BadGateway,
+                   ks_exceptions.GatewayTimeout)
+
+
+class FillFailed(Exception):
+    """The fill could not be completed: its data is not the image's, or did not arrive."""
+
+
+def fill_name(name):
+    return name + FILL_SUFFIX
+
+
+def base_name_of(backing_name):
+    """The base file name a backing file name stands for: a fill file's is its base file's."""
+    if backing_name.endswith(FILL_SUFFIX):
+        return backing_name[:-len(FILL_SUFFIX)]
+    return backing_name
+
+
+class GlanceData:
+    """An image's data in Glance, in order or by range: its download (``GET
+    /v2/images/ID/file``), whose single ``Range`` requests Glance honours. glanceclient has no
+    ranged call, so its keystoneauth session is used directly (``session``, ``auth``: as Nova's
+    image API makes them for the booting user)."""
+
+    def __init__(self, session, endpoint, image_id, auth=None):
+        self.session = session
+        self.auth = auth
+        self.url = '%s/v2/images/%s/file' % (endpoint.rstrip('/'), image_id)
+
+    @classmethod
+    def for_context(cls, context, image_id):
+        """As Nova's own download would see it: the user's token, Nova's Glance endpoint."""
+        from nova.image import glance
+        session, auth = glance._session_and_auth(context)
+        return cls(session, glance.generate_glance_url(context), image_id, auth=auth)
+
+    def _get(self, headers=None):
+        return self.session.get(self.url, auth=self.auth, headers=headers or {}, stream=True,
+                                raise_exc=True)
+
+    def chunks(self, start=0, chunk_bytes=CHUNK_BYTES):
+        """The data from byte ``start`` on, in order."""
+        response = self._get({'Range': 'bytes=%d-' % start} if start else None)
+        try:
+            if start and response.status_code != 206:
+                raise FillFailed('Glance answered a range request with HTTP %s'
+                                 % response.status_code)
+            yield from response.iter_content(chunk_bytes)
+        finally:
+            response.close()
+
+    def read(self, offset, length):
+        """Exactly ``length`` bytes at ``offset``."""
+        response = self._get({'Range': 'bytes=%d-%d' % (offset, offset + length - 1)})
+        try:
+            # A server that ignores the range answers 200 with the whole image.
+            if response.status_code != 206:
+                raise FillFailed('Glance answered a range request with HTTP %s'
+                                 % response.status_code)
+            data = response.content
+        finally:
+            response.close()
+        if len(data) != length:
+            raise FillFailed('Glance sent %d bytes for a range of %d' % (len(data), length))
+        return data
+
+
+class Fill:
+    """One base file being filled while guests may already read it through yolofs.
+
+    ``client``: yolofs' control client. ``boot_image_path``: the boot image yolofs serves the
+    fill file from, kept for the fill's life: a yolofs restarted meanwhile (its fills are not
+    kept) is asked to serve the fill again. :meth:`begin` creates the fill file and registers it;
+    :meth:`run_raw` or :meth:`run_converted` fills it, on the caller's thread; the outcome is
+    then ``complete`` (renamed to the base file; ``boot_image_matches`` says what yolofs found;
+    ``after_complete(fill)`` has run) or ``failed`` (deleted), and :meth:`wait` returns.
+    """
+    after_complete = None
+
+    def __init__(self, base_dir, name, size, client, image_id, boot_image_id, boot_image_path):
+        self.name = name
+        self.size = size
+        self.client = client
+        self.image_id = image_id
+        self.boot_image_id = boot_image_id
+        self.boot_image_path = boot_image_path
+        self.file = fill_name(name)
+        self.path = os.path.join(base_dir, self.file)
+        self.base_path = os.path.join(base_dir, name)
+        self.outcome = None
+        self.reason = None
+        self.boot_image_matches = None
+        self._ended = threading.Event()
+        # Bytes below it are written by the in-order download, whose checksum is verified:
+        # a range fetched for a waiting read is written only above it (see _serve_wants).
+        self._cursor = 0
+        self._write_lock = threading.Lock()
+        # Ranges written above the cursor, and yolofs' view of them: one reporter at a time.
+        self._ahead = []
+        self._report_lock = threading.Lock()
+
+    def wait(self, timeout=None):
+        """Whether the fill has ended within ``timeout`` seconds."""
+        return self._ended.wait(timeout)
+
+    @property
+    def running(self):
+        return not self._ended.is_set()
+
+    def begin(self):
+        """Creates the fill file, sparse, at its final size, and has yolofs serve it."""
+        with open(self.path, 'xb') as f:
+            f.truncate(self.size)
+        os.chmod(self.path, 0o644)
+        self.client.fill_begin(self.file, self.boot_image_path, self.image_id)
+
+    def run_raw(self, data, checksum=None, inspect=None):
+        """Fills from ``data`` (a :class:`GlanceData` of a raw image): in order, with the
+        ranges reads wait for fetched ahead. ``checksum``: (hashlib algorithm, hex digest) the
+        whole must match; ``inspect(path)`` raises if the complete file is not acceptable."""
+        wants = threading.Thread(target=self._serve_wants, args=(data,),
+                                 name='yolo-fill-wants-%s' % self.name, daemon=True)
+        digest = hashlib.new(checksum[0]) if checksum else None
+
+        def write_all(fd):
+            self._download(fd, data, digest)
+            if self._cursor != self.size:
+                raise FillFailed('Glance sent %d of the image\'s %d bytes'
+                                 % (self._cursor, self.size))
+            if digest is not None and digest.hexdigest() != checksum[1]:
+                raise FillFailed('the data does not match the image\'s %s checksum'
+                                 % checksum[0])
+        self._run(write_all, inspect, wants)
+
+    def run_converted(self, produce_raw, inspect=None):
+        """Fills from the raw file ``produce_raw(path)`` writes (Nova's ``fetch_to_raw``, which
+        verifies the download and inspects and converts it), copied in as it is."""
+        self._run(lambda fd: self._copy_converted(fd, produce_raw), inspect, None)
+
+    def abandon(self, reason):
+        """Ends a fill yolofs was never asked to serve: its fill file goes, if made."""
+        self._end_failed(reason, registered=False)
+
+    def _run(self, write_all, inspect, helper):
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                if helper is not None:
+                    helper.start()
+                write_all(fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if inspect is not None:
+                inspect(self.path)
+            self.boot_image_matches = self._end_complete()
+            os.rename(self.path, self.base_path)
+        except Exception as e:
+            LOG.exception('Filling base file %s of image %s failed', self.name, self.image_id)
+            self._end_failed(str(e) or type(e).__name__)
+            return
+        self.outcome = 'complete'
+        LOG.info('Filled base file %s of image %s (%d bytes)', self.name, self.image_id,
+                 self.size)
+        try:
+            if self.after_complete is not None:
+                self.after_complete(self)
+        except Exception:
+            LOG.exception('After filling base file %s', self.name)
+        self._ended.set()
+
+    def _end_complete(self):
+        """Tells yolofs the data is complete and verified; whether the boot image it served
+        matches it (None: yolofs could not say; the base file stands, verified)."""
+        try:
+            answer = self.client.fill_end(self.file, complete=True)
+        except (OSError, ValueError, yolofs.YolofsError) as e:
+            LOG.warning('yolofs did not take the end of fill %s (%s): its boot image is '
+                        'compared with the base file when installed', self.file, e)
+            return None
+        if answer.get('boot_image_matches') is False:
+            # yolofs has logged the alarm and counted it; the data is Glance's, verified: the
+            # base file is good, only the boot image was wrong.
+            LOG.error('ALARM: the boot image of base file %s (image %s) did not match the '
+                      'complete data: it is quarantined', self.name, self.image_id)
+            return False
+        return True
+
+    def _end_failed(self, reason, registered=True):
+        self.outcome, self.reason = 'failed', reason
+        if registered:
+            try:
+                self.client.fill_end(self.file, complete=False, reason=reason[:500])
+            except (OSError, ValueError, yolofs.YolofsError) as e:
+                LOG.warning('yolofs did not take the end of fill %s: %s', self.file, e)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._ended.set()
+
+    def _written(self, offset, length, ahead=False):
+        """Reports bytes final to yolofs. A yolofs that has no fill of the file (restarted
+        since) serves it again, told every range written so far; one that does not answer
+        is told with the next report: the download goes on either way."""
+        with self._report_lock:
+            if ahead:
+                self._ahead.append((offset, length))
+            try:
+                try:
+                    self.client.fill_done(self.file, offset, length)
+                except yolofs.YolofsError:
+                    if self.client.fill_begin(self.file, self.boot_image_path,
+                                              self.image_id).get('new') is not True:
+                        raise
+                    LOG.warning('yolofs serves fill %s again (it was restarted)', self.file)
+                    for done in [(0, self._cursor)] + self._ahead:
+                        if done[1]:
+                            self.client.fill_done(self.file, *done)
+            except (OSError, ValueError) as e:
+                LOG.debug('yolofs did not take a range of fill %s: %s', self.file, e)
+
+    @tenacity.retry(retry=tenacity.retry_if_exception_type(DOWNLOAD_ERRORS),
+                    stop=tenacity.stop_after_attempt(DOWNLOAD_ATTEMPTS),
+                    wait=tenacity.wait_exponential(multiplier=2, max=30), reraise=True,
+                    before_sleep=tenacity.before_sleep_log(LOG, std_logging.WARNING))
+    def _download(self, fd, data, digest):
+        """The in-order download from the cursor on: a broken one is resumed there."""
+        for chunk in data.chunks(self._cursor):
+            if self._cursor + len(chunk) > self.size:
+                raise FillFailed('Glance sent more than the image\'s %d bytes' % self.size)
+            if digest is not None:
+                digest.update(chunk)
+            with self._write_lock:
+                os.pwrite(fd, chunk, self._cursor)
+                offset, self._cursor = self._cursor, self._cursor + len(chunk)
+            self._written(offset, len(chunk))
+
+    def _serve_wants(self, data):
+        """Fetches the ranges reads wait for, while the fill runs. A failure here only leaves
+        those reads waiting for the in-order download."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            while self.running and self._cursor < self.size:
+                try:
+                    wants = self.client.fill_wants(self.file, WANTS_POLL_SECONDS)
+                except (OSError, ValueError, yolofs.YolofsError):
+                    # yolofs restarting: the download's next report brings it back.
+                    time.sleep(WANTS_POLL_SECONDS)
+                    continue
+                for offset, length in wants:
+                    start = max(offset - offset % RANGE_ALIGN, self._cursor)
+                    end = min(self.size, -(-(offset + length) // RANGE_ALIGN) * RANGE_ALIGN)
+                    if start >= end:
+                        continue
+                    chunk = data.read(start, end - start)
+                    with self._write_lock:
+                        # The in-order download may have passed it meanwhile: it wrote the
+                        # same bytes, verified; they are not overwritten.
+                        start_now = max(start, self._cursor)
+                        if start_now < end:
+                            os.pwrite(fd, chunk[start_now - start:], start_now)
+                    if start_now < end:
+                        self._written(start_now, end - start_now, ahead=True)
+        except Exception:
+            LOG.exception('Fetching ranges of base file %s by request stopped; its reads wait '
+                          'for the download in order', self.name)
+        finally:
+            os.close(fd)
+
+    def _copy_converted(self, fd, produce_raw):
+        converted = self.path + '.download'
+        try:
+            produce_raw(converted)
+            size = os.path.getsize(converted)
+            if size != self.size:
+                raise FillFailed('the image converts to %d bytes, not %d' % (size, self.size))
+            with open(converted, 'rb') as source:
+                while True:
+                    chunk = source.read(CHUNK_BYTES)
+                    if not chunk:
+                        break
+                    os.pwrite(fd, chunk, self._cursor)
+                    offset, self._cursor = self._cursor, self._cursor + len(chunk)
+                    self._written(offset, len(chunk))
+        finally:
+            for leftover in (converted, converted + '.part', converted + '.converted'):
+                try:
+                    os.unlink(leftover)
+                except FileNotFoundError:
+                    pass
+
+
+def glance_image(context, image_id):
+    """Glance's own record of the image (Nova's image API leaves out ``virtual_size``), read
+    with the booting user's token as Nova's image API reads it."""
+    from nova.image import glance
+    return dict(glance.GlanceClientWrapper().call(context, 2, 'get', args=(image_id,)))
+
+
+def inspect_raw(image, image_id, path):
+    """Nova's checks of a downloaded raw image (``images.fetch_to_raw``: deep inspection, then
+    qemu-img's view: raw, no backing file, no data file), on the complete fill file."""
+    import nova.conf
+    from nova.virt import images
+    fmt = None
+    if not nova.conf.CONF.workarounds.disable_deep_image_inspection:
+        fmt = images.do_image_deep_inspection(image, image_id, path)
+    info = images.qemu_img_info(path, format='raw' if fmt is None else None)
+    if info.file_format != 'raw' or (fmt is not None and fmt != 'raw'):
+        raise FillFailed('the data is %s, not raw' % (fmt or info.file_format))
+    if info.backing_file is not None:
+        raise FillFailed('the data has a backing file')
+
+
+class FirstBoots:
+    """This host's fills, one per base file name: concurrent first boots of an image share one.
+
+    ``lock_path``: the directory of Nova's external locks of base files (its image backend's
+    ``lock_path``); a fill holds the base file's lock from its start to its end, as Nova's own
+    download does, so Nova never fetches a base file being filled, nor the other way round.
+    """
+
+    def __init__(self, backing_files, boot_images, lock_path):
+        self.backing_files = backing_files
+        self.boot_images = boot_images
+        self.base_dir = backing_files.base_dir
+        self.client = backing_files.client
+        self.lock_path = lock_path
+        self._fills = {}
+        self._lock = threading.Lock()
+
+    def running(self, name):
+        """The running fill of base file ``name`` (or of its fill file's name), or None."""
+        fill = self._fills.get(base_name_of(name))
+        return fill if fill is not None and fill.running else None
+
+    def begin(self, context, image_id, base_path, disk_size):
+        """Starts (or joins) the fill of the base file of Glance image ``image_id`` if it can
+        be booted before its download: yolofs is healthy, Glance publishes a boot image to use,
+        and the image's size is known and fits ``disk_size``. Returns the fill, or None: Nova's
+        normal path then downloads the image. Never raises."""
+        name = os.path.basename(base_path)
+        fill = self.running(name)
+        if fill is not None or context is None or not image_id:
+            return fill
+        if self.backing_files.status() is None:
+            return None
+        try:
+            image = self.boot_images.image_api.get(context, image_id)
+            raw = image.get('disk_format') == 'raw'
+            size = image.get('size') if raw else glance_image(context, image_id).get('virtual_size')
+            # Too small a flavor disk: Nova's normal path raises the error it always raises.
+            if not size or (disk_size and size > disk_size):
+                return None
+            boot_image_id = self.boot_images.trusted_boot_image_id(context, image_id, image)
+            if boot_image_id is None:
+                return None
+            boot_image_path = self.boot_images.download(context, name, boot_image_id)
+        except Exception:
+            LOG.exception('Not booting image %s before its download', image_id)
+            return None
+        if raw:
+            checksum = None
+            if image.get('os_hash_algo') and image.get('os_hash_value'):
+                checksum = (image['os_hash_algo'], image['os_hash_value'])
+
+            def run(fill):
+                fill.run_raw(GlanceData.for_context(context, image_id), checksum,
+                             inspect=lambda path: inspect_raw(image, image_id, path))
+        else:
+            def run(fill):
+                from nova.virt import images
+                fill.run_converted(lambda path: images.fetch_to_raw(context, image_id, path))
+        fill = self.start(name, size, image_id, boot_image_id, boot_image_path, run)
+        if fill is None or fill.boot_image_path != boot_image_path:
+            os.unlink(boot_image_path)
+        return fill
+
+    def start(self, name, size, image_id, boot_image_id, boot_image_path, run):
+        """Starts filling base file ``name`` (``size`` bytes) with ``run(fill)`` on a thread of
+        its own, served meanwhile from boot image ``boot_image_id`` at ``boot_image_path`` (the fill
+        deletes when it ends). Returns the fill once yolofs serves its file (the one under way
+        if there is one), or None (the base file is there by now, yolofs refused the boot
+        image...): the caller then takes Nova's normal path."""
+        with self._lock:
+            fill = self.running(name)
+            if fill is not None:
+                return fill
+            fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
+                        boot_image_path)
+            fill.after_complete = self._keep_boot_image
+            started = threading.Event()
+            thread = threading.Thread(target=self._fill, args=(fill, run, started),
+                                      name='yolo-fill-%s' % name, daemon=True)
+            thread.start()
+            started.wait()
+            if not fill.running:
+                return None
+            self._fills[name] = fill
+            return fill
+
+    def _fill(self, fill, run, started):
+        # Nova's external lock of the base file, as its Image.cache takes it.
+        with lockutils.lock(fill.name, lock_file_prefix='nova-', external=True,
+                            lock_path=self.lock_path):
+            try:
+                if os.path.exists(fill.base_path):
+                    fill.abandon('the base file is there')
+                    return
+                fill.begin()
+            except Exception as e:
+                LOG.warning('Not filling base file %s from its boot image: %s', fill.name, e)
+                fill.abandon(str(e) or type(e).__name__)
+                return
+            finally:
+                started.set()
+            try:
+                run(fill)
+            finally:
+                os.unlink(fill.boot_image_path)
+
+    def _keep_boot_image(self, fill):
+        """After a complete fill, the boot image is installed for the base file as any other
+        (yolofs compares it with the data again); one that did not match is never used again."""
+        if fill.boot_image_matches is False:
+            self.boot_images.refuse(fill.image_id, fill.boot_image_id)
+            return
+        self.boot_images.install_file(fill.name, fill.boot_image_path, fill.image_id,
+                                      fill.boot_image_id)
+
+    def abandon_leftovers(self):
+        """Deletes the fill files a previous nova-compute left (it stopped mid-fill): yolofs
+        fails their reads; the next start of a guest over one downloads its image again."""
+        for entry in os.listdir(self.base_dir):
+            if not entry.endswith(FILL_SUFFIX) or self.running(entry):
+                continue
+            LOG.warning('Deleting %s, left by a fill that did not end', entry)
+            try:
+                self.client.fill_end(entry, complete=False, reason='nova-compute restarted')
+            except (OSError, ValueError, yolofs.YolofsError):
+                pass
+            try:
+                os.unlink(os.path.join(self.base_dir, entry))
+            except FileNotFoundError:
+                pass
