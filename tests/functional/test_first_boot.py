@@ -455,3 +455,24 @@ def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usua
     assert drvr.yolo_boot_images.has_boot_image(name, mount.client.status())
     print('guest ready with %d of %d bytes downloaded in order, %d ranges fetched on demand'
           % (filled, os.path.getsize(image_cache), len(server.ranges)))
+
+
+def test_a_start_without_yolofs_waits_for_the_base_file(host, dirs, image_server, content):
+    """A guest over a base file being filled that starts while yolofs is down, or a qemu-img
+    run of Nova's: what Nova's normal first boot would have waited for, the download."""
+    import fixtures
+    from nova.tests import fixtures as nova_fixtures
+
+    from yolo_nova.virt import imagebackend
+
+    image_server.rate = 8 << 20
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content), sha256(content))
+    host.backing.first_boots = host.first_boots
+    disk = dirs / 'disk'
+    imagebackend.create_cow_image_unprobed(host.backing.mount_path(NAME), str(disk), SIZE)
+    host.mount.stop()
+    with fixtures.Fixture() as scope:
+        scope.useFixture(nova_fixtures.PrivsepFixture())
+        assert host.backing.place(str(disk)) == str(host.base_dir / NAME)
+    assert fill.outcome == 'complete'
+    assert (host.base_dir / NAME).read_bytes() == content

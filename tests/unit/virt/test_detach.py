@@ -1,6 +1,7 @@
 """When a guest leaves the mount, and what starts do with an interrupted detach."""
 
 import threading
+import time
 
 from yolo_nova.virt import detach
 
@@ -78,3 +79,23 @@ def test_the_detach_lock_is_one_per_instance_and_reentrant():
         held = threading.Event()
         threading.Thread(target=lambda: held.set() if first.acquire(timeout=0) else None).start()
         assert not held.wait(0.2)
+
+
+def test_a_guest_over_a_base_file_being_filled_stays_until_the_file_is_there(tmp_path):
+    # docs/first-boot.md: the copies' destination is the base file, not there before its fill
+    # has ended.
+    class BackingFiles:
+        def status(self):
+            return {'recording': []}
+
+        def base_path(self, name):
+            return str(tmp_path / name)
+
+    detacher = detach.Detacher(BackingFiles(), lambda uuid: None, settle_seconds=0,
+                               max_seconds=0)
+    watched = {'u': detach.Watch('u', frozenset(['base']), time.monotonic() - 10)}
+    detacher._detach_finished_boots(watched)
+    assert 'u' in watched
+    (tmp_path / 'base').write_bytes(b'')
+    detacher._detach_finished_boots(watched)
+    assert watched == {}
