@@ -199,6 +199,26 @@ def published_boot_image(public_image):
     return image, image_property(image, 'yolo_boot_image_id')
 
 
+@pytest.fixture(scope='session')
+def second_host(cloud):
+    """The second compute host (``aio add-compute``): its own libvirtd, instances directory on a
+    block device of its own, yolofs and boot image store, and first boots before the download
+    (docs/first-boot.md). Its tests come after those that expect one compute host."""
+    from yolo_bench.scheduling import FIRST_HOST
+    from yolo_bench.scheduling import SECOND_HOST
+    subprocess.run([str(AIO), 'add-compute'], check=True)
+    hosts = {h['Host'] for h in admin('compute', 'service', 'list', '--service', 'nova-compute')}
+    assert hosts == {FIRST_HOST, SECOND_HOST}
+    return SECOND_HOST
+
+
+def on_its_mount(host, server_id):
+    """The guest's disk is backed by its host's own yolofs mount."""
+    from yolo_bench.scheduling import INSTANCES
+    backing = backing_file(server_id, INSTANCES[host])
+    assert backing.startswith(str(INSTANCES[host].parent / 'yolofs') + '/'), (host, backing)
+
+
 def create_server(cloud, image_id, name, flavor=FLAVOR, wait=True):
     server = openstack(cloud, 'server', 'create', '--nic', 'none', '--image', image_id,
                        '--flavor', flavor, name)

@@ -8,17 +8,14 @@ why: YoloBootFilter's prediction for each host. The contention then moves to the
 next server follows it. These tests run after those that expect one compute host.
 """
 
-import subprocess
-
 import pytest
 
 from tests.e2e.conftest import admin
-from tests.e2e.conftest import AIO
-from tests.e2e.conftest import backing_file
 from tests.e2e.conftest import base_file_name
 from tests.e2e.conftest import create_server
 from tests.e2e.conftest import delete_server
 from tests.e2e.conftest import FLAVOR
+from tests.e2e.conftest import on_its_mount
 from tests.e2e.conftest import wait_for_status
 from yolo_bench.scheduling import contention
 from yolo_bench.scheduling import FIRST_HOST
@@ -32,17 +29,14 @@ pytestmark = pytest.mark.two_hosts
 
 
 @pytest.fixture(scope='module')
-def second_host(cloud, published_boot_image):
-    """The second compute host, after a first boot of the image on each host that has not booted
-    it, placed by the admin (its _base gets the image, its yolofs the boot image): both hosts
-    then differ only in their load."""
+def warm_hosts(second_host, published_boot_image):
+    """Both compute hosts after a first boot of the image on each that has not booted it,
+    placed by the admin (its _base gets the image, its yolofs the boot image): they then differ
+    only in their load."""
     image, _ = published_boot_image
-    subprocess.run([str(AIO), 'add-compute'], check=True)
-    hosts = {h['Host'] for h in admin('compute', 'service', 'list', '--service', 'nova-compute')}
-    assert hosts == {FIRST_HOST, SECOND_HOST}
     for host in (FIRST_HOST, SECOND_HOST):
         if (INSTANCES[host] / '_base' / base_file_name(image['id'])).exists():
-            continue    # the first host, after the tests before this one
+            continue    # booted by the tests before these
         server = admin('server', 'create', '--nic', 'none', '--image', image['id'], '--flavor',
                        FLAVOR, '--availability-zone', 'nova:%s' % host, 'e2e-warm-up-%s' % host)
         try:
@@ -51,16 +45,9 @@ def second_host(cloud, published_boot_image):
             on_its_mount(host, server['id'])
         finally:
             delete_server('aio-admin', server['id'])
-    return SECOND_HOST
 
 
-def on_its_mount(host, server_id):
-    """The guest's disk is backed by its host's own yolofs mount."""
-    backing = backing_file(server_id, INSTANCES[host])
-    assert backing.startswith(str(INSTANCES[host].parent / 'yolofs') + '/'), (host, backing)
-
-
-def test_servers_land_on_the_host_without_contention(second_host, published_boot_image):
+def test_servers_land_on_the_host_without_contention(warm_hosts, published_boot_image):
     image, _ = published_boot_image
     for busy, idle in ((FIRST_HOST, SECOND_HOST), (SECOND_HOST, FIRST_HOST)):
         with contention(busy, stressors=1) as settled:

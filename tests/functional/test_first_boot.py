@@ -350,16 +350,18 @@ def test_a_full_disk_fails_the_fill_and_leaves_nothing(dirs, image_server, conte
 
 
 def test_other_formats_are_served_once_converted(host, dirs, content):
-    boot_image = build_boot_image(dirs, content)
-    hole = holes_of(extents_of(boot_image))[-1]
+    # Converted, the image is twice the size of its random data: its second half is zeros.
+    converted = content + bytes(SIZE)
+    boot_image = build_boot_image(dirs, converted)
+    hole = holes_of(extents_of(boot_image))[0]
     converting = threading.Event()
 
     def fetch_to_raw(path):
         converting.wait(30)
         with open(path, 'wb') as f:
-            f.write(content)
+            f.write(converted)
 
-    fill = host.first_boots.start(NAME, SIZE, IMAGE_ID, 'boot-image-id', str(boot_image),
+    fill = host.first_boots.start(NAME, 2 * SIZE, IMAGE_ID, 'boot-image-id', str(boot_image),
                                   lambda fill: fill.run_converted(fetch_to_raw))
     fd = os.open(host.served(), os.O_RDONLY)
     try:
@@ -368,11 +370,14 @@ def test_other_formats_are_served_once_converted(host, dirs, content):
             time.sleep(1)
             assert not reading.done()
             converting.set()
-            assert reading.result(30) == content[hole[0]:hole[0] + hole[1]]
+            assert reading.result(30) == converted[hole[0]:hole[0] + hole[1]]
     finally:
         os.close(fd)
     assert fill.wait(30) and fill.outcome == 'complete'
     assert os.listdir(host.base_dir) == [NAME]
+    assert (host.base_dir / NAME).read_bytes() == converted
+    # Its zeros are holes, as the converted file's are.
+    assert os.stat(host.base_dir / NAME).st_blocks * 512 <= SIZE + (1 << 20)
 
 
 def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usual_base_file(
@@ -451,6 +456,8 @@ def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usua
             server.rate = 0
             assert fill.wait(600) and fill.outcome == 'complete', fill.reason
     assert filecmp.cmp(base_dir / name, image_cache, shallow=False)
+    # As sparse as the base file Nova made (the test image's 2 GiB hold about 600 MiB of data).
+    assert os.stat(base_dir / name).st_blocks * 512 < 1.1 * os.stat(image_cache).st_blocks * 512
     assert sorted(os.listdir(base_dir)) == [name]
     assert drvr.yolo_boot_images.has_boot_image(name, mount.client.status())
     print('guest ready with %d of %d bytes downloaded in order, %d ranges fetched on demand'

@@ -663,6 +663,9 @@ lock_path = $COMPUTE2_STATE/tmp
 [yolo]
 boot_image_dir = $COMPUTE2_YOLOFS_BOOT_IMAGES
 calibration_file = $(dirname "$COMPUTE2_YOLOFS_BOOT_IMAGES")/calibration.json
+# Its first boot of an image starts before the download (docs/first-boot.md; off by default):
+# tests/e2e/test_first_boot.py. The first host boots the default way.
+first_boot_before_download = true
 EOF
     "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova-compute-2.conf \
         --mount-point "$COMPUTE2_YOLOFS_MOUNTPOINT" --control-socket "$COMPUTE2_YOLOFS_CONTROL_SOCKET"

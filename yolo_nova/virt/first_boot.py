@@ -276,7 +276,7 @@ class Fill:
             if digest is not None:
                 digest.update(chunk)
             with self._write_lock:
-                os.pwrite(fd, chunk, self._cursor)
+                write_data(fd, chunk, self._cursor)
                 offset, self._cursor = self._cursor, self._cursor + len(chunk)
             self._written(offset, len(chunk))
 
@@ -306,7 +306,7 @@ class Fill:
                         # same bytes, verified; they are not overwritten.
                         start_now = max(start, self._cursor)
                         if start_now < end:
-                            os.pwrite(fd, chunk[start_now - start:], start_now)
+                            write_data(fd, chunk[start_now - start:], start_now)
                     if start_now < end:
                         self._written(start_now, end - start_now, ahead=True)
         except Exception:
@@ -327,7 +327,7 @@ class Fill:
                     chunk = source.read(CHUNK_BYTES)
                     if not chunk:
                         break
-                    os.pwrite(fd, chunk, self._cursor)
+                    write_data(fd, chunk, self._cursor)
                     offset, self._cursor = self._cursor, self._cursor + len(chunk)
                     self._written(offset, len(chunk))
         finally:
@@ -336,6 +336,13 @@ class Fill:
                     os.unlink(leftover)
                 except FileNotFoundError:
                     pass
+
+
+def write_data(fd, chunk, offset):
+    """Writes ``chunk`` at ``offset`` of the fill file unless it is all zeros: the fill file is
+    sparse, its holes read as zeros already, and the base file stays as sparse as Nova's."""
+    if chunk != bytes(len(chunk)):
+        os.pwrite(fd, chunk, offset)
 
 
 def glance_image(context, image_id):

@@ -1,0 +1,79 @@
+"""The first boot of an image on a compute host, before its download (docs/first-boot.md), on
+the all-in-one cloud: the second compute host runs with ``first_boot_before_download`` and has
+never booted the public image; the first host, which boots the default way, has."""
+
+import filecmp
+import os
+
+import pytest
+
+from tests.e2e.conftest import admin
+from tests.e2e.conftest import base_file_name
+from tests.e2e.conftest import connection
+from tests.e2e.conftest import delete_server
+from tests.e2e.conftest import FLAVOR
+from tests.e2e.conftest import on_its_mount
+from tests.e2e.conftest import wait_for_ready
+from tests.e2e.conftest import wait_for_status
+from yolo_bench.cloud import wait as wait_until
+from yolo_bench.scheduling import FIRST_HOST
+from yolo_bench.scheduling import INSTANCES
+from yolo_nova.virt import first_boot
+
+LOG_DIR = '/var/log/yolo-aio'
+
+
+def test_glance_serves_the_ranges_a_fill_asks_for(public_image, test_image_file):
+    """What a fill of a raw image asks of Glance, through a user's keystone session: single
+    ranges (a read waiting for them) and the rest of the data from an offset (a resumed
+    download)."""
+    demo = connection('aio-demo')
+    data = first_boot.GlanceData(demo.session, demo.image.get_endpoint(), public_image['id'])
+    with open(test_image_file, 'rb') as image:
+        for offset, length in ((0, 4096), (5 << 20, 1 << 20),
+                               (os.path.getsize(test_image_file) - 1000, 1000)):
+            assert data.read(offset, length) == os.pread(image.fileno(), length, offset)
+        start = (7 << 20) + 12345
+        first = next(data.chunks(start, chunk_bytes=1 << 20))
+        assert first == os.pread(image.fileno(), len(first), start) and first
+
+
+@pytest.mark.two_hosts
+def test_a_hosts_first_boot_of_a_public_image_runs_before_its_download(
+        second_host, published_boot_image):
+    image, _ = published_boot_image
+    name = base_file_name(image['id'])
+    base = INSTANCES[second_host] / '_base' / name
+    assert not base.exists()
+    compute_log = os.path.join(LOG_DIR, 'nova-compute-2.log')
+    yolofs_log = os.path.join(LOG_DIR, 'yolofs-compute-2.log')
+    since = {path: os.path.getsize(path) for path in (compute_log, yolofs_log)}
+
+    def logged(path):
+        with open(path) as log:
+            log.seek(since[path])
+            return log.read()
+
+    server = admin('server', 'create', '--nic', 'none', '--image', image['id'], '--flavor',
+                   FLAVOR, '--availability-zone', 'nova:%s' % second_host, 'e2e-first-boot')
+    try:
+        wait_for_status('aio-admin', server['id'], 'ACTIVE')
+        on_its_mount(second_host, server['id'])
+        wait_for_ready('aio-admin', server['id'])
+
+        # Complete, the fill is renamed to the base file and its boot image installed.
+        wait_until('base file %s filled' % name, 600,
+                   lambda: 'Installed verified boot image' in logged(compute_log))
+    finally:
+        delete_server('aio-admin', server['id'])
+    # The disk was made over the base file as yolofs served it from the boot image, before the
+    # download: the fill's registration, and its end, compared with the boot image.
+    assert '%s%s: serving a fill' % (name, first_boot.FILL_SUFFIX) in logged(yolofs_log)
+    compute = logged(compute_log)
+    assert 'Filled base file %s' % name in compute
+    assert 'ALARM' not in compute
+    # The base file is the one the first host's normal download made, and the boot image is
+    # the host's own, verified against it (above).
+    assert filecmp.cmp(base, INSTANCES[FIRST_HOST] / '_base' / name, shallow=False)
+    assert not [entry for entry in os.listdir(base.parent)
+                if entry.endswith(first_boot.FILL_SUFFIX)]
