@@ -9,7 +9,6 @@ import errno
 import filecmp
 import hashlib
 import http.server
-import json
 import os
 import random
 import re
@@ -21,6 +20,8 @@ from keystoneauth1 import session as ks_session
 import pytest
 import tenacity
 
+from tests.functional.test_yolofs_mount import boot_image_extents
+from tests.functional.test_yolofs_mount import holes_between
 from yolo_common import yolofs
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
@@ -134,10 +135,6 @@ def build_boot_image(tmp_path, content, name='offered.yolo'):
     return path
 
 
-def extents_of(boot_image):
-    return json.loads(yolofs.run('inspect', '--json', '--extents', boot_image).stdout)['extents']
-
-
 class Host:
     """One compute host's yolofs mount and the driver's objects over it."""
 
@@ -181,22 +178,11 @@ def sha256(content):
     return ('sha256', hashlib.sha256(content).hexdigest())
 
 
-def holes_of(extents):
-    holes, cursor = [], 0
-    for extent in extents:
-        if extent['source_offset'] > cursor:
-            holes.append((cursor, extent['source_offset'] - cursor))
-        cursor = max(cursor, extent['source_offset'] + extent['length'])
-    if cursor < SIZE:
-        holes.append((cursor, SIZE - cursor))
-    return holes
-
-
 def test_a_raw_image_is_read_before_its_download_and_ends_as_an_ordinary_base_file(
         host, dirs, image_server, content):
     image_server.rate = 4 << 20   # 6 s for the whole
     boot_image = build_boot_image(dirs, content)
-    extents = extents_of(boot_image)
+    extents = boot_image_extents(boot_image)
     fill = host.fill_raw(image_server, boot_image, sha256(content))
     assert fill is not None and fill.running
     # Concurrent first boots share the fill.
@@ -248,7 +234,7 @@ def test_glance_unreachable_mid_fill_fails_it_and_leaves_nothing(
     monkeypatch.setattr(first_boot.Fill._download.retry, 'wait', tenacity.wait_none())
     image_server.rate = 4 << 20
     boot_image = build_boot_image(dirs, content)
-    hole = holes_of(extents_of(boot_image))[-1]
+    hole = holes_between(boot_image_extents(boot_image), SIZE)[-1]
     fill = host.fill_raw(image_server, boot_image, sha256(content))
     fd = os.open(host.served(), os.O_RDONLY)
     try:
@@ -292,7 +278,7 @@ def test_a_boot_image_of_other_data_is_an_alarm_and_quarantined(
 def test_yolofs_restarted_mid_fill_serves_it_again(host, dirs, image_server, content):
     image_server.rate = 3 << 20
     boot_image = build_boot_image(dirs, content)
-    extent = extents_of(boot_image)[0]
+    extent = boot_image_extents(boot_image)[0]
     fill = host.fill_raw(image_server, boot_image, sha256(content))
     time.sleep(1)
     host.restart_yolofs()
@@ -353,7 +339,7 @@ def test_other_formats_are_served_once_converted(host, dirs, content):
     # Converted, the image is twice the size of its random data: its second half is zeros.
     converted = content + bytes(SIZE)
     boot_image = build_boot_image(dirs, converted)
-    hole = holes_of(extents_of(boot_image))[0]
+    hole = holes_between(boot_image_extents(boot_image), SIZE)[0]
     converting = threading.Event()
 
     def fetch_to_raw(path):

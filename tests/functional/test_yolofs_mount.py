@@ -799,16 +799,26 @@ def offered_fill(base_dir, boot_image_dir, tmp_path):
     fill_name = NAME + '.yolo-fill'
     with open(base_dir / fill_name, 'wb') as f:
         f.truncate(SIZE)
-    extents = json.loads(yolofs.run('inspect', '--json', '--extents', offered).stdout)['extents']
+    extents = boot_image_extents(offered)
+    holes = holes_between(extents, SIZE)
+    assert len(holes) >= 2
+    return offered, fill_name, extents, holes
+
+
+def boot_image_extents(path):
+    return json.loads(yolofs.run('inspect', '--json', '--extents', path).stdout)['extents']
+
+
+def holes_between(extents, size):
+    """The (offset, length) ranges of a file of ``size`` bytes no extent covers."""
     holes, cursor = [], 0
     for extent in extents:
         if extent['source_offset'] > cursor:
             holes.append((cursor, extent['source_offset'] - cursor))
         cursor = max(cursor, extent['source_offset'] + extent['length'])
-    if cursor < SIZE:
-        holes.append((cursor, SIZE - cursor))
-    assert len(holes) >= 2
-    return offered, fill_name, extents, holes
+    if cursor < size:
+        holes.append((cursor, size - cursor))
+    return holes
 
 
 def test_a_base_file_being_filled_is_served_before_it_is_complete(

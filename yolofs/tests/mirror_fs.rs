@@ -580,6 +580,18 @@ fn filling_mirror(fixture: &Fixture, read_timeout: Duration) -> (Arc<MirrorFs>, 
     (Arc::new(fs), image, opened)
 }
 
+/// The boot image's first extent reads as the source's bytes (a fill file serves it at once).
+fn check_first_extent(fs: &MirrorFs, opened: &yolofs::fs::Opened, image: &BootImage, fixture: &Fixture) {
+    let extent = &image.extents[0];
+    let covered = fs
+        .read(opened.ino, opened.fh, extent.source_offset, extent.length as u32)
+        .unwrap();
+    assert_eq!(
+        covered,
+        &fixture.content[extent.source_offset as usize..extent.source_end() as usize]
+    );
+}
+
 fn fill(fixture: &Fixture, fs: &MirrorFs, range: std::ops::Range<u64>) {
     let file = fs::OpenOptions::new()
         .write(true)
@@ -595,14 +607,7 @@ fn fill(fixture: &Fixture, fs: &MirrorFs, range: std::ops::Range<u64>) {
 fn a_fill_file_serves_its_boot_image_at_once_and_waits_for_the_rest() {
     let fixture = Fixture::new();
     let (fs, image, opened) = filling_mirror(&fixture, Duration::from_secs(30));
-    let extent = &image.extents[0];
-    let covered = fs
-        .read(opened.ino, opened.fh, extent.source_offset, extent.length as u32)
-        .unwrap();
-    assert_eq!(
-        covered,
-        &fixture.content[extent.source_offset as usize..extent.source_end() as usize]
-    );
+    check_first_extent(&fs, &opened, &image, &fixture);
 
     // A read across the boot image and holes waits until the holes are filled: it is the fill's
     // wants meanwhile, and then it gets the source's bytes.
@@ -661,14 +666,7 @@ fn a_base_file_being_filled_is_found_under_its_own_name_until_it_is_there() {
     fs::remove_file(fixture.base().join("disk")).unwrap();
     let attr = fs.lookup(ROOT_INO, "disk".as_ref()).unwrap();
     let opened = fs.open(attr.ino, libc::O_RDONLY).unwrap();
-    let extent = &image.extents[0];
-    let covered = fs
-        .read(opened.ino, opened.fh, extent.source_offset, extent.length as u32)
-        .unwrap();
-    assert_eq!(
-        covered,
-        &fixture.content[extent.source_offset as usize..extent.source_end() as usize]
-    );
+    check_first_extent(&fs, &opened, &image, &fixture);
 
     // Complete and renamed to the base file, it is the base file; without a fill, a missing
     // base file is missing.
