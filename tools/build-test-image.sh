@@ -5,7 +5,9 @@
 # debootstrapped Debian 12 (kernel + initramfs, systemd, sshd) and extlinux as its boot loader,
 # so QEMU boots it from the disk (BIOS -> MBR -> extlinux -> kernel -> root filesystem): the
 # boot reads YOLO exists for all hit the disk image. A oneshot unit ordered after ssh.service
-# prints YOLO_READY_MARKER on the serial console once sshd has started. qemu-guest-agent runs when
+# prints YOLO_READY_MARKER on the serial console once sshd has started, with the boot's id: two
+# boots of a quiet kernel can otherwise log the same bytes, and a test waiting for the next boot
+# must tell them apart (tests/e2e wait_for_ready). qemu-guest-agent runs when
 # the guest has its channel (libvirt's org.qemu.guest_agent.0; Nova adds it for images with
 # hw_qemu_guest_agent=yes): tests and benchmarks run commands inside the guest with it (fio among
 # them), for example to read every block of the disk once its guest has left the yolofs mount.
@@ -116,7 +118,7 @@ Wants=ssh.service
 
 [Service]
 Type=oneshot
-ExecStart=/bin/sh -c 'echo "$YOLO_READY_MARKER" > /dev/ttyS0'
+ExecStart=/bin/sh -c 'echo "$YOLO_READY_MARKER boot \$\$(cat /proc/sys/kernel/random/boot_id)" > /dev/ttyS0'
 
 [Install]
 WantedBy=multi-user.target

@@ -38,6 +38,9 @@ FILL_SUFFIX = '.yolo-fill'
 CHUNK_BYTES = 4 << 20          # written, hashed and reported to yolofs at a time
 RANGE_ALIGN = 1 << 20          # a range a read waits for is fetched rounded out to this
 WANTS_POLL_SECONDS = 2.0       # fill_wants' long poll
+# The in-order download pauses while ranges a guest waits for are fetched (they get the link),
+# for at most this long at a time.
+WANTS_PRIORITY_SECONDS = 30.0
 # A download that breaks (Glance restarted, a network blip) resumes where it broke, a few times.
 DOWNLOAD_ATTEMPTS = 5
 DOWNLOAD_ERRORS = (requests.RequestException, ks_exceptions.ConnectionError,
@@ -139,6 +142,8 @@ class Fill:
         # a range fetched for a waiting read is written only above it (see _serve_wants).
         self._cursor = 0
         self._write_lock = threading.Lock()
+        self._no_wants = threading.Event()
+        self._no_wants.set()
         # Ranges written above the cursor, and yolofs' view of them: one reporter at a time.
         self._ahead = []
         self._report_lock = threading.Lock()
@@ -271,6 +276,8 @@ class Fill:
     def _download(self, fd, data, digest):
         """The in-order download from the cursor on: a broken one is resumed there."""
         for chunk in data.chunks(self._cursor):
+            # Not read on while a guest's ranges are fetched: TCP then holds this stream back.
+            self._no_wants.wait(WANTS_PRIORITY_SECONDS)
             if self._cursor + len(chunk) > self.size:
                 raise FillFailed('Glance sent more than the image\'s %d bytes' % self.size)
             if digest is not None:
@@ -295,25 +302,32 @@ class Fill:
                     # yolofs restarting: the download's next report brings it back.
                     time.sleep(WANTS_POLL_SECONDS)
                     continue
-                for offset, length in wants:
-                    start = max(offset - offset % RANGE_ALIGN, self._cursor)
-                    end = min(self.size, -(-(offset + length) // RANGE_ALIGN) * RANGE_ALIGN)
-                    if start >= end:
-                        continue
-                    chunk = data.read(start, end - start)
-                    with self._write_lock:
-                        # The in-order download may have passed it meanwhile: it wrote the
-                        # same bytes, verified; they are not overwritten.
-                        start_now = max(start, self._cursor)
-                        if start_now < end:
-                            write_data(fd, chunk[start_now - start:], start_now)
-                    if start_now < end:
-                        self._written(start_now, end - start_now, ahead=True)
+                self._no_wants.clear()
+                try:
+                    for offset, length in wants:
+                        self._fetch_ahead(fd, data, offset, length)
+                finally:
+                    self._no_wants.set()
         except Exception:
             LOG.exception('Fetching ranges of base file %s by request stopped; its reads wait '
                           'for the download in order', self.name)
         finally:
             os.close(fd)
+
+    def _fetch_ahead(self, fd, data, offset, length):
+        start = max(offset - offset % RANGE_ALIGN, self._cursor)
+        end = min(self.size, -(-(offset + length) // RANGE_ALIGN) * RANGE_ALIGN)
+        if start >= end:
+            return
+        chunk = data.read(start, end - start)
+        with self._write_lock:
+            # The in-order download may have passed it meanwhile: it wrote the same bytes,
+            # verified; they are not overwritten.
+            start_now = max(start, self._cursor)
+            if start_now < end:
+                write_data(fd, chunk[start_now - start:], start_now)
+        if start_now < end:
+            self._written(start_now, end - start_now, ahead=True)
 
     def _copy_converted(self, fd, produce_raw):
         converted = self.path + '.download'
