@@ -237,6 +237,8 @@ def test_a_fill_left_by_a_stopped_compute_service_is_deleted(host, dirs, content
     fill_path = host.base_dir / first_boot.fill_name(NAME)
     with open(fill_path, 'wb') as f:
         f.truncate(SIZE)
+    # A converted download under way, too.
+    (host.base_dir / (fill_path.name + '.download.part')).write_bytes(b'qcow2 data')
     host.backing.client.fill_begin(fill_path.name, build_boot_image(dirs, content), IMAGE_ID)
     fd = os.open(host.served(), os.O_RDONLY)
     try:

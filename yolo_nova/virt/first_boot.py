@@ -72,7 +72,10 @@ class GlanceData:
     def __init__(self, session, endpoint, image_id, auth=None):
         self.session = session
         self.auth = auth
-        self.url = '%s/v2/images/%s/file' % (endpoint.rstrip('/'), image_id)
+        # The catalogue's endpoint, or one already versioned (openstacksdk's, say).
+        root = endpoint.rstrip('/')
+        root = root[:-len('/v2')] if root.endswith('/v2') else root
+        self.url = '%s/v2/images/%s/file' % (root, image_id)
 
     @classmethod
     def for_context(cls, context, image_id):
@@ -498,16 +501,19 @@ class FirstBoots:
                                       fill.boot_image_id)
 
     def abandon_leftovers(self):
-        """Deletes the fill files a previous nova-compute left (it stopped mid-fill): yolofs
-        fails their reads; the next start of a guest over one downloads its image again."""
+        """Deletes the fill files (and converted downloads) a previous nova-compute left (it
+        stopped mid-fill): yolofs fails their reads; the next start of a guest over one fills
+        its base file again."""
         for entry in os.listdir(self.base_dir):
-            if not entry.endswith(FILL_SUFFIX) or self.running(entry):
+            name, fill_suffix, _ = entry.partition(FILL_SUFFIX)
+            if not fill_suffix or self.running(name):
                 continue
             LOG.warning('Deleting %s, left by a fill that did not end', entry)
-            try:
-                self.client.fill_end(entry, complete=False, reason='nova-compute restarted')
-            except (OSError, ValueError, yolofs.YolofsError):
-                pass
+            if entry == fill_name(name):
+                try:
+                    self.client.fill_end(entry, complete=False, reason='nova-compute restarted')
+                except (OSError, ValueError, yolofs.YolofsError):
+                    pass
             try:
                 os.unlink(os.path.join(self.base_dir, entry))
             except FileNotFoundError:
