@@ -41,6 +41,8 @@ WANTS_POLL_SECONDS = 2.0       # fill_wants' long poll
 # The in-order download pauses while ranges a guest waits for are fetched (they get the link),
 # for at most this long at a time.
 WANTS_PRIORITY_SECONDS = 30.0
+SPARSE_BLOCK = 4096            # blocks of zeros are left as holes
+ZERO_BLOCK = bytes(SPARSE_BLOCK)
 # A download that breaks (Glance restarted, a network blip) resumes where it broke, a few times.
 DOWNLOAD_ATTEMPTS = 5
 DOWNLOAD_ERRORS = (requests.RequestException, ks_exceptions.ConnectionError,
@@ -356,10 +358,20 @@ class Fill:
 
 
 def write_data(fd, chunk, offset):
-    """Writes ``chunk`` at ``offset`` of the fill file unless it is all zeros: the fill file is
-    sparse, its holes read as zeros already, and the base file stays as sparse as Nova's."""
-    if chunk != bytes(len(chunk)):
-        os.pwrite(fd, chunk, offset)
+    """Writes ``chunk`` at ``offset`` of the fill file but for its blocks of zeros: the fill
+    file is sparse, its holes read as zeros already, and the base file stays as sparse as the one
+    Nova's conversion writes (qemu-img skips 4 KiB blocks of zeros)."""
+    view = memoryview(chunk)
+    run_start = None
+    for start in range(0, len(view), SPARSE_BLOCK):
+        zero = view[start:start + SPARSE_BLOCK] == ZERO_BLOCK[:len(view) - start]
+        if not zero and run_start is None:
+            run_start = start
+        elif zero and run_start is not None:
+            os.pwrite(fd, view[run_start:start], offset + run_start)
+            run_start = None
+    if run_start is not None:
+        os.pwrite(fd, view[run_start:], offset + run_start)
 
 
 def glance_image(context, image_id):
