@@ -266,7 +266,8 @@ def test_a_full_disk_fails_the_fill_and_leaves_nothing(dirs, image_server, conte
         finally:
             host.mount.stop()
     finally:
-        subprocess.run(['umount', small], check=True)
+        # Lazily: the stopped yolofs may not have let go of the directory yet.
+        subprocess.run(['umount', '--lazy', small], check=True)
 
 
 def test_other_formats_are_served_once_converted(host, dirs, content):
