@@ -41,7 +41,10 @@ import uuid
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-os.environ.setdefault('OS_NOVA_DISABLE_EVENTLET_PATCHING', '1')
+
+# Native threads, no eventlet, and Nova's test environment, as the functional tests have them.
+import tests.conftest  # noqa: E402,F401
+import tests.nova_env  # noqa: E402,F401
 
 import fixtures  # noqa: E402
 from keystoneauth1 import session as ks_session  # noqa: E402
@@ -59,10 +62,12 @@ from yolo_bench.image_server import ImageServer  # noqa: E402
 from yolo_common import images  # noqa: E402
 from yolo_common import qemu  # noqa: E402
 from yolo_common import yolofs  # noqa: E402
+from yolo_nova import conf as yolo_conf  # noqa: E402
 from yolo_nova.virt import boot_images  # noqa: E402
 from yolo_nova.virt import first_boot  # noqa: E402
 
 CONF = nova.conf.CONF
+yolo_conf.register_opts(CONF)
 MODES = ('cached', 'nova', 'yolo')
 IMAGE_ID = '5e0f3c2a-8b1d-4c7e-9a6f-2d4b8c1e0a93'
 BOOT_IMAGE_ID = 'b0075e0f-3c2a-4b1d-8c7e-9a6f2d4b8c1e'
