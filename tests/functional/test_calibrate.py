@@ -1,7 +1,13 @@
 """yolo-calibrate for real: idle boots of the test image give parameters the driver can report."""
 
+import pytest
+
 from yolo_nova import calibration
 from yolo_nova.cmd import calibrate
+
+# Its parameters are measured boots (one under its own load): another test's boot beside it
+# would be part of the measurement.
+pytestmark = pytest.mark.serial
 
 
 def test_calibrate_boots_and_saves(test_image, tmp_path):
