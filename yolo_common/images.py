@@ -36,11 +36,14 @@ def convert_to_raw(source, dest, fmt=None, limits=None):
                          env_variables=CONVERT_ENVIRONMENT if limits else None)
 
 
-def create_overlay(backing, overlay, backing_format='raw', size=None):
+def create_overlay(backing, overlay, backing_format='raw', size=None, open_backing=True):
     """A qcow2 instance disk over ``backing``, as Nova's Qcow2 image backend makes it
-    (``size``: its virtual size, if larger than the backing file)."""
+    (``size``: its virtual size, if larger than the backing file). ``open_backing`` false:
+    ``backing`` is not opened (``size`` is then required), for a base file being filled, which
+    only a guest may read."""
     subprocess.run(['qemu-img', 'create', '-f', 'qcow2', '-F', backing_format,
-                    '-b', str(backing), str(overlay)] + ([str(size)] if size else []),
+                    '-b', str(backing), str(overlay)] + ([] if open_backing else ['-u'])
+                   + ([str(size)] if size else []),
                    check=True, capture_output=True)
 
 

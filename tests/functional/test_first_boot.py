@@ -394,13 +394,13 @@ def test_a_start_without_yolofs_waits_for_the_base_file(host, dirs, image_server
     import fixtures
     from nova.tests import fixtures as nova_fixtures
 
-    from yolo_nova.virt import imagebackend
+    from yolo_common import images
 
     image_server.rate = 8 << 20
     fill = host.fill_raw(image_server, build_boot_image(dirs, content), sha256(content))
     host.backing.first_boots = host.first_boots
     disk = dirs / 'disk'
-    imagebackend.create_cow_image_unprobed(host.backing.mount_path(NAME), str(disk), SIZE)
+    images.create_overlay(host.backing.mount_path(NAME), disk, size=SIZE, open_backing=False)
     host.mount.stop()
     with fixtures.Fixture() as scope:
         scope.useFixture(nova_fixtures.PrivsepFixture())

@@ -86,29 +86,30 @@ class GlanceData:
         session, auth = glance._session_and_auth(context)
         return cls(session, glance.generate_glance_url(context), image_id, auth=auth)
 
-    def _get(self, headers=None):
-        return self.session.get(self.url, auth=self.auth, headers=headers or {}, stream=True,
-                                raise_exc=True)
+    def _get(self, byte_range=None):
+        """The download, or the single range ``byte_range`` (``'A-B'`` or ``'A-'``) of it."""
+        headers = {'Range': 'bytes=' + byte_range} if byte_range else {}
+        response = self.session.get(self.url, auth=self.auth, headers=headers, stream=True,
+                                    raise_exc=True)
+        # A server that ignores the range answers 200 with the whole image.
+        if byte_range and response.status_code != 206:
+            response.close()
+            raise FillFailed('Glance answered a range request with HTTP %s'
+                             % response.status_code)
+        return response
 
     def chunks(self, start=0, chunk_bytes=CHUNK_BYTES):
         """The data from byte ``start`` on, in order."""
-        response = self._get({'Range': 'bytes=%d-' % start} if start else None)
+        response = self._get('%d-' % start if start else None)
         try:
-            if start and response.status_code != 206:
-                raise FillFailed('Glance answered a range request with HTTP %s'
-                                 % response.status_code)
             yield from response.iter_content(chunk_bytes)
         finally:
             response.close()
 
     def read(self, offset, length):
         """Exactly ``length`` bytes at ``offset``."""
-        response = self._get({'Range': 'bytes=%d-%d' % (offset, offset + length - 1)})
+        response = self._get('%d-%d' % (offset, offset + length - 1))
         try:
-            # A server that ignores the range answers 200 with the whole image.
-            if response.status_code != 206:
-                raise FillFailed('Glance answered a range request with HTTP %s'
-                                 % response.status_code)
             data = response.content
         finally:
             response.close()
@@ -287,10 +288,14 @@ class Fill:
                 raise FillFailed('Glance sent more than the image\'s %d bytes' % self.size)
             if digest is not None:
                 digest.update(chunk)
-            with self._write_lock:
-                write_data(fd, chunk, self._cursor)
-                offset, self._cursor = self._cursor, self._cursor + len(chunk)
-            self._written(offset, len(chunk))
+            self._write_in_order(fd, chunk)
+
+    def _write_in_order(self, fd, chunk):
+        """Writes ``chunk`` at the cursor, moves the cursor past it and reports it."""
+        with self._write_lock:
+            write_data(fd, chunk, self._cursor)
+            offset, self._cursor = self._cursor, self._cursor + len(chunk)
+        self._written(offset, len(chunk))
 
     def _serve_wants(self, data):
         """Fetches the ranges reads wait for, while the fill runs. A failure here only leaves
@@ -346,9 +351,7 @@ class Fill:
                     chunk = source.read(CHUNK_BYTES)
                     if not chunk:
                         break
-                    write_data(fd, chunk, self._cursor)
-                    offset, self._cursor = self._cursor, self._cursor + len(chunk)
-                    self._written(offset, len(chunk))
+                    self._write_in_order(fd, chunk)
         finally:
             for leftover in (converted, converted + '.part', converted + '.converted'):
                 try:

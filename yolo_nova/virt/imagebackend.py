@@ -6,8 +6,9 @@ Nova has no registry of image backends, so the driver replaces its ``Backend`` w
 import os
 
 from nova.virt.libvirt import imagebackend
-from oslo_concurrency import processutils
 from oslo_utils import fileutils
+
+from yolo_common import images
 
 
 class YoloQcow2(imagebackend.Qcow2):
@@ -49,8 +50,9 @@ class YoloQcow2(imagebackend.Qcow2):
             return False
         if not os.path.exists(self.path):
             with fileutils.remove_path_on_error(self.path):
-                create_cow_image_unprobed(self.backing_files.mount_path(name), self.path,
-                                          max(size or 0, fill.size))
+                # Not opened: a base file being filled is read only by the guest.
+                images.create_overlay(self.backing_files.mount_path(name), self.path,
+                                      size=max(size or 0, fill.size), open_backing=False)
         return True
 
     def get_disk_size(self, name):
@@ -70,13 +72,6 @@ class YoloQcow2(imagebackend.Qcow2):
     def snapshot_extract(self, target, out_format):
         with self.backing_files.on_base(self.path):
             super().snapshot_extract(target, out_format)
-
-
-def create_cow_image_unprobed(backing_path, path, size):
-    """A qcow2 disk of ``size`` bytes over raw ``backing_path``, which is not opened: a base file
-    being filled is read only by the guest (Nova's ``create_cow_image`` probes it)."""
-    processutils.execute('qemu-img', 'create', '-f', 'qcow2', '-u', '-b', backing_path,
-                         '-F', 'raw', path, str(size))
 
 
 class YoloBackend(imagebackend.Backend):
