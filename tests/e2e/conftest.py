@@ -27,6 +27,7 @@ BASE_DIR = INSTANCES / '_base'
 MOUNT_POINT = pathlib.Path('/var/lib/nova/yolofs')
 CONTROL_SOCKET = '/run/yolofs/control.sock'
 AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
+AIO_LOG_DIR = pathlib.Path('/var/log/yolo-aio')
 YOLOFS = '/usr/local/bin/yolofs'
 READY_MARKER = 'YOLO-GUEST-READY'
 FLAVOR = 'm1.yolo'
@@ -110,11 +111,23 @@ def wait_for_status(cloud, server_id, status, timeout=BOOT_TIMEOUT):
         server = connection(cloud).compute.get_server(server_id)
         if server.status == 'ERROR':
             fault = connection('aio-admin').compute.get_server(server_id).fault
-            raise AssertionError('server %s went to ERROR: %s' % (server_id, fault))
+            raise AssertionError('server %s went to ERROR: %s\n%s' % (
+                server_id, fault, compute_errors(server_id)))
         # Nova shows a server's new status before its task ends (shelve's offload reports
         # SHELVED_OFFLOADED while it still cleans up), and refuses the next action until then.
         return server.status == status and server.task_state is None
     wait_until('server %s %s' % (server_id, status), timeout, probe)
+
+
+def compute_errors(server_id, lines=60):
+    """The compute hosts' logged errors about a server (a failed build's fault names only the
+    last retry; the cause is in the log of each host that tried)."""
+    found = []
+    for log in sorted(AIO_LOG_DIR.glob('nova-compute*.log')):
+        with open(log, errors='replace') as f:
+            found += ['%s: %s' % (log.name, line.rstrip()) for line in f
+                      if server_id in line and (' ERROR ' in line or ' WARNING ' in line)]
+    return '\n'.join(found[-lines:])
 
 
 def console_log(cloud, server_id):

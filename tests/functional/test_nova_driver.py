@@ -23,6 +23,7 @@ from nova.tests.unit import fake_instance
 from nova.virt import driver as virt_driver
 from nova.virt import fake as fake_virt
 from oslo_config import fixture as config_fixture
+import psutil
 import pytest
 
 from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
@@ -133,7 +134,7 @@ def libvirtd():
     """A libvirtd (and virtlogd) started for the test, unless one already runs."""
     started = []
     for daemon in ('virtlogd', 'libvirtd'):
-        if subprocess.run(['pgrep', '-x', daemon], capture_output=True).returncode != 0:
+        if not system_daemon_running(daemon):
             subprocess.run([daemon, '-d'], check=True)
             started.append(daemon)
     deadline = time.monotonic() + 30
@@ -144,6 +145,17 @@ def libvirtd():
     yield 'qemu:///system'
     for daemon in reversed(started):
         subprocess.run(['pkill', '-x', daemon], check=False)
+
+
+def system_daemon_running(name):
+    """The machine's daemon, by its pid file (pgrep would also find the all-in-one's second
+    host's, in namespaces of their own); not a later process given its pid."""
+    pidfile = pathlib.Path('/run/%s.pid' % name)
+    try:
+        process = psutil.Process(int(pidfile.read_text()))
+        return process.name() == name and process.create_time() <= pidfile.stat().st_mtime + 2
+    except (OSError, ValueError, psutil.Error):
+        return False
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ die() { printf 'aio: %s\n' "$*" >&2; exit 1; }
 # environment.
 
 service_running() {
-    local pidfile=$AIO_RUN_DIR/$1.pid
-    [[ -s $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+    pid_alive "$AIO_RUN_DIR/$1.pid"
 }
 
 start_service() {  # NAME USER COMMAND [ARG...]
@@ -20,6 +19,8 @@ start_service() {  # NAME USER COMMAND [ARG...]
     if service_running "$name"; then
         return 0
     fi
+    # A stale pid file's pid may be another process's now: start-stop-daemon would not start.
+    rm -f "$AIO_RUN_DIR/$name.pid"
     home=$(getent passwd "$user" | cut -d: -f6)
     install -d -m 0755 "$AIO_RUN_DIR" "$AIO_LOG_DIR"
     install -m 0640 -o "$user" -g adm /dev/null "$AIO_LOG_DIR/$name.log.new"
@@ -34,16 +35,17 @@ start_service() {  # NAME USER COMMAND [ARG...]
 }
 
 stop_service() {  # NAME [SECONDS to stop before SIGKILL]
-    local pidfile=$AIO_RUN_DIR/$1.pid group=""
-    [[ -e $pidfile ]] || return 0
+    local pidfile=$AIO_RUN_DIR/$1.pid group
+    if ! service_running "$1"; then
+        rm -f "$pidfile"
+        return 0
+    fi
     # start-stop-daemon made each service a session of its own (whose leader, the first of its
     # two forks, is gone: the service is not the group's leader): what the service started (the
     # worker's profiling QEMU, say) goes with it.
     group=$(ps -o pgid= -p "$(cat "$pidfile")" 2>/dev/null | tr -d ' ') || true
-    if service_running "$1"; then
-        start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry "TERM/${2:-10}/KILL/5" \
-            --remove-pidfile >/dev/null || true
-    fi
+    start-stop-daemon --stop --quiet --pidfile "$pidfile" --retry "TERM/${2:-10}/KILL/5" \
+        --remove-pidfile >/dev/null || true
     if [[ -n $group ]]; then
         kill -KILL -- "-$group" 2>/dev/null || true
     fi
@@ -184,8 +186,16 @@ start_infrastructure() {
     wait_for "libvirtd" 30 virsh -c qemu:///system version
 }
 
-pid_alive() {  # PIDFILE
-    [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
+pid_alive() {  # PIDFILE: the process it names runs
+    # Not a process given the same pid since: a machine whose processes stopped keeps its pid
+    # files, and a new process of the next boot may have the old pid (one took virtlogd's, which
+    # then was not started: every guest failed to start). A pid file is written when its process
+    # starts, or after it.
+    local pid elapsed
+    [[ -s $1 ]] || return 1
+    pid=$(cat "$1")
+    elapsed=$(ps -o etimes= -p "$pid" 2>/dev/null) || return 1
+    (($(date +%s) - elapsed <= $(stat -c %Y "$1") + 2))
 }
 
 stop_infrastructure() {
