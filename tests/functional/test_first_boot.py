@@ -21,6 +21,7 @@ import tenacity
 
 from tests.functional.test_yolofs_mount import boot_image_extents
 from tests.functional.test_yolofs_mount import holes_between
+from yolo_bench.cloud import wait as wait_until
 from yolo_bench.image_server import ImageServer
 from yolo_common import yolofs
 from yolo_nova.virt import backing
@@ -115,8 +116,11 @@ def test_a_raw_image_is_read_before_its_download_and_ends_as_an_ordinary_base_fi
     image_server.throttle_ranges = False
     boot_image = build_boot_image(dirs, content)
     extents = boot_image_extents(boot_image)
+    failed_fills = []
+    host.first_boots.on_failed = failed_fills.append
     fill = host.fill_raw(image_server, boot_image, sha256(content))
     assert fill is not None and fill.running
+    fill.disks.add('instances/a-guest/disk')
     # Concurrent first boots share the fill.
     assert host.fill_raw(image_server, boot_image, sha256(content)) is fill
 
@@ -149,6 +153,7 @@ def test_a_raw_image_is_read_before_its_download_and_ends_as_an_ordinary_base_fi
     assert host.served().read_bytes() == content
     assert os.listdir(dirs / 'incoming') == []
     assert host.first_boots.running(NAME) is None
+    assert failed_fills == []
 
 
 def test_a_broken_download_resumes_where_it_broke(host, dirs, image_server, content):
@@ -167,7 +172,10 @@ def test_glance_unreachable_mid_fill_fails_it_and_leaves_nothing(
     image_server.rate = 4 << 20
     boot_image = build_boot_image(dirs, content)
     hole = holes_between(boot_image_extents(boot_image), SIZE)[-1]
+    failed_fills = []
+    host.first_boots.on_failed = failed_fills.append
     fill = host.fill_raw(image_server, boot_image, sha256(content))
+    fill.disks.add('instances/a-guest/disk')
     fd = os.open(host.served(), os.O_RDONLY)
     try:
         time.sleep(1)
@@ -180,6 +188,8 @@ def test_glance_unreachable_mid_fill_fails_it_and_leaves_nothing(
             assert failed.value.errno == errno.EIO
     finally:
         os.close(fd)
+    # The driver fails the guests over it (tests/functional/test_nova_driver_fakelibvirt.py).
+    wait_until('the failed fill reported', 10, lambda: failed_fills == [fill])
     assert os.listdir(host.base_dir) == []
     assert os.listdir(dirs / 'incoming') == []
     assert not host.served().exists()

@@ -86,6 +86,7 @@ class FakeYolofs:
         self.installs = []
         self.preload = mock.Mock()
         self.host_load = mock.Mock()
+        self.touch = mock.Mock(side_effect=lambda file: os.utime(self.base_dir / file))
         self.install_error = None
 
     def status(self):
@@ -246,6 +247,21 @@ class TestRootDiskCreation(DriverTestCase):
         self.drvr.yolo_backing.enabled = False
         disk = self.create_root_disk()
         self.assertEqual(str(self.base), self.backing_of(disk.path))
+
+    def test_a_cached_base_file_is_marked_in_use_through_yolofs(self):
+        self.create_root_disk()
+        os.utime(self.base, (1000, 1000))
+        self.create_root_disk(name='disk.rescue')
+        # At each disk Nova creates over it, the first (just downloaded) included.
+        self.assertEqual([mock.call(self.name)] * 2, self.client.touch.call_args_list)
+        self.assertGreater(os.stat(self.base).st_mtime, 1000)
+
+    def test_nova_marks_it_itself_when_yolofs_cannot(self):
+        self.create_root_disk()
+        os.utime(self.base, (1000, 1000))
+        self.client.touch.side_effect = yolofs.YolofsError('touch: no')
+        self.create_root_disk(name='disk.rescue')
+        self.assertGreater(os.stat(self.base).st_mtime, 1000)
 
     def test_ephemeral_and_swap_disks_stay_on_base(self):
         for name, filename in (('disk.local', 'ephemeral_1_0706d66'), ('disk.swap', 'swap_512')):
@@ -743,3 +759,57 @@ class TestHostStats(DriverTestCase):
         stats = self.resources(())
         self.assertEqual('false', stats['yolo_active'])
         self.assertIsNone(host_stats.from_stats(stats, max_age=300))
+
+
+class TestFailedFirstBoot(DriverTestCase):
+    """A fill that fails under a started guest fails its server as a failed download would."""
+
+    def setUp(self):
+        super().setUp()
+        self.fill = mock.Mock(image_id=IMAGE_ID, reason='Glance sent 3 of the image\'s 8 bytes',
+                              disks={str(self.instance_dir / 'disk')})
+        self.domain = self.drvr._host.get_connection().defineXML(
+            self.domain_xml(self.instance_dir / 'disk'))
+        self.domain.create()
+        self.saved = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            self.instance, 'save')).mock
+        self.faults = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            yolo_driver.compute_utils, 'add_instance_fault_from_exc')).mock
+        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            objects.Instance, 'get_by_uuid', lambda context, uuid: self.instance))
+        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            yolo_driver.error_once_built.retry, 'sleep', lambda seconds: None))
+        self.instance.host = yolo_driver.CONF.host
+
+    def test_the_first_boot_option_has_the_driver_fail_the_guests(self):
+        self.flags(first_boot_before_download=True, group='yolo')
+        drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
+        self.assertEqual(drvr._yolo_fail_guests_of, drvr.yolo_first_boots.on_failed)
+
+    def test_an_active_server_is_stopped_and_put_in_error_with_the_reason(self):
+        self.instance.vm_state = 'active'
+        self.drvr._yolo_fail_guests_of(self.fill)
+        self.assertFalse(self.domain.isActive())
+        self.assertEqual(('error', None), (self.instance.vm_state, self.instance.task_state))
+        self.saved.assert_called_once_with()
+        failure = self.faults.call_args[0][2]
+        self.assertIsInstance(failure, yolo_driver.FirstBootFailed)
+        self.assertIn("failed after the server had started: Glance sent 3 of the image's 8 "
+                      "bytes", str(failure))
+
+    def test_a_build_under_way_is_left_to_fail_by_itself_unless_it_ends_active(self):
+        states = iter(['building', 'building', 'active'])
+        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            objects.Instance, 'get_by_uuid',
+            lambda context, uuid: setattr(self.instance, 'vm_state', next(states))
+            or self.instance))
+        self.drvr._yolo_fail_guests_of(self.fill)
+        self.assertEqual('error', self.instance.vm_state)
+        self.faults.assert_called_once()
+
+    def test_a_build_rescheduled_elsewhere_is_not_touched(self):
+        self.instance.vm_state, self.instance.host = 'building', 'another-host'
+        self.drvr._yolo_fail_guests_of(self.fill)
+        self.assertFalse(self.domain.isActive())
+        self.saved.assert_not_called()
+        self.faults.assert_not_called()

@@ -24,13 +24,18 @@ import os
 import time
 
 from lxml import etree
+from nova.compute import utils as compute_utils
+from nova.compute import vm_states
 import nova.conf
+from nova import context as nova_context
 from nova import exception
+from nova import objects
 from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import guest as libvirt_guest
 from nova.virt.libvirt import migration as libvirt_migrate
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
+import tenacity
 
 from yolo_common import yolofs
 from yolo_nova import boot_model
@@ -70,6 +75,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 self.yolo_backing, self.yolo_boot_images,
                 os.path.join(CONF.instances_path, 'locks'))
             self.yolo_backing.first_boots = self.yolo_first_boots
+            self.yolo_first_boots.on_failed = self._yolo_fail_guests_of
         self.image_backend = imagebackend.YoloBackend(
             CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images,
             self.yolo_first_boots)
@@ -87,6 +93,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         # file in _base is named instead. Installed once, for good: a wrapper put in place and
         # taken away around each snapshot would race with concurrent snapshots.
         self.yolo_backing.name_base_files_in_nova()
+        self.yolo_backing.touch_base_files_through_yolofs()
         self.yolo_detacher = detach.Detacher(
             self.yolo_backing, self._yolo_guest, CONF.yolo.detach_settle_seconds,
             CONF.yolo.detach_max_seconds) if CONF.yolo.detach_after_boot else None
@@ -113,6 +120,28 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                         self.yolo_detacher.watch(guest.uuid, on_mount)
         except Exception:
             LOG.exception('Could not look for guests to detach from yolofs')
+
+    def _yolo_fail_guests_of(self, fill):
+        """A fill failed under guests started over it: as a failed download fails a normal
+        boot, each is stopped (its disk's backing file is gone, its reads would fail) and its
+        server put in ERROR with the reason. A build still under way fails by itself, its guest
+        gone or its backing file missing, and Nova reschedules it: its server is put in ERROR
+        only if its build nevertheless ends ACTIVE."""
+        context = nova_context.get_admin_context()
+        failure = FirstBootFailed(image_id=fill.image_id, reason=fill.reason)
+        for disk in sorted(fill.disks):
+            instance_uuid = os.path.basename(os.path.dirname(disk))
+            guest = self._yolo_guest(instance_uuid)
+            LOG.error('Stopping the guest of instance %s: %s', instance_uuid, failure)
+            if guest is not None:
+                try:
+                    guest.poweroff()
+                except Exception:
+                    LOG.exception('Could not stop the guest of instance %s', instance_uuid)
+            try:
+                error_once_built(context, instance_uuid, failure)
+            except Exception:
+                LOG.exception('Could not put instance %s in ERROR', instance_uuid)
 
     def _yolo_guest(self, instance_uuid):
         """The libvirt guest of an instance, None if it has none."""
@@ -308,6 +337,32 @@ for _name in ('snapshot', 'reboot', 'power_off', 'power_on', 'destroy', 'rescue'
               'volume_snapshot_create', 'volume_snapshot_delete'):
     setattr(YoloLibvirtDriver, _name,
             serialized_with_detach(getattr(libvirt_driver.LibvirtDriver, _name)))
+
+
+class FirstBootFailed(exception.NovaException):
+    msg_fmt = ('The download of image %(image_id)s failed after the server had started: '
+               '%(reason)s')
+
+
+@tenacity.retry(retry=tenacity.retry_if_result(lambda built: built is None),
+                wait=tenacity.wait_fixed(5), stop=tenacity.stop_after_delay(300),
+                retry_error_callback=lambda state: False)
+def error_once_built(context, instance_uuid, failure):
+    """Puts the instance in ERROR with ``failure`` as its fault once its build on this host
+    is over, if it ended ACTIVE here; whether it did (None: still building)."""
+    try:
+        instance = objects.Instance.get_by_uuid(context, instance_uuid)
+    except exception.InstanceNotFound:
+        return False
+    if instance.vm_state == vm_states.BUILDING and instance.host == CONF.host:
+        return None
+    if instance.vm_state != vm_states.ACTIVE or instance.host != CONF.host:
+        return False
+    instance.vm_state = vm_states.ERROR
+    instance.task_state = None
+    instance.save()
+    compute_utils.add_instance_fault_from_exc(context, instance, failure)
+    return True
 
 
 def returning_no_backing_stores(make_xml):

@@ -15,7 +15,8 @@ Once complete, the data is verified as Nova verifies a download, yolofs compares
 with it (``fill_end``), and the fill file is renamed to the base file: the same inode, which
 yolofs and QEMU keep reading. Any failure fails the fill (yolofs then fails the reads still
 waiting, never serving a wrong byte) and deletes the fill file: ``_base`` never keeps a partial
-file.
+file; the guests started over it are then failed as a failed download fails a normal boot
+(``FirstBoots.on_failed``, the driver's).
 """
 
 import hashlib
@@ -127,6 +128,7 @@ class Fill:
     :meth:`run_raw` or :meth:`run_converted` fills it, on the caller's thread; the outcome is
     then ``complete`` (renamed to the base file; ``boot_image_matches`` says what yolofs found;
     ``after_complete(fill)`` has run) or ``failed`` (deleted), and :meth:`wait` returns.
+    ``disks``: the instance disks made over the fill file.
     """
     after_complete = None
 
@@ -143,6 +145,7 @@ class Fill:
         self.outcome = None
         self.reason = None
         self.boot_image_matches = None
+        self.disks = set()
         self._ended = threading.Event()
         # Bytes below it are written by the in-order download, whose checksum is verified:
         # a range fetched for a waiting read is written only above it (see _serve_wants).
@@ -405,7 +408,9 @@ class FirstBoots:
     ``lock_path``: the directory of Nova's external locks of base files (its image backend's
     ``lock_path``); a fill holds the base file's lock from its start to its end, as Nova's own
     download does, so Nova never fetches a base file being filled, nor the other way round.
+    ``on_failed(fill)``, if set, is called after a fill over which disks were made has failed.
     """
+    on_failed = None
 
     def __init__(self, backing_files, boot_images, lock_path):
         self.backing_files = backing_files
@@ -505,6 +510,11 @@ class FirstBoots:
                 run(fill)
             finally:
                 os.unlink(fill.boot_image_path)
+        if fill.outcome == 'failed' and fill.disks and self.on_failed is not None:
+            try:
+                self.on_failed(fill)
+            except Exception:
+                LOG.exception('After the failed fill of base file %s', fill.name)
 
     def _keep_boot_image(self, fill):
         """After a complete fill, the boot image is installed for the base file as any other

@@ -44,6 +44,9 @@ pub enum Request {
     Preload { file: String },
     /// Drop a boot image from memory.
     Evict { file: String },
+    /// Set a base file's access and modification times to now (Nova's image cache marks the
+    /// base files in use so), keeping its boot image verified.
+    Touch { file: String },
     /// Smoothed host I/O and CPU utilisation.
     HostLoad,
     /// End the recording window of a file now and build its boot image.
@@ -293,6 +296,12 @@ impl Daemon {
             Request::Evict { file } => {
                 let name = base_file_name(&file)?;
                 Ok(json!({ "file": name, "evicted": self.store.evict(name) }))
+            }
+            Request::Touch { file } => {
+                let name = base_file_name(&file)?;
+                let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
+                let kept = self.store.touch(name, &source).map_err(|e| format!("{name}: {e}"))?;
+                Ok(json!({ "file": name, "verification_kept": kept }))
             }
             Request::HostLoad => serde_json::to_value(self.host_load.current()).map_err(|e| e.to_string().into()),
             Request::RecordStop { file } => {

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, Metadata};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -152,6 +153,35 @@ pub struct Stamp {
     pub source: SourceKey,
 }
 
+/// Whether every change to `file` after its ctime was read moves its ctime, even within the same
+/// clock tick: Linux 6.13's multigrain timestamps, on ext4, XFS, Btrfs and tmpfs.
+fn ctime_moves_at_every_change(file: &File) -> bool {
+    const MULTIGRAIN: [i64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    let mut uts = std::mem::MaybeUninit::<libc::utsname>::uninit();
+    // SAFETY: `file` is an open descriptor; both buffers are writable and large enough, and are
+    // read only after the calls succeeded.
+    let (fs, uts) = unsafe {
+        if libc::fstatfs(file.as_raw_fd(), fs.as_mut_ptr()) != 0 || libc::uname(uts.as_mut_ptr()) != 0 {
+            return false;
+        }
+        (fs.assume_init(), uts.assume_init())
+    };
+    let release: String = uts
+        .release
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8 as char)
+        .collect();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    #[allow(clippy::unnecessary_cast)] // f_type's width depends on the architecture
+    let fs_type = fs.f_type as i64;
+    version >= (6, 13) && MULTIGRAIN.contains(&fs_type)
+}
+
 /// Path of the stamp file that goes with a boot image file.
 pub fn stamp_path(boot_image_path: &Path) -> PathBuf {
     let mut name = boot_image_path.as_os_str().to_owned();
@@ -163,14 +193,24 @@ pub fn stamp_path(boot_image_path: &Path) -> PathBuf {
 /// `source`, as it was (its key taken) before the comparison began: a write during the
 /// comparison moves its ctime, so the stamp does not vouch for it.
 pub fn write_stamp(boot_image_path: &Path, image: &BootImage, source: SourceKey) -> std::io::Result<()> {
-    let stamp = Stamp {
-        boot_image: BootImageKey::of(image),
-        source,
-    };
+    save_stamp(
+        boot_image_path,
+        &Stamp {
+            boot_image: BootImageKey::of(image),
+            source,
+        },
+    )
+}
+
+fn save_stamp(boot_image_path: &Path, stamp: &Stamp) -> std::io::Result<()> {
     let path = stamp_path(boot_image_path);
     let tmp = path.with_extension("verified.tmp");
-    fs::write(&tmp, serde_json::to_vec(&stamp)?)?;
+    fs::write(&tmp, serde_json::to_vec(stamp)?)?;
     fs::rename(tmp, path)
+}
+
+fn read_stamp(boot_image_path: &Path) -> Option<Stamp> {
+    serde_json::from_slice(&fs::read(stamp_path(boot_image_path)).ok()?).ok()
 }
 
 /// Compares every extent of `image` (read from `boot_image_path`) with `source` and, if each byte
@@ -196,13 +236,7 @@ pub enum StampError {
 }
 
 fn stamp_matches(boot_image_path: &Path, image: BootImageKey, source: &SourceKey) -> bool {
-    let Ok(bytes) = fs::read(stamp_path(boot_image_path)) else {
-        return false;
-    };
-    let Ok(stamp) = serde_json::from_slice::<Stamp>(&bytes) else {
-        return false;
-    };
-    stamp.boot_image == image && stamp.source == *source
+    read_stamp(boot_image_path).is_some_and(|stamp| stamp.boot_image == image && stamp.source == *source)
 }
 
 /// Opens `path` for reading without following a symbolic link in its last component and without
@@ -937,6 +971,13 @@ impl BootImageStore {
     /// refused) without verifying at open. Boot images not in memory are verified when next
     /// loaded.
     pub fn source_changed(self: &Arc<Self>, source_dir: &Path, name: &str, now: SourceKey) {
+        // Verified for the file as it is now: changed by a touch (see `touch`), or already
+        // verified again.
+        let state = self.state.lock().unwrap();
+        if state.loaded.peek(name).is_some_and(|loaded| loaded.source == now) {
+            return;
+        }
+        drop(state);
         {
             let mut seen = self.reverified.lock().unwrap();
             if seen.get(name) == Some(&now) || !self.path_for(name).exists() {
@@ -1005,6 +1046,45 @@ impl BootImageStore {
         };
         let state = self.state.lock().unwrap();
         state.rejected.get(name).is_none_or(|r| r.file_key != file_key)
+    }
+
+    /// Sets base file `name`'s access and modification times to now, as Nova's image cache marks
+    /// the base files in use (it ages them by their mtime), and keeps its boot image's
+    /// verification: a time set moves the file's ctime, which would otherwise cost a verification
+    /// again, reading the boot's bytes from the disk at the start of every boot. yolofs itself
+    /// changes nothing but the times, under the store's lock, so the bytes verified for the file
+    /// as it was are its bytes now. Whether a verification (in memory or stamped) was kept.
+    ///
+    /// Only where the ctime read after the touch moves at any later write, even in the same
+    /// clock tick (the racily-clean rule above cannot wait here): filesystems with multigrain
+    /// timestamps. Elsewhere the times are set and the boot image is verified again.
+    pub fn touch(&self, name: &str, source: &File) -> std::io::Result<bool> {
+        let keep = ctime_moves_at_every_change(source);
+        let path = self.path_for(name);
+        let mut state = self.state.lock().unwrap();
+        let before = SourceKey::of(source)?;
+        let now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        };
+        // SAFETY: `source` is an open descriptor and `times` two valid timespecs.
+        if unsafe { libc::futimens(source.as_raw_fd(), [now, now].as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let after = SourceKey::of(source)?;
+        if !keep {
+            return Ok(false);
+        }
+        let mut kept = false;
+        if let Some(loaded) = state.loaded.peek_mut(name).filter(|l| l.source == before) {
+            loaded.source = after;
+            kept = true;
+        }
+        if let Some(stamp) = read_stamp(&path).filter(|stamp| stamp.source == before) {
+            save_stamp(&path, &Stamp { source: after, ..stamp })?;
+            kept = true;
+        }
+        Ok(kept)
     }
 
     /// Drops the boot image of `name` from memory. Open files keep theirs until closed.
@@ -1194,6 +1274,44 @@ mod tests {
         let anonymous = f.candidate(&content(0), "");
         f.install(&anonymous, IMAGE).unwrap();
         assert_eq!(f.store.image_id("disk").as_deref(), Some(IMAGE));
+    }
+
+    #[test]
+    fn a_touch_sets_the_times_and_keeps_the_verification() {
+        let f = Fixture::new(1 << 30);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        let image = f.store.load("disk", &f.base()).unwrap();
+        let before = SourceKey::of(&f.base()).unwrap();
+        let old_times = std::fs::FileTimes::new().set_modified(UNIX_EPOCH + Duration::from_secs(1000));
+        // Set behind the store's back: the verification is for the file as it was.
+        let base = fs::OpenOptions::new()
+            .write(true)
+            .open(f.base_dir().join("disk"))
+            .unwrap();
+        base.set_times(old_times).unwrap();
+        assert!(f.store.cached("disk", &SourceKey::of(&f.base()).unwrap()).is_none());
+        assert!(!f.store.touch("disk", &f.base()).unwrap());
+
+        // Through the store: kept in memory and in the stamp, for the file as it is now, where
+        // the filesystem's ctime moves at every change (else verified again, as before).
+        f.store.load("disk", &f.base()).unwrap();
+        let verified = SourceKey::of(&f.base()).unwrap();
+        let keeps = ctime_moves_at_every_change(&f.base());
+        assert_eq!(f.store.touch("disk", &f.base()).unwrap(), keeps);
+        let now = SourceKey::of(&f.base()).unwrap();
+        assert!(now != verified && now != before);
+        let modified = f.base().metadata().unwrap().modified().unwrap();
+        assert!(SystemTime::now().duration_since(modified).unwrap() < Duration::from_secs(60));
+        if !keeps {
+            assert!(f.store.cached("disk", &now).is_none());
+            return;
+        }
+        assert!(f.store.cached("disk", &now).is_some());
+        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&image), &now));
+        assert!(f.store.evict("disk"));
+        assert!(f.store.touch("disk", &f.base()).unwrap());
+        let now = SourceKey::of(&f.base()).unwrap();
+        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&image), &now));
     }
 
     #[test]
