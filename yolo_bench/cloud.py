@@ -135,6 +135,10 @@ def cache_mode(admin, server_id):
     return ET.fromstring(xml).find('./devices/disk/driver').get('cache')
 
 
+class GuestFailed(Exception):
+    """A guest that will never be ready."""
+
+
 def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=None):
     """Creates ``count`` servers at once; returns (seconds until the last is ACTIVE, seconds
     until the last guest is ready, the cache mode); deletes them. ``on_active(servers)`` is
@@ -167,6 +171,9 @@ def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=Non
                 output = conn.compute.get_server_console_output(server_id).get('output', '')
                 if READY_MARKER in output:
                     pending.discard(server_id)
+                elif 'Kernel panic' in output:
+                    raise GuestFailed('the guest of %s panicked: %s' % (
+                        server_id, output[output.index('Kernel panic'):].splitlines()[0]))
             return not pending
         wait('guests ready', timeout, ready)
         return active_at - started, time.monotonic() - started, cache
@@ -305,7 +312,7 @@ def main(argv=None):
     flavor = user.compute.find_flavor(args.flavor)
     base = INSTANCES / '_base' / images.base_file_name(image.id)
     node = ComputeNode()
-    boots = []
+    boots, failed = [], []
     with contextlib.ExitStack() as stack:
         if args.storage == 'hdd':
             disk = stack.enter_context(node.instances_on_hdd(max(args.stressors)))
@@ -320,12 +327,21 @@ def main(argv=None):
                 for stressors in args.stressors:
                     for servers in args.servers:
                         for policy in args.policies:
-                            boots.append(measure(args, node, user, admin, image, flavor, base,
-                                                 policy, stressors, servers, repetition))
+                            try:
+                                boots.append(measure(args, node, user, admin, image, flavor,
+                                                     base, policy, stressors, servers,
+                                                     repetition))
+                            except GuestFailed as e:
+                                failed.append('YOLO %s, %d stressors, %d servers, boot %d: %s'
+                                              % (policy, stressors, servers, repetition, e))
+                                print('==> %s' % failed[-1], flush=True)
         finally:
             node.set_policy('on')
     print()
     print(summary(boots))
+    # Left out of the table, and said: a guest that failed is not a boot time.
+    for failure in failed:
+        print('failed: %s' % failure)
     return 0
 
 

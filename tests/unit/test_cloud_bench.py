@@ -1,6 +1,8 @@
 """The Nova-level boot benchmark's arguments and report (its boots run on the all-in-one:
 tools/aio/boot-times)."""
 
+from unittest import mock
+
 import pytest
 
 from yolo_bench import cloud
@@ -40,3 +42,17 @@ def test_unknown_policies_are_refused(capsys):
     with pytest.raises(SystemExit):
         cloud.parse_args(['--policies', 'on,fast'])
     assert 'unknown policy fast' in capsys.readouterr().err
+
+
+def test_a_guest_that_panics_fails_its_boot_at_once_and_is_deleted(monkeypatch):
+    conn = mock.MagicMock()
+    server = conn.compute.create_server.return_value
+    conn.compute.get_server.return_value.status = 'ACTIVE'
+    conn.compute.get_server_console_output.return_value = {'output': (
+        'run-init: nuking initramfs contents: No such file or directory\n'
+        '[   17.5] Kernel panic - not syncing: Attempted to kill init!\n[   17.6] Call Trace:\n')}
+    monkeypatch.setattr(cloud, 'cache_mode', lambda admin, server_id: 'none')
+    with pytest.raises(cloud.GuestFailed, match='panicked: Kernel panic - not syncing: '
+                                                'Attempted to kill init!$'):
+        cloud.boot_servers(conn, mock.Mock(), mock.Mock(), mock.Mock(), 'b', 1, timeout=600)
+    conn.compute.delete_server.assert_called_once_with(server.id)
