@@ -139,13 +139,15 @@ class GuestFailed(Exception):
     """A guest that will never be ready."""
 
 
-def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=None):
+def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=None, **placement):
     """Creates ``count`` servers at once; returns (seconds until the last is ACTIVE, seconds
     until the last guest is ready, the cache mode); deletes them. ``on_active(servers)`` is
-    called once all are ACTIVE."""
+    called once all are ACTIVE; ``placement``: more arguments of the request (an admin's
+    ``availability_zone='nova:HOST'``)."""
     started = time.monotonic()
     first = conn.compute.create_server(name=name, image_id=image.id, flavor_id=flavor.id,
-                                       networks='none', min_count=count, max_count=count)
+                                       networks='none', min_count=count, max_count=count,
+                                       **placement)
     servers = [first] if count == 1 else wait(
         'servers %s' % name, 60,
         lambda: [s for s in conn.compute.servers(name='^%s-' % name)] or None)

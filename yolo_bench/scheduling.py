@@ -110,6 +110,12 @@ def contention(host, stressors):
             path.unlink(missing_ok=True)
 
 
+def reported_parameters(hosts):
+    """{host: (alpha, beta, alpha_yolo)} as the hosts last reported them."""
+    return {host: tuple(float(reported_stats(host).get('yolo_' + name, 'nan'))
+                        for name in ('alpha', 'beta', 'alpha_yolo')) for host in hosts}
+
+
 def log_position():
     return SCHEDULER_LOG.stat().st_size
 
@@ -186,6 +192,8 @@ def parse_args(argv):
                                      description=__doc__.splitlines()[0])
     parser.add_argument('--requests', type=int, default=3,
                         help='servers per setting and phase (default: %(default)s)')
+    parser.add_argument('--warm-ups', type=int, default=3,
+                        help='untimed boots on each host first (default: %(default)s)')
     parser.add_argument('--stressors', type=int, default=2,
                         help='fio stressors on the contended host\'s instance storage '
                              '(default: %(default)s)')
@@ -212,16 +220,16 @@ def main(argv=None):
     cloud.wait_for_boot_image(admin, image, args.timeout)
     flavor = user.compute.find_flavor(args.flavor)
     admin_flavor = admin.compute.find_flavor(args.flavor)
-    # Untimed, one per host (placed by the admin): each caches the image in _base and installs
-    # its boot image, as later boots find them.
+    # Placed by the admin, and not counted: the first caches the image in _base and installs its
+    # boot image, as later boots find them; each is timed by the host's nova-compute, whose
+    # boot-time parameters come from its own last boots once there are [yolo] learn_from_boots.
     for host in INSTANCES:
-        print('==> warm-up boot on %s (untimed)' % host, flush=True)
-        warm_up = admin.compute.create_server(
-            name='scheduling-warm-up', image_id=image.id, flavor_id=admin_flavor.id,
-            networks='none', availability_zone='nova:%s' % host)
-        admin.compute.wait_for_server(warm_up, wait=args.timeout)
-        admin.compute.delete_server(warm_up)
-        admin.compute.wait_for_delete(warm_up, wait=args.timeout)
+        for number in range(1, args.warm_ups + 1):
+            active, ready, _ = cloud.boot_servers(
+                admin, admin, image, admin_flavor, 'scheduling-warm-up', 1, args.timeout,
+                availability_zone='nova:%s' % host)
+            print('==> warm-up boot %d on %s: ACTIVE to ready %.1f s' % (
+                number, host, ready - active), flush=True)
     requests = []
     try:
         for setting in args.yolo:
@@ -229,8 +237,8 @@ def main(argv=None):
             for busy in (FIRST_HOST, SECOND_HOST):
                 with contention(busy, args.stressors) as settled:
                     loads = wait_for_reports(INSTANCES, settled)
-                    print('==> YOLO %s, %s under contention: reported I/O %s' % (
-                        setting, busy, loads), flush=True)
+                    print('==> YOLO %s, %s under contention: reported I/O %s, parameters %s'
+                          % (setting, busy, loads, reported_parameters(INSTANCES)), flush=True)
                     for number in range(1, args.requests + 1):
                         landed, boot, predicted = request(
                             user, admin, image, flavor,

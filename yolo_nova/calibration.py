@@ -104,3 +104,81 @@ def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0, acc
                        disk_iops=disk_iops, disk_bytes_per_second=disk_bytes_per_second,
                        accel=accel, measured_at=time.time(),
                        details={'normal_boots': normal, 'yolo_boots': yolo})
+
+
+# The boots nova-compute keeps and learns from: the last ones, so that a host's parameters follow
+# its guests and its hardware as they change.
+OBSERVED_BOOTS_KEPT = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservedBoot:
+    """A guest nova-compute started and timed, from its start to its ready line, with the load
+    the host reported when the boot was asked for (what the scheduler predicted from)."""
+    started_at: float           # Unix time
+    seconds: float              # from the guest's start to its ready line
+    cpu_seconds: float          # its busiest vCPU's running time up to then
+    boot_image: bool            # its disk was served from a verified boot image
+    io_utilisation: float
+    cpu_utilisation: float
+    runnable: float = None
+    concurrent_boots: int = 0   # other timed boots under way when it started
+    accel: str = ''
+
+
+def load_observed(path):
+    """The observed boots kept in ``path`` ([] if none; a broken file raises ValueError)."""
+    try:
+        with open(path) as f:
+            return [ObservedBoot(**boot) for boot in json.load(f)]
+    except FileNotFoundError:
+        return []
+    except (OSError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError('%s: not a list of observed boots: %s' % (path, e))
+
+
+def save_observed(boots, path):
+    """Keeps the last OBSERVED_BOOTS_KEPT of ``boots`` in ``path``."""
+    tmp = '%s.%d.tmp' % (path, os.getpid())
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(tmp, 'w') as f:
+        json.dump([dataclasses.asdict(boot) for boot in boots[-OBSERVED_BOOTS_KEPT:]], f,
+                  indent=1)
+        f.write('\n')
+    os.replace(tmp, path)
+
+
+def io_part_at_idle(boot, beta, cpus, io_exponent):
+    """The I/O part an observed boot had at idle: the model solved for alpha with the boot's
+    measured time, load and concurrent boots (the CPU part with ``beta``); at least 0."""
+    others = max(0, boot.concurrent_boots)
+    cpu = boot_model.cpu_time(beta, boot.cpu_utilisation, boot.runnable) \
+        * max(1.0, (1 + others) / cpus)
+    loaded = boot_model.io_time(1.0, boot.io_utilisation, io_exponent) * (1 + others)
+    return max(0.0, (boot.seconds - cpu) / loaded)
+
+
+def with_observed_boots(known, boots, min_boots):
+    """``known`` with the parameters the host's own boots give, each where at least
+    ``min_boots`` boots measure it (medians): beta, the vCPU time of boots served from a boot
+    image (the CPU a guest needs: under TCG a normal boot's vCPU also spins while its reads wait,
+    see from_boots); alpha_yolo and alpha, what those and normal boots took beyond it, brought
+    back to an idle host through the model. ``boots`` are of this host's accelerator."""
+    if min_boots <= 0:
+        return known
+    served = [b for b in boots if b.boot_image]
+    normal = [b for b in boots if not b.boot_image]
+    fields = {}
+    beta = known.beta
+    if len(served) >= min_boots:
+        beta = fields['beta'] = round(statistics.median(b.cpu_seconds for b in served), 3)
+    for name, kind in (('alpha_yolo', served), ('alpha', normal)):
+        if len(kind) >= min_boots:
+            fields[name] = round(statistics.median(
+                io_part_at_idle(b, beta, known.cpus, known.io_exponent) for b in kind), 3)
+    if not fields:
+        return known
+    details = dict(known.details, observed_boots={'boot_image': len(served),
+                                                  'normal': len(normal),
+                                                  'learned': sorted(fields)})
+    return dataclasses.replace(known, details=details, **fields)

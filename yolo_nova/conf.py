@@ -222,6 +222,28 @@ of time the disk was busy. Unset: from ``calibration_file``.
         help="""
 Bytes per second the instance disk sustains. Unset: from ``calibration_file``.
 """),
+    cfg.StrOpt(
+        'boot_ready_pattern', default=r'login: *$',
+        help="""
+A regular expression (Python's, multi-line) that a guest's console matches once it has booted:
+each guest spawned on this host is timed from its start to it, and the last boots give the
+boot-time parameters the host reports (``learn_from_boots``). The default matches the login
+prompt that cloud images print on their serial console. Empty: no boot is timed.
+"""),
+    cfg.FloatOpt(
+        'boot_ready_timeout', default=600.0, min=1.0,
+        help="Seconds after its start a guest's boot stops being timed if it is not ready."),
+    cfg.StrOpt(
+        'observed_boots_file', default='$state_path/yolo/observed-boots.json',
+        help="Where nova-compute keeps the last boots it timed (``boot_ready_pattern``)."),
+    cfg.IntOpt(
+        'learn_from_boots', default=3, min=0,
+        help="""
+How many timed boots of a kind (served from a boot image, or not) this host needs before it
+reports the parameters they give instead of ``calibration_file``'s: beta and ``alpha_yolo`` from
+boots served from a boot image, alpha from the others (medians of the last 20, brought back to
+an idle host through the model). 0: never; the ``boot_time_*`` options above win either way.
+"""),
 ]
 
 

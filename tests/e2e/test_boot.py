@@ -1,7 +1,10 @@
 """A public image, its boot image, and a non-admin user of another project booting from it."""
 
 import configparser
+import json
+import pathlib
 import subprocess
+import time
 
 import pytest
 
@@ -38,6 +41,7 @@ def test_plain_upload_publishes_a_hidden_linked_boot_image(published_boot_image)
 
 def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(published_boot_image):
     source, boot_image_id = published_boot_image
+    started = time.time()
     server = create_server('aio-demo', source['id'], 'e2e-boot')
     try:
         name = base_file_name(source['id'])
@@ -54,6 +58,13 @@ def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(publishe
         assert metrics[('yolofs_read_bytes_total', (('file', name), ('from', 'boot_image')))] \
             >= stats['bytes_memory']
         assert metrics[('yolofs_boot_image_loads_total', ())] >= 1
+        # nova-compute timed the boot to its ready line, for the host's boot-time parameters.
+        observed = pathlib.Path('/var/lib/nova/yolo/observed-boots.json')
+        boots = wait_until('the boot timed by nova-compute', 60, lambda: [
+            b for b in json.loads(observed.read_text() if observed.exists() else '[]')
+            if b['started_at'] >= started])
+        assert boots[0]['boot_image'] is True and boots[0]['accel'] == 'tcg', boots
+        assert 0 < boots[0]['cpu_seconds'] <= boots[0]['seconds'] + 5, boots
         # The compute node fetched the published boot image and installed it through yolofs.
         log = subprocess.run(['grep', '-c', 'Installed verified boot image %s' % boot_image_id,
                               '/var/log/yolo-aio/nova-compute.log'],

@@ -157,7 +157,8 @@ class DriverTestCase(nova_base.NoDBTestCase):
         self.flags(images_type='qcow2', virt_type='qemu', group='libvirt')
         self.flags(mount_point=str(self.mount), download_dir=str(self.downloads),
                    control_socket=str(self.root / 'control.sock'),
-                   calibration_file=str(self.root / 'calibration.json'), group='yolo')
+                   calibration_file=str(self.root / 'calibration.json'),
+                   observed_boots_file=str(self.root / 'observed-boots.json'), group='yolo')
         self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
                                                     'yolo.YoloLibvirtDriver')
         self.glance = FakeImageAPI()
@@ -759,6 +760,52 @@ class TestHostStats(DriverTestCase):
         stats = self.resources(())
         self.assertEqual('false', stats['yolo_active'])
         self.assertIsNone(host_stats.from_stats(stats, max_age=300))
+
+
+class TestBootTiming(DriverTestCase):
+    """Each guest spawned is timed, with what the scheduler predicted its boot from."""
+
+    def setUp(self):
+        super().setUp()
+        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            libvirt_driver.LibvirtDriver, 'spawn',
+            side_effect=lambda *args, **kwargs: self.create_root_disk()))
+        self.watch = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            self.drvr.yolo_boot_timer, 'watch')).mock
+        self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5,
+                                              'runnable_per_cpu': 0.75}
+
+    def spawn(self, **kwargs):
+        self.drvr.spawn(self.context, self.instance, None, [], None, {}, **kwargs)
+
+    def test_a_boot_from_its_boot_image_is_timed_with_the_hosts_load(self):
+        self.publish_boot_image()
+        self.spawn()
+        self.watch.assert_called_once_with(self.instance, {
+            'io_utilisation': 0.25, 'cpu_utilisation': 0.5, 'runnable': 0.75,
+            'concurrent_boots': 0, 'boot_image': True})
+
+    def test_a_boot_without_one_is_timed_as_a_normal_boot(self):
+        self.spawn()
+        self.assertFalse(self.watch.call_args.args[1]['boot_image'])
+
+    def test_nothing_is_timed_without_yolofs_a_start_or_a_pattern(self):
+        self.yolofs_down()
+        self.spawn()
+        self.yolofs_up()
+        self.spawn(power_on=False)
+        self.client.host_load.return_value = {'io_utilisation': 0.1}   # no cpu_utilisation
+        with self.assertLogs(yolo_driver.LOG.logger, 'WARNING'):
+            self.spawn()
+        self.client.host_load.return_value = {'io_utilisation': 0.1, 'cpu_utilisation': 0.1}
+        with mock.patch.object(self.drvr, '_served_from_boot_image', side_effect=OSError):
+            self.spawn()
+        self.watch.assert_not_called()
+        self.flags(boot_ready_pattern='', group='yolo')
+        self.assertIsNone(self.drvr._make_boot_timer())
+        self.flags(boot_ready_pattern='login: (', group='yolo')
+        with self.assertLogs(yolo_driver.LOG.logger, 'ERROR'):
+            self.assertIsNone(self.drvr._make_boot_timer())
 
 
 class TestFailedFirstBoot(DriverTestCase):

@@ -51,3 +51,47 @@ def test_io_utilisation_is_throughput_when_capacity_is_known():
     # The busier of the two limits; never above 1.
     assert calibration.io_utilisation(load, 300.0, 150e6) == pytest.approx(0.8)
     assert calibration.io_utilisation(load, 30.0, 150e6) == 1.0
+
+
+def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0):
+    return calibration.ObservedBoot(
+        started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds, boot_image=boot_image,
+        io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others)
+
+
+def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2,
+                                    io_exponent=0.0)
+    # The true host: beta 30, alpha 8, alpha_yolo 1. Boots under I/O load x take
+    # alpha / (1 - x) for their I/O (k = 0), under CPU load y beta / (1 - y), and with one
+    # other boot under way twice the I/O part (the CPU part only beyond the 2 CPUs).
+    boots = [observed(31.0, 30.0, True), observed(30.0 + 1.0 / 0.5, 30.2, True, io=0.5),
+             observed(30.0 / 0.6 + 1.0, 29.8, True, cpu=0.4),
+             observed(38.0, 45.0, False), observed(30.0 + 8.0 / 0.2, 60.0, False, io=0.8),
+             observed(30.0 + 2 * 8.0, 40.0, False, others=1)]
+    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    assert (learned.alpha, learned.beta, learned.alpha_yolo) == (8.0, 30.0, 1.0)
+    assert learned.details['observed_boots'] == {'boot_image': 3, 'normal': 3,
+                                                 'learned': ['alpha', 'alpha_yolo', 'beta']}
+    assert (learned.cpus, learned.io_exponent) == (2, 0.0)
+
+
+def test_too_few_observed_boots_leave_the_parameters_as_they_were(tmp_path):
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=1)
+    boots = [observed(31.0, 30.0, True), observed(38.0, 45.0, False)]
+    assert calibration.with_observed_boots(known, boots, min_boots=2) == known
+    assert calibration.with_observed_boots(known, boots * 2, min_boots=0) == known
+    # A boot faster than its CPU part gives an I/O part of 0, never a negative one.
+    fast = calibration.with_observed_boots(known, [observed(10.0, 30.0, False)], min_boots=1)
+    assert fast.alpha == 0.0
+
+
+def test_observed_boots_file_keeps_the_last_ones(tmp_path):
+    path = str(tmp_path / 'state' / 'observed-boots.json')
+    assert calibration.load_observed(path) == []
+    boots = [observed(float(i), 1.0, False) for i in range(30)]
+    calibration.save_observed(boots, path)
+    assert calibration.load_observed(path) == boots[-calibration.OBSERVED_BOOTS_KEPT:]
+    (tmp_path / 'state' / 'observed-boots.json').write_text('[{"seconds": 1}]')
+    with pytest.raises(ValueError, match='not a list of observed boots'):
+        calibration.load_observed(path)

@@ -486,6 +486,9 @@ $(service_auth_section placement nova)
 $(service_auth_section neutron nova)
 [glance]
 region_name = $AIO_REGION
+[yolo]
+# The test image prints no login prompt: its ready line times each boot (docs/scheduling.md).
+boot_ready_pattern = YOLO-GUEST-READY
 EOF
     install -m 0644 "$AIO_VENV/etc/nova/api-paste.ini" /etc/nova/api-paste.ini
     install_nova_rootwrap

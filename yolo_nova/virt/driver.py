@@ -16,11 +16,15 @@ What it changes, and where (docs/nova-driver.md has the full list of Nova's path
 * Once a guest's boot is over, its disks move live from the mount to ``_base``
   (:mod:`yolo_nova.virt.detach`): a running guest never depends on yolofs after its boot.
 * Host load, verified boot images and boot-time parameters go to the scheduler in the node's
-  ``stats``; after the image cache manager's cleanups yolofs prunes its boot image store.
+  ``stats``; the parameters are learned from the guests spawned here, timed to their ready line
+  (:mod:`yolo_nova.virt.boot_timer`). After the image cache manager's cleanups yolofs prunes
+  its boot image store.
 """
 
+import dataclasses
 import functools
 import os
+import re
 import time
 
 from lxml import etree
@@ -44,6 +48,7 @@ from yolo_nova import conf as yolo_conf
 from yolo_nova import host_stats
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
+from yolo_nova.virt import boot_timer
 from yolo_nova.virt import detach
 from yolo_nova.virt import first_boot
 from yolo_nova.virt import imagebackend
@@ -97,6 +102,20 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         self.yolo_detacher = detach.Detacher(
             self.yolo_backing, self._yolo_guest, CONF.yolo.detach_settle_seconds,
             CONF.yolo.detach_max_seconds) if CONF.yolo.detach_after_boot else None
+        self.yolo_boot_timer = self._make_boot_timer()
+
+    def _make_boot_timer(self):
+        if not CONF.yolo.boot_ready_pattern:
+            return None
+        try:
+            return boot_timer.BootTimer(
+                CONF.yolo.observed_boots_file, CONF.yolo.boot_ready_pattern,
+                CONF.yolo.boot_ready_timeout, self._yolo_console, self._yolo_vcpu_seconds,
+                accel=calibration.accel_of_virt_type(CONF.libvirt.virt_type) or '')
+        except re.error as e:
+            LOG.error('[yolo] boot_ready_pattern %r is not a regular expression (%s): boots '
+                      'are not timed', CONF.yolo.boot_ready_pattern, e)
+            return None
 
     def init_host(self, host):
         super().init_host(host)
@@ -150,6 +169,67 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         except Exception:
             return None
         return libvirt_guest.Guest(domain)
+
+    def spawn(self, context, instance, image_meta, injected_files, admin_password,
+              allocations, network_info=None, block_device_info=None, power_on=True,
+              accel_info=None):
+        conditions = self._boot_conditions(instance) if power_on else None
+        super().spawn(context, instance, image_meta, injected_files, admin_password,
+                      allocations, network_info=network_info,
+                      block_device_info=block_device_info, power_on=power_on,
+                      accel_info=accel_info)
+        if conditions is None:
+            return
+        # Timing a boot never fails a spawn.
+        try:
+            conditions['boot_image'] = self._served_from_boot_image(instance)
+            if conditions['boot_image'] is not None:
+                self.yolo_boot_timer.watch(instance, conditions)
+        except Exception:
+            LOG.exception('Not timing the boot', instance=instance)
+
+    def _boot_conditions(self, instance):
+        """The host's load and boots under way as a boot is asked for (the ObservedBoot
+        fields the scheduler predicted from), None if the boot is not to be timed."""
+        if self.yolo_boot_timer is None or self.yolo_backing.status() is None:
+            return None
+        try:
+            load = self.yolo_backing.client.host_load()
+            known = self._calibration()
+            return dict(io_utilisation=calibration.io_utilisation(
+                            load, known.disk_iops, known.disk_bytes_per_second),
+                        cpu_utilisation=float(load['cpu_utilisation']),
+                        runnable=load.get('runnable_per_cpu'),
+                        # Boots still under way: at most twice an idle boot's time ago.
+                        concurrent_boots=self.yolo_boot_timer.in_progress(
+                            younger_than=2 * (known.alpha + known.beta)))
+        except Exception as e:
+            LOG.warning('Not timing the boot: no host load from yolofs (%s)', e,
+                        instance=instance)
+            return None
+
+    def _served_from_boot_image(self, instance):
+        """Whether the new guest's root disk is served from a verified boot image; None if
+        its boot says nothing of this host's boots: a first boot before the download (the fill
+        shares the link and the disk), or a root disk yolofs does not back."""
+        root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
+        info = backing.backing_info(root) if os.path.exists(root) else None
+        if info is None:
+            return None
+        name = os.path.basename(info[0])
+        if name != first_boot.base_name_of(name) or (
+                self.yolo_first_boots is not None and self.yolo_first_boots.running(name)):
+            return None
+        if self.yolo_backing.directory_of(info[0]) != 'mount':
+            return False
+        return self.yolo_boot_images.has_boot_image(name, self.yolo_backing.status())
+
+    def _yolo_console(self, instance):
+        return self.get_console_output(nova_context.get_admin_context(), instance)
+
+    def _yolo_vcpu_seconds(self, instance):
+        guest = self._host.get_guest(instance)
+        return max((vcpu.time for vcpu in guest.get_vcpus_info()), default=0) / 1e9
 
     # Every path that starts a guest goes through here.
     def _create_guest(self, context, xml, instance, power_on=True, pause=False,
@@ -278,21 +358,22 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         except (OSError, ValueError, yolofs.YolofsError) as e:
             LOG.warning('yolofs did not report the host load: %s', e)
             return {'yolo_active': 'false'}
-        known = self._calibration()
+        cpus = max(1, int(resources.get('vcpus') or os.cpu_count() or 1))
+        known = self._calibration(cpus)
         state = host_stats.HostBootState(
             io_utilisation=calibration.io_utilisation(load, known.disk_iops,
                                                       known.disk_bytes_per_second),
             cpu_utilisation=float(load['cpu_utilisation']),
             params=boot_model.BootTimeParameters(
                 alpha=known.alpha, beta=known.beta, alpha_yolo=known.alpha_yolo,
-                cpus=max(1, int(resources.get('vcpus') or os.cpu_count() or 1)),
-                io_exponent=known.io_exponent),
+                cpus=cpus, io_exponent=known.io_exponent),
             boot_images=frozenset(self.yolo_boot_images.verified_image_ids(status)),
             updated_at=time.time(), runnable=load.get('runnable_per_cpu'))
         return dict(state.to_stats(), yolo_active='true')
 
-    def _calibration(self):
-        """nova.conf's [yolo] values, else the calibration file's, else UNCALIBRATED's."""
+    def _calibration(self, cpus=1):
+        """nova.conf's [yolo] values, else what the guests spawned here measured (boot_timer),
+        else the calibration file's, else UNCALIBRATED's."""
         try:
             measured = calibration.load(CONF.yolo.calibration_file)
         except ValueError as e:
@@ -306,16 +387,19 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                         CONF.yolo.calibration_file, measured.accel, accel,
                         CONF.libvirt.virt_type)
             measured = None
+        known = dataclasses.replace(measured or UNCALIBRATED, cpus=cpus)
+        if self.yolo_boot_timer is not None:
+            known = calibration.with_observed_boots(known, self.yolo_boot_timer.observed(),
+                                                    CONF.yolo.learn_from_boots)
         fields = {}
         for option, field in (('boot_time_alpha', 'alpha'), ('boot_time_beta', 'beta'),
                               ('boot_time_alpha_yolo', 'alpha_yolo'), ('disk_iops', 'disk_iops'),
                               ('disk_bytes_per_second', 'disk_bytes_per_second'),
                               ('io_exponent', 'io_exponent')):
             value = getattr(CONF.yolo, option)
-            if value is None:
-                value = getattr(measured or UNCALIBRATED, field)
-            fields[field] = value
-        return calibration.Calibration(cpus=1, **fields)
+            if value is not None:
+                fields[field] = value
+        return dataclasses.replace(known, **fields)
 
 
 def serialized_with_detach(method):

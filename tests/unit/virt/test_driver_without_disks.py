@@ -68,14 +68,22 @@ class TestAvailableResource(nova_base.NoDBTestCase):
 
 
 class TestCalibration(nova_base.NoDBTestCase):
-    """The calibration file counts only if its boots ran under this host's accelerator."""
+    """The parameters a host reports: nova.conf's, else its own timed boots', else the
+    calibration file's if its boots ran under this host's accelerator."""
+
+    def setUp(self):
+        super().setUp()
+        self.useFixture(nova_fixtures.LibvirtFixture())
+        self.tmp = self.useFixture(fixtures.TempDir())
+        self.flags(calibration_file=self.tmp.join('calibration.json'),
+                   observed_boots_file=self.tmp.join('observed-boots.json'), group='yolo')
+        self.flags(virt_type='qemu', group='libvirt')
+        calibration.save(calibration.from_boots([(10.0, 3.0)], [(4.0, 3.5)], cpus=2,
+                                                accel='tcg'), self.tmp.join('calibration.json'))
+        self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
+                                                    'yolo.YoloLibvirtDriver')
 
     def test_a_file_from_another_accelerator_is_ignored(self):
-        path = self.useFixture(fixtures.TempDir()).join('calibration.json')
-        self.flags(calibration_file=path, group='yolo')
-        calibration.save(calibration.from_boots([(10.0, 3.0)], [(4.0, 3.5)], cpus=2,
-                                                accel='tcg'), path)
-        self.flags(virt_type='qemu', group='libvirt')
         self.assertEqual((6.5, 3.5, 0.5), self._parameters())
         self.flags(virt_type='kvm', group='libvirt')
         with self.assertLogs(yolo_driver.LOG.logger, 'WARNING') as logs:
@@ -84,8 +92,27 @@ class TestCalibration(nova_base.NoDBTestCase):
                                                   yolo_driver.UNCALIBRATED.alpha_yolo))
         self.assertIn('its boots ran under tcg', logs.output[0])
 
+    def test_the_hosts_own_boots_win_over_the_file_and_nova_conf_over_both(self):
+        def boot(seconds, cpu_seconds, boot_image, accel='tcg'):
+            return calibration.ObservedBoot(
+                started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds,
+                boot_image=boot_image, io_utilisation=0.0, cpu_utilisation=0.0, accel=accel)
+        served = [boot(31.0, 30.0, True), boot(32.0, 30.5, True), boot(30.5, 29.5, True)]
+        calibration.save_observed(served + [boot(36.0, 35.0, False)] * 2
+                                  + [boot(99.0, 99.0, True, accel='kvm')] * 3,
+                                  self.tmp.join('observed-boots.json'))
+        # Three boots from a boot image (the default learn_from_boots): beta and alpha_yolo
+        # are theirs; two normal ones are not enough for alpha; the KVM boots do not count.
+        self.assertEqual((6.5, 30.0, 1.0), self._parameters())
+        self.flags(learn_from_boots=2, group='yolo')
+        self.assertEqual((6.0, 30.0, 1.0), self._parameters())
+        self.flags(boot_time_beta=20.0, group='yolo')
+        self.assertEqual((6.0, 20.0, 1.0), self._parameters())
+        self.flags(learn_from_boots=0, boot_time_beta=None, group='yolo')
+        self.assertEqual((6.5, 3.5, 0.5), self._parameters())
+
     def _parameters(self):
-        known = yolo_driver.YoloLibvirtDriver._calibration(None)
+        known = self.drvr._calibration()
         return known.alpha, known.beta, known.alpha_yolo
 
 

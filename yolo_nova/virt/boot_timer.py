@@ -1,0 +1,138 @@
+"""The boots nova-compute makes, timed: from a guest's start to its ready line on the console.
+
+The boot-time model's parameters (docs/scheduling.md) come from ``yolo-calibrate``'s boots,
+which QEMU makes without libvirt and Nova: not the guests this host runs (their machine type,
+devices, cache mode, image and flavor). Each guest Nova spawns here is timed instead, from the
+moment its QEMU runs to the first line of its console that matches ``[yolo] boot_ready_pattern``
+(a login prompt by default), with its busiest vCPU's running time then, whether its disk was
+served from a boot image, and the host's load and boots under way when it was asked for. The last
+boots are kept in ``[yolo] observed_boots_file`` and the driver reports the parameters they give
+(:func:`yolo_nova.calibration.with_observed_boots`).
+
+The console is read as Nova reads it for ``openstack console log show``: libvirt truncates it at
+each start of QEMU, so whatever matches was printed by this boot. Guests are untrusted: one that
+prints the pattern early or late only moves one of the last boots the medians are taken over,
+within a boot's real range (see docs/scheduling.md for what a tenant can and cannot do with it).
+"""
+
+import queue
+import re
+import threading
+import time
+
+from oslo_log import log as logging
+
+from yolo_nova import calibration
+
+LOG = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0
+# Of a console, the tail that is searched for the ready line (Nova keeps 100 KiB of it).
+CONSOLE_TAIL_BYTES = 64 << 10
+
+
+class Timing:
+    """A guest booting, until its ready line shows up."""
+
+    def __init__(self, instance, started, conditions):
+        self.instance = instance
+        self.started = started          # time.monotonic() when its QEMU was running
+        self.started_at = time.time()
+        self.conditions = conditions    # the ObservedBoot fields known at its start
+
+
+class BootTimer:
+    """Times started guests on a thread of its own and keeps their boots in ``path``.
+
+    ``read_console(instance)``: the guest's console output (bytes or str; raises once the guest
+    is gone); ``vcpu_seconds(instance)``: its busiest vCPU's running time.
+    """
+
+    def __init__(self, path, ready_pattern, timeout, read_console, vcpu_seconds, accel=''):
+        self.path = path
+        self.ready = re.compile(ready_pattern.encode(), re.MULTILINE)
+        self.timeout = timeout
+        self.read_console = read_console
+        self.vcpu_seconds = vcpu_seconds
+        self.accel = accel
+        self._incoming = queue.Queue()
+        self._timing = {}
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def in_progress(self, younger_than=float('inf')):
+        """Boots being timed (started, not yet ready) that started less than ``younger_than``
+        seconds ago: a guest that never prints its ready line is timed until the timeout, but
+        is no longer booting long before that."""
+        now = time.monotonic()
+        with self._lock:
+            return self._incoming.qsize() + sum(
+                now - timing.started < younger_than for timing in self._timing.values())
+
+    def watch(self, instance, conditions):
+        """Times the boot of ``instance``, whose QEMU runs now."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name='yolo-boot-timer',
+                                                daemon=True)
+                self._thread.start()
+        self._incoming.put(Timing(instance, time.monotonic(), conditions))
+
+    def observed(self):
+        """The boots kept, of this host's accelerator ([] if the file is unreadable)."""
+        try:
+            boots = calibration.load_observed(self.path)
+        except ValueError as e:
+            LOG.warning('Ignoring the observed boots: %s', e)
+            return []
+        return [boot for boot in boots if boot.accel == self.accel]
+
+    def _run(self):
+        while True:
+            try:
+                timing = self._incoming.get(timeout=POLL_SECONDS)
+                with self._lock:
+                    self._timing[timing.instance.uuid] = timing
+            except queue.Empty:
+                pass
+            for uuid, timing in list(self._timing.items()):
+                try:
+                    done = self._check(timing)
+                except Exception:
+                    LOG.exception('Timing the boot of instance %s', uuid)
+                    done = True
+                if done:
+                    with self._lock:
+                        del self._timing[uuid]
+
+    def _check(self, timing):
+        """Records the boot if its guest is ready; whether it is done with (ready, gone or
+        past the timeout)."""
+        elapsed = time.monotonic() - timing.started
+        if elapsed > self.timeout:
+            LOG.info('No ready line on the console %.0f s after the start: not timed',
+                     elapsed, instance=timing.instance)
+            return True
+        try:
+            console = self.read_console(timing.instance)
+        except Exception as e:
+            LOG.debug('Not timing the boot further: %s', e, instance=timing.instance)
+            return True
+        if isinstance(console, str):
+            console = console.encode(errors='replace')
+        if not self.ready.search(console[-CONSOLE_TAIL_BYTES:]):
+            return False
+        boot = calibration.ObservedBoot(
+            started_at=timing.started_at, seconds=round(elapsed, 2),
+            cpu_seconds=round(self.vcpu_seconds(timing.instance), 2), accel=self.accel,
+            **timing.conditions)
+        LOG.info('Guest ready %.1f s after its start (vCPU %.1f s, %s)', boot.seconds,
+                 boot.cpu_seconds, 'from its boot image' if boot.boot_image else 'normal',
+                 instance=timing.instance)
+        try:
+            boots = calibration.load_observed(self.path)
+        except ValueError as e:
+            LOG.warning('Starting the observed boots again: %s', e)
+            boots = []
+        calibration.save_observed(boots + [boot], self.path)
+        return True
