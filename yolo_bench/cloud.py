@@ -2,6 +2,7 @@
 the guest's ready marker, per policy, the page cache dropped before each boot.
 
     python -m yolo_bench.cloud [--repetitions 3] [--storage hdd --stressors 0,8] [--servers 1,4]
+                               [--images same,distinct]
 
 Policies: ``off`` is yolofs stopped on the compute node (the driver then backs instance disks on
 ``_base``, Nova's own behaviour), ``on`` is YOLO, ``warm`` is ``off`` with the base file read into
@@ -9,7 +10,9 @@ the page cache first (which helps only where Nova's cache mode goes through the 
 report gives the mode Nova chose, read from the guest's domain XML). Runs are interleaved:
 repetition by repetition, condition by condition, policy by policy, so that the machine's noise
 falls on all alike. Servers are created as a non-admin user with ``--nic none``; ``--servers N``
-creates N at once (``--min N --max N``) and reports the last of them.
+creates N at once (``--min N --max N``) and reports the last of them; with ``--images distinct``,
+N servers of N distinct images (the image and copies of it uploaded as other public images: each
+its own base file, boot image and page cache), a request each in quick succession.
 
 Storage ``hdd``: for the run, the compute node's instances directory (``_base`` included) is the
 boot benchmark's emulated HDD (``yolo_bench.storage.ThrottledDisk``, mounted over it), and every
@@ -41,6 +44,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 AIO = REPO / 'tools' / 'aio' / 'aio'
 READY_MARKER = 'YOLO-GUEST-READY'
 POLICIES = ('off', 'on', 'warm')
+IMAGE_KINDS = ('same', 'distinct')
 INSTANCES = pathlib.Path('/var/lib/nova/instances')
 AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
 # Read by tools/aio/libvirt-qemu-hook: the cgroup guests join as they start.
@@ -57,6 +61,7 @@ class Boot:
     active_seconds: float       # until the last server was ACTIVE
     ready_seconds: float        # until the last guest was ready
     cache: str                  # Nova's cache mode for the root disk (domain XML)
+    images: str = 'same'        # the servers' image: one for all, or 'distinct' images
 
 
 def drop_caches():
@@ -140,17 +145,23 @@ class GuestFailed(Exception):
 
 
 def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=None, **placement):
-    """Creates ``count`` servers at once; returns (seconds until the last is ACTIVE, seconds
-    until the last guest is ready, the cache mode); deletes them. ``on_active(servers)`` is
-    called once all are ACTIVE; ``placement``: more arguments of the request (an admin's
-    ``availability_zone='nova:HOST'``)."""
+    """Creates ``count`` servers at once (one request, ``--min``/``--max``), or with a list of
+    images one server of each (a request each, in quick succession); returns (seconds until the
+    last is ACTIVE, seconds until the last guest is ready, the cache mode); deletes them.
+    ``on_active(servers)`` is called once all are ACTIVE; ``placement``: more arguments of the
+    requests (an admin's ``availability_zone='nova:HOST'``)."""
     started = time.monotonic()
-    first = conn.compute.create_server(name=name, image_id=image.id, flavor_id=flavor.id,
-                                       networks='none', min_count=count, max_count=count,
-                                       **placement)
-    servers = [first] if count == 1 else wait(
-        'servers %s' % name, 60,
-        lambda: [s for s in conn.compute.servers(name='^%s-' % name)] or None)
+    if isinstance(image, list):
+        servers = [conn.compute.create_server(name='%s-%d' % (name, number), image_id=one.id,
+                                              flavor_id=flavor.id, networks='none', **placement)
+                   for number, one in enumerate(image, 1)]
+    else:
+        first = conn.compute.create_server(name=name, image_id=image.id, flavor_id=flavor.id,
+                                           networks='none', min_count=count, max_count=count,
+                                           **placement)
+        servers = [first] if count == 1 else wait(
+            'servers %s' % name, 60,
+            lambda: [s for s in conn.compute.servers(name='^%s-' % name)] or None)
     try:
         assert len(servers) == count, (name, [s.name for s in servers])
 
@@ -216,34 +227,37 @@ def summary(boots):
     """One row per condition (stressors, servers at once), one column per policy: the median
     time to ready (min-max) and to ACTIVE; then off/on and warm/on."""
     policies = [p for p in POLICIES if any(b.policy == p for b in boots)]
-    conditions = list(dict.fromkeys((b.stressors, b.servers) for b in boots))
+    conditions = list(dict.fromkeys((b.stressors, b.servers, b.images) for b in boots))
     head = ['I/O stressors', 'servers at once', 'cache'] + \
         ['%s: ready s (min-max), ACTIVE s' % p for p in policies]
     head += ['%s / on' % p for p in policies if p != 'on' and 'on' in policies]
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * 3 + '---:|' * (len(head) - 3)]
     medians = {}
-    for stressors, servers in conditions:
-        of_condition = [b for b in boots if (b.stressors, b.servers) == (stressors, servers)]
-        cells = [str(stressors), str(servers),
+    for condition in conditions:
+        stressors, servers, kind = condition
+        of_condition = [b for b in boots if (b.stressors, b.servers, b.images) == condition]
+        cells = [str(stressors), str(servers) if servers == 1 or kind == 'same'
+                 else '%d (distinct images)' % servers,
                  '/'.join(sorted({b.cache for b in of_condition}))]
         for policy in policies:
             ready = [b.ready_seconds for b in of_condition if b.policy == policy]
             active = [b.active_seconds for b in of_condition if b.policy == policy]
-            medians[stressors, servers, policy] = statistics.median(ready)
+            medians[condition, policy] = statistics.median(ready)
             cells.append('%.1f (%.1f-%.1f), %.1f' % (statistics.median(ready), min(ready),
                                                      max(ready), statistics.median(active)))
         if 'on' in policies:
-            on = medians[stressors, servers, 'on']
-            cells += ['%.2f' % (medians[stressors, servers, p] / on)
-                      for p in policies if p != 'on']
+            on = medians[condition, 'on']
+            cells += ['%.2f' % (medians[condition, p] / on) for p in policies if p != 'on']
         lines.append('| ' + ' | '.join(cells) + ' |')
-    idle = medians.get((0, 1, 'on'))
+    idle = medians.get(((0, 1, 'same'), 'on'))
     if idle:
         lines.append('')
-        for stressors, servers in conditions:
+        for condition in conditions:
+            stressors, servers, kind = condition
             if (stressors, servers) != (0, 1):
-                lines.append('YOLO on with %d stressors, %d servers / YOLO on idle: %.2f' % (
-                    stressors, servers, medians[stressors, servers, 'on'] / idle))
+                lines.append('YOLO on with %d stressors, %d servers%s / YOLO on idle: %.2f' % (
+                    stressors, servers, ' of distinct images' if kind == 'distinct' else '',
+                    medians[condition, 'on'] / idle))
     return '\n'.join(lines)
 
 
@@ -282,6 +296,11 @@ def parse_args(argv):
                              '(hdd only; default: 0)')
     parser.add_argument('--servers', type=_list, default=[1],
                         help='servers created at once, comma-separated (default: 1)')
+    parser.add_argument('--images', type=comma_separated(IMAGE_KINDS, 'kind of images'),
+                        default=['same'],
+                        help='several servers at once boot the same image (one request) or '
+                             'distinct images (copies of it, a request each), comma-separated '
+                             '(default: same)')
     parser.add_argument('--cloud', default='aio-demo',
                         help='clouds.yaml cloud that creates the servers (default: %(default)s)')
     parser.add_argument('--admin-cloud', default='aio-admin',
@@ -309,10 +328,14 @@ def main(argv=None):
         sys.exit('this benchmark times boots on one compute host; these are up: %s (the '
                  'second host is for python -m yolo_bench.scheduling)' % ', '.join(computes))
     image = public_image(admin, args.image, args.image_file)
-    print('==> waiting for the boot image of %s' % args.image, flush=True)
-    wait_for_boot_image(admin, image, args.timeout)
+    # Distinct images: copies of the image, each its own Glance image, base file, boot image and
+    # page cache.
+    copies = [public_image(admin, '%s-copy-%d' % (args.image, number), args.image_file)
+              for number in range(1, max(args.servers) if 'distinct' in args.images else 1)]
+    for one in [image] + copies:
+        print('==> waiting for the boot image of %s' % one.name, flush=True)
+        wait_for_boot_image(admin, one, args.timeout)
     flavor = user.compute.find_flavor(args.flavor)
-    base = INSTANCES / '_base' / images.base_file_name(image.id)
     node = ComputeNode()
     boots, failed = [], []
     with contextlib.ExitStack() as stack:
@@ -323,20 +346,23 @@ def main(argv=None):
         # every later boot finds there (a host's first boot of an image is another benchmark).
         node.set_policy('on')
         print('==> warm-up boot (untimed)', flush=True)
-        boot_servers(user, admin, image, flavor, 'boot-times-warm-up', 1, args.timeout)
+        boot_servers(user, admin, [image] + copies, flavor, 'boot-times-warm-up',
+                     1 + len(copies), args.timeout)
+        conditions = [(stressors, servers, kind) for stressors in args.stressors
+                      for servers in args.servers for kind in args.images
+                      if servers > 1 or kind == 'same']
         try:
             for repetition in range(1, args.repetitions + 1):
-                for stressors in args.stressors:
-                    for servers in args.servers:
-                        for policy in args.policies:
-                            try:
-                                boots.append(measure(args, node, user, admin, image, flavor,
-                                                     base, policy, stressors, servers,
-                                                     repetition))
-                            except GuestFailed as e:
-                                failed.append('YOLO %s, %d stressors, %d servers, boot %d: %s'
-                                              % (policy, stressors, servers, repetition, e))
-                                print('==> %s' % failed[-1], flush=True)
+                for stressors, servers, kind in conditions:
+                    booted = image if kind == 'same' else [image] + copies[:servers - 1]
+                    for policy in args.policies:
+                        try:
+                            boots.append(measure(args, node, user, admin, booted, flavor,
+                                                 policy, stressors, servers, kind, repetition))
+                        except GuestFailed as e:
+                            failed.append('YOLO %s, %d stressors, %d servers (%s), boot %d: %s'
+                                          % (policy, stressors, servers, kind, repetition, e))
+                            print('==> %s' % failed[-1], flush=True)
         finally:
             node.set_policy('on')
     print()
@@ -347,25 +373,30 @@ def main(argv=None):
     return 0
 
 
-def measure(args, node, user, admin, image, flavor, base, policy, stressors, servers,
+def measure(args, node, user, admin, image, flavor, policy, stressors, servers, kind,
             repetition):
+    """One boot of ``servers`` servers of ``image`` (or of each of a list of images)."""
     from yolo_bench import runner
+    bases = [INSTANCES / '_base' / images.base_file_name(one.id)
+             for one in (image if isinstance(image, list) else [image])]
     node.set_policy(policy)
     if policy == 'on':
-        # yolofs has just started: its boot image is loaded (verified against the base file)
+        # yolofs has just started: its boot images are loaded (verified against the base files)
         # before the clock starts, as on a compute node where yolofs runs all along.
-        yolofs.ControlClient(YOLOFS_CONTROL_SOCKET).preload(base.name)
+        for base in bases:
+            yolofs.ControlClient(YOLOFS_CONTROL_SOCKET).preload(base.name)
     drop_caches()
     if policy == 'warm':
-        subprocess.run(['cat', str(base)], stdout=subprocess.DEVNULL, check=True)
-    name = 'boot-times-%s-%d-%d-%d' % (policy, stressors, servers, repetition)
+        subprocess.run(['cat'] + [str(base) for base in bases], stdout=subprocess.DEVNULL,
+                       check=True)
+    name = 'boot-times-%s-%d-%d-%s-%d' % (policy, stressors, servers, kind, repetition)
     with runner.io_stressors(node.disk, stressors):
         active, ready, cache = boot_servers(user, admin, image, flavor, name, servers,
                                             args.timeout)
-    boot = Boot(policy, stressors, servers, repetition, active, ready, cache)
-    print('==> YOLO %-4s %d stressors, %d servers, boot %d: ACTIVE after %.1f s, ready after '
-          '%.1f s (cache=%s)' % (policy, stressors, servers, repetition, active, ready, cache),
-          flush=True)
+    boot = Boot(policy, stressors, servers, repetition, active, ready, cache, kind)
+    print('==> YOLO %-4s %d stressors, %d servers (%s), boot %d: ACTIVE after %.1f s, ready '
+          'after %.1f s (cache=%s)' % (policy, stressors, servers, kind, repetition, active,
+                                       ready, cache), flush=True)
     return boot
 
 

@@ -158,7 +158,10 @@ class DriverTestCase(nova_base.NoDBTestCase):
         self.flags(mount_point=str(self.mount), download_dir=str(self.downloads),
                    control_socket=str(self.root / 'control.sock'),
                    calibration_file=str(self.root / 'calibration.json'),
-                   observed_boots_file=str(self.root / 'observed-boots.json'), group='yolo')
+                   observed_boots_file=str(self.root / 'observed-boots.json'),
+                   # Nova's own download: TestFailedFirstBoot and test_first_boot.py cover the
+                   # first boot before it.
+                   first_boot_before_download=False, group='yolo')
         self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
                                                     'yolo.YoloLibvirtDriver')
         self.glance = FakeImageAPI()

@@ -56,3 +56,29 @@ def test_a_guest_that_panics_fails_its_boot_at_once_and_is_deleted(monkeypatch):
                                                 'Attempted to kill init!$'):
         cloud.boot_servers(conn, mock.Mock(), mock.Mock(), mock.Mock(), 'b', 1, timeout=600)
     conn.compute.delete_server.assert_called_once_with(server.id)
+
+
+def test_distinct_images_are_a_condition_of_their_own():
+    measured = (boots('on', 0, 1, [40, 41, 39]) + boots('on', 0, 4, [90, 95, 100])
+                + [Boot('on', 0, 4, rep, s - 10, s, 'none', 'distinct')
+                   for rep, s in enumerate([120, 110, 130], 1)])
+    lines = cloud.summary(measured).splitlines()
+    assert lines[3].startswith('| 0 | 4 | none | 95.0 (90.0-100.0)')
+    assert lines[4].startswith('| 0 | 4 (distinct images) | none | 120.0 (110.0-130.0)')
+    assert lines[-2:] == ['YOLO on with 0 stressors, 4 servers / YOLO on idle: 2.38',
+                          'YOLO on with 0 stressors, 4 servers of distinct images / YOLO on '
+                          'idle: 3.00']
+    assert cloud.parse_args(['--images', 'same,distinct']).images == ['same', 'distinct']
+
+
+def test_distinct_images_are_a_server_each(monkeypatch):
+    conn = mock.MagicMock()
+    conn.compute.get_server.return_value.status = 'ACTIVE'
+    conn.compute.get_server_console_output.return_value = {'output': 'YOLO-GUEST-READY\n'}
+    monkeypatch.setattr(cloud, 'cache_mode', lambda admin, server_id: 'none')
+    images = [mock.Mock(id='image-a'), mock.Mock(id='image-b')]
+    cloud.boot_servers(conn, mock.Mock(), images, mock.Mock(id='f'), 'b', 2, timeout=600)
+    created = conn.compute.create_server.call_args_list
+    assert [(c.kwargs['name'], c.kwargs['image_id']) for c in created] == [
+        ('b-1', 'image-a'), ('b-2', 'image-b')]
+    assert conn.compute.delete_server.call_count == 2
