@@ -12,7 +12,7 @@ booting through yolofs with the boot image loaded. On the emulated HDD of docs/b
 an idle normal boot takes 5.9 s longer than a warm-cache boot and a YOLO boot 0.4 s; under 16 I/O
 stressors the normal boot's extra time grows to 40.7 s while the YOLO boot's stays at -0.3 s.
 
-Two refinements, both measured (docs/scheduling.md, "Model accuracy"), both off unless the host
+Three refinements, all measured (docs/scheduling.md, "Model accuracy"), both off unless the host
 reports what they need:
 
 * ``io_exponent`` (k): the I/O part grows as ``e^(k x) / (1 - x)``. The thesis' k = 1 comes
@@ -21,6 +21,9 @@ reports what they need:
 * ``runnable`` (tasks per CPU waiting or running, besides the boot): Linux gives a CPU-bound
   thread at least a fair share ``1 / (1 + runnable)`` of a CPU however busy the CPU is, so the
   CPU part is ``beta / max(1 - y, 1 / (1 + runnable))``. Without it, ``beta / (1 - y)``.
+* ``idlest_cpu`` (the least busy CPU's utilisation): Linux places the boot's vCPU thread on the
+  idlest CPU, so ``y`` above is that CPU's: on a host whose load sits on some of its CPUs (a
+  running guest's vCPU), a boot gets a whole CPU however busy the host is on average.
 
 Boots already in progress on the host (Nova's ``num_io_ops``) compete for the same disk and CPUs:
 the Xen study shows the longest of n concurrent boots growing linearly with n. The model spreads
@@ -76,31 +79,38 @@ def io_time(alpha, io_utilisation, exponent=1.0):
     return math.exp(exponent * x) * alpha / (1 - x)
 
 
-def cpu_share(cpu_utilisation, runnable=None):
-    """The share of a CPU a boot's vCPU thread gets: what the load leaves free, and at least its
-    fair share among the runnable tasks when their number is known."""
-    free = 1 - clamp(cpu_utilisation)
-    if runnable is None or not math.isfinite(runnable):
+def _known(value):
+    return value is not None and math.isfinite(value)
+
+
+def cpu_share(cpu_utilisation, runnable=None, idlest_cpu=None):
+    """The share of a CPU a boot's vCPU thread gets: what the load leaves free on the CPU Linux
+    places it on, the idlest one when its utilisation is known (else the host's average), and at
+    least its fair share among the runnable tasks when their number is known."""
+    free = 1 - clamp(idlest_cpu if _known(idlest_cpu) else cpu_utilisation)
+    if not _known(runnable):
         return free
     return min(1.0, max(free, 1 / (1 + max(0.0, runnable))))
 
 
-def cpu_time(beta, cpu_utilisation, runnable=None):
-    return beta / cpu_share(cpu_utilisation, runnable)
+def cpu_time(beta, cpu_utilisation, runnable=None, idlest_cpu=None):
+    return beta / cpu_share(cpu_utilisation, runnable, idlest_cpu)
 
 
 def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurrent_boots=0,
-            runnable=None):
+            runnable=None, idlest_cpu=None):
     """Predicted boot time (seconds) of one more VM on a host.
 
     ``boot_image``: a verified boot image of the requested image is on the host.
     ``concurrent_boots``: boots already in progress there.
     ``runnable``: other runnable tasks per CPU (None: unknown).
+    ``idlest_cpu``: utilisation of the host's least busy CPU (None: unknown).
     """
     others = max(0, int(concurrent_boots or 0))
     alpha = params.alpha_yolo if boot_image else params.alpha
     io = io_time(alpha, io_utilisation, params.io_exponent) * (1 + others)
-    cpu = cpu_time(params.beta, cpu_utilisation, runnable) * max(1.0, (1 + others) / params.cpus)
+    cpu = cpu_time(params.beta, cpu_utilisation, runnable, idlest_cpu) \
+        * max(1.0, (1 + others) / params.cpus)
     return io + cpu
 
 

@@ -124,6 +124,7 @@ class ObservedBoot:
     runnable: float = None
     concurrent_boots: int = 0   # other timed boots under way when it started
     accel: str = ''
+    idlest_cpu_utilisation: float = None
 
 
 def load_observed(path):
@@ -152,8 +153,8 @@ def io_part_at_idle(boot, beta, cpus, io_exponent):
     """The I/O part an observed boot had at idle: the model solved for alpha with the boot's
     measured time, load and concurrent boots (the CPU part with ``beta``); at least 0."""
     others = max(0, boot.concurrent_boots)
-    cpu = boot_model.cpu_time(beta, boot.cpu_utilisation, boot.runnable) \
-        * max(1.0, (1 + others) / cpus)
+    cpu = boot_model.cpu_time(beta, boot.cpu_utilisation, boot.runnable,
+                              boot.idlest_cpu_utilisation) * max(1.0, (1 + others) / cpus)
     loaded = boot_model.io_time(1.0, boot.io_utilisation, io_exponent) * (1 + others)
     return max(0.0, (boot.seconds - cpu) / loaded)
 

@@ -17,7 +17,7 @@ PREFIX = 'yolo_'
 KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpus',
         'boot_images', 'updated_at')
 # Reported by newer hosts; a host without them gets the thesis' model.
-OPTIONAL_KEYS = ('io_exponent', 'runnable')
+OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,11 +29,14 @@ class HostBootState:
     boot_images: frozenset
     updated_at: float
     runnable: float = None
+    idlest_cpu_utilisation: float = None
 
     def to_stats(self):
         optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent}
         if self.runnable is not None:
             optional[PREFIX + 'runnable'] = '%.3f' % self.runnable
+        if self.idlest_cpu_utilisation is not None:
+            optional[PREFIX + 'idlest_cpu_utilisation'] = '%.4f' % self.idlest_cpu_utilisation
         return {
             **optional,
             PREFIX + 'io_utilisation': '%.4f' % self.io_utilisation,
@@ -49,7 +52,8 @@ class HostBootState:
     def predict(self, image_id, concurrent_boots):
         return boot_model.predict(self.params, self.io_utilisation, self.cpu_utilisation,
                                   boot_image=image_id in self.boot_images,
-                                  concurrent_boots=concurrent_boots, runnable=self.runnable)
+                                  concurrent_boots=concurrent_boots, runnable=self.runnable,
+                                  idlest_cpu=self.idlest_cpu_utilisation)
 
 
 def from_stats(stats, max_age, now=None):
@@ -81,6 +85,8 @@ def _parse(raw):
                 io_exponent=float(value['io_exponent'] or 1.0)),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
             updated_at=float(value['updated_at']),
-            runnable=None if value['runnable'] is None else float(value['runnable']))
+            runnable=None if value['runnable'] is None else float(value['runnable']),
+            idlest_cpu_utilisation=None if value['idlest_cpu_utilisation'] is None
+            else float(value['idlest_cpu_utilisation']))
     except (TypeError, ValueError, AttributeError):
         return None

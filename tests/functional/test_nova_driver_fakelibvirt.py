@@ -786,7 +786,7 @@ class TestBootTiming(DriverTestCase):
         self.spawn()
         self.watch.assert_called_once_with(self.instance, {
             'io_utilisation': 0.25, 'cpu_utilisation': 0.5, 'runnable': 0.75,
-            'concurrent_boots': 0, 'boot_image': True})
+            'idlest_cpu_utilisation': None, 'concurrent_boots': 0, 'boot_image': True})
 
     def test_a_boot_without_one_is_timed_as_a_normal_boot(self):
         self.spawn()

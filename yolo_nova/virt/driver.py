@@ -200,6 +200,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                             load, known.disk_iops, known.disk_bytes_per_second),
                         cpu_utilisation=float(load['cpu_utilisation']),
                         runnable=load.get('runnable_per_cpu'),
+                        idlest_cpu_utilisation=load.get('idlest_cpu_utilisation'),
                         # Boots still under way: at most twice an idle boot's time ago.
                         concurrent_boots=self.yolo_boot_timer.in_progress(
                             younger_than=2 * (known.alpha + known.beta)))
@@ -368,7 +369,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 alpha=known.alpha, beta=known.beta, alpha_yolo=known.alpha_yolo,
                 cpus=cpus, io_exponent=known.io_exponent),
             boot_images=frozenset(self.yolo_boot_images.verified_image_ids(status)),
-            updated_at=time.time(), runnable=load.get('runnable_per_cpu'))
+            updated_at=time.time(), runnable=load.get('runnable_per_cpu'),
+            idlest_cpu_utilisation=load.get('idlest_cpu_utilisation'))
         return dict(state.to_stats(), yolo_active='true')
 
     def _calibration(self, cpus=1):

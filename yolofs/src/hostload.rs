@@ -5,7 +5,7 @@
 //! (`io_ticks`, field 13 of `/proc/diskstats`, as `iostat`'s %util), and its read and write
 //! rates (operations and bytes per second), from which the compute driver derives the thesis'
 //! throughput utilisation once the disk's capacity is calibrated. CPU utilisation is the non-idle
-//! fraction of all CPU time in `/proc/stat`. All are sampled every interval and smoothed with an
+//! fraction of all CPU time in `/proc/stat`, and that of the least busy CPU. All are sampled every interval and smoothed with an
 //! exponentially weighted moving average, so one busy second does not swing the scheduler.
 
 use std::fs;
@@ -23,6 +23,10 @@ pub struct HostLoad {
     pub io_utilisation: f64,
     /// Smoothed CPU utilisation of the host, 0..1.
     pub cpu_utilisation: f64,
+    /// Smoothed utilisation of the least busy CPU of each sample, 0..1: Linux places a new
+    /// boot's vCPU thread on the idlest CPU, so on a host whose load sits on some CPUs a boot
+    /// gets a whole CPU however busy the others are.
+    pub idlest_cpu_utilisation: f64,
     /// Smoothed operations and bytes per second of `device` (reads + writes).
     pub iops: f64,
     pub bytes_per_second: f64,
@@ -93,15 +97,17 @@ fn disk_counters(diskstats: &str, device: &str) -> Option<DiskCounters> {
 }
 
 /// CPU figures of one /proc/stat reading.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 struct CpuCounters {
     busy_jiffies: u64,
     total_jiffies: u64,
     runnable_per_cpu: f64,
+    /// (busy, total) jiffies of each CPU.
+    per_cpu: Vec<(u64, u64)>,
 }
 
-fn cpu_counters(stat: &str) -> Option<CpuCounters> {
-    let line = stat.lines().next()?;
+/// (busy, total) jiffies of one `cpu` line of /proc/stat.
+fn busy_and_total(line: &str) -> Option<(u64, u64)> {
     let values: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
     if values.len() < 4 {
         return None;
@@ -109,21 +115,40 @@ fn cpu_counters(stat: &str) -> Option<CpuCounters> {
     // user nice system idle iowait irq softirq steal (guest is already counted in user).
     let total: u64 = values.iter().take(8).sum();
     let idle = values[3] + values.get(4).copied().unwrap_or(0);
-    let cpus = stat
+    Some((total - idle, total))
+}
+
+fn cpu_counters(stat: &str) -> Option<CpuCounters> {
+    let (busy_jiffies, total_jiffies) = busy_and_total(stat.lines().next()?)?;
+    let per_cpu: Vec<(u64, u64)> = stat
         .lines()
         .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
-        .count()
-        .max(1);
+        .filter_map(busy_and_total)
+        .collect();
     let running: f64 = stat
         .lines()
         .find_map(|l| l.strip_prefix("procs_running "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(1.0);
     Some(CpuCounters {
-        busy_jiffies: total - idle,
-        total_jiffies: total,
-        runnable_per_cpu: (running - 1.0).max(0.0) / cpus as f64,
+        busy_jiffies,
+        total_jiffies,
+        runnable_per_cpu: (running - 1.0).max(0.0) / per_cpu.len().max(1) as f64,
+        per_cpu,
     })
+}
+
+/// Utilisation of the least busy CPU between two readings (None if they do not match).
+fn idlest_cpu(a: &CpuCounters, b: &CpuCounters) -> Option<f64> {
+    if a.per_cpu.len() != b.per_cpu.len() {
+        return None;
+    }
+    a.per_cpu
+        .iter()
+        .zip(&b.per_cpu)
+        .filter(|((_, t0), (_, t1))| t1 > t0)
+        .map(|((b0, t0), (b1, t1))| (b1.saturating_sub(*b0) as f64 / (t1 - t0) as f64).clamp(0.0, 1.0))
+        .reduce(f64::min)
 }
 
 /// When, the disk's counters, the CPUs'.
@@ -190,6 +215,7 @@ impl HostLoadSampler {
             (Some(a), Some(b)) if b.total_jiffies > a.total_jiffies => Some((
                 ((b.busy_jiffies - a.busy_jiffies) as f64 / (b.total_jiffies - a.total_jiffies) as f64).clamp(0.0, 1.0),
                 b.runnable_per_cpu,
+                idlest_cpu(a, b),
             )),
             _ => None,
         };
@@ -206,9 +232,10 @@ impl HostLoadSampler {
             smooth(&mut current.iops, iops);
             smooth(&mut current.bytes_per_second, bytes);
         }
-        if let Some((utilisation, runnable)) = cpu {
+        if let Some((utilisation, runnable, idlest)) = cpu {
             smooth(&mut current.cpu_utilisation, utilisation);
             smooth(&mut current.runnable_per_cpu, runnable);
+            smooth(&mut current.idlest_cpu_utilisation, idlest.unwrap_or(utilisation));
         }
         current.samples += 1;
     }
@@ -247,9 +274,20 @@ mod tests {
             Some(CpuCounters {
                 busy_jiffies: 150,
                 total_jiffies: 1000,
-                runnable_per_cpu: 1.5
+                runnable_per_cpu: 1.5,
+                per_cpu: vec![(6, 10), (6, 10)],
             })
         );
+    }
+
+    #[test]
+    fn the_idlest_cpu_is_the_least_busy_one_between_two_readings() {
+        let before = cpu_counters("cpu  0 0 0 0\ncpu0 0 0 0 0\ncpu1 0 0 0 0\n").unwrap();
+        // cpu0 busy all of its 100 jiffies, cpu1 a quarter of them.
+        let after = cpu_counters("cpu  125 0 0 75\ncpu0 100 0 0 0\ncpu1 25 0 0 75\n").unwrap();
+        assert_eq!(idlest_cpu(&before, &after), Some(0.25));
+        let hotplugged = cpu_counters("cpu  125 0 0 75\ncpu0 100 0 0 0\n").unwrap();
+        assert_eq!(idlest_cpu(&before, &hotplugged), None);
     }
 
     #[test]
@@ -264,6 +302,7 @@ mod tests {
                 busy_jiffies,
                 total_jiffies,
                 runnable_per_cpu: 0.5,
+                per_cpu: vec![(busy_jiffies, total_jiffies / 2), (0, total_jiffies / 2)],
             })
         };
         let disk = |operations, sectors, io_ticks_ms| {
@@ -285,6 +324,7 @@ mod tests {
         assert_eq!(load.iops, 300.0);
         assert_eq!(load.bytes_per_second, 1048576.0);
         assert_eq!(load.runnable_per_cpu, 0.5);
+        assert_eq!(load.idlest_cpu_utilisation, 0.0);
         sampler.update(
             &(t0, disk(0, 0, 0), cpu(0, 100)),
             &(t1, disk(0, 0, 0), cpu(0, 200)),

@@ -242,6 +242,12 @@ impl Collector for DaemonMetrics {
         )?;
         single(
             e,
+            "yolofs_host_idlest_cpu_utilisation",
+            "Smoothed utilisation of the least busy CPU, 0..1.",
+            ConstGauge::new(load.idlest_cpu_utilisation),
+        )?;
+        single(
+            e,
             "yolofs_host_runnable_per_cpu",
             "Smoothed runnable tasks per CPU.",
             ConstGauge::new(load.runnable_per_cpu),

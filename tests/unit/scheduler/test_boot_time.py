@@ -78,7 +78,8 @@ class TestYoloBootFilter(NoDBTestCase):
         self.flags(pass_hosts_without_data=False, max_boot_time_ratio=0,
                    max_predicted_boot_time=0, group='yolo')
         reports = {'io_exponent': '1e308', 'alpha': '1e300', 'beta': 'inf', 'alpha_yolo': 'nan',
-                   'cpus': str(1 << 40), 'io_utilisation': '1e308', 'runnable': '-1e308'}
+                   'cpus': str(1 << 40), 'io_utilisation': '1e308', 'runnable': '-1e308',
+                   'idlest_cpu_utilisation': '-1e308'}
         hosts = []
         for key, value in reports.items():
             report = stats(io=0.5)
@@ -86,7 +87,8 @@ class TestYoloBootFilter(NoDBTestCase):
             hosts.append(host(key, report))
         hosts.append(host('sane', stats(io=0.5)))
         # A utilisation out of range is clamped, a negative run queue ignored: both still predict.
-        self.assertEqual(['io_utilisation', 'runnable', 'sane'], self.passing(hosts))
+        self.assertEqual(['io_utilisation', 'runnable', 'idlest_cpu_utilisation', 'sane'],
+                         self.passing(hosts))
         weigher = boot_time.YoloBootTimeWeigher()
         self.assertEqual(len(hosts), len(weigher.weigh_objects(
             [weights.WeighedHost(h, 0.0) for h in hosts], spec())))
