@@ -1,8 +1,6 @@
 """A public image, its boot image, and a non-admin user of another project booting from it."""
 
 import configparser
-import json
-import pathlib
 import subprocess
 import time
 
@@ -11,7 +9,7 @@ import pytest
 from tests import prometheus
 from tests.e2e.conftest import (
     MOUNT_POINT, admin, backing_file, base_file_name, create_server, delete_server, demo,
-    image_property, wait_for_ready, wait_until, yolofs_ctl)
+    image_property, observed_boots, wait_for_ready, wait_until, yolofs_ctl)
 
 
 def test_plain_upload_publishes_a_hidden_linked_boot_image(published_boot_image):
@@ -59,10 +57,8 @@ def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(publishe
             >= stats['bytes_memory']
         assert metrics[('yolofs_boot_image_loads_total', ())] >= 1
         # nova-compute timed the boot to its ready line, for the host's boot-time parameters.
-        observed = pathlib.Path('/var/lib/nova/yolo/observed-boots.json')
-        boots = wait_until('the boot timed by nova-compute', 60, lambda: [
-            b for b in json.loads(observed.read_text() if observed.exists() else '[]')
-            if b['started_at'] >= started])
+        boots = wait_until('the boot timed by nova-compute', 60,
+                           lambda: observed_boots('aio-compute', since=started))
         assert boots[0]['boot_image'] is True and boots[0]['accel'] == 'tcg', boots
         assert 0 < boots[0]['cpu_seconds'] <= boots[0]['seconds'] + 5, boots
         # The compute node fetched the published boot image and installed it through yolofs.
