@@ -11,8 +11,8 @@ boots are kept in ``[yolo] observed_boots_file`` and the driver reports the para
 
 The console is read as Nova reads it for ``openstack console log show``: libvirt truncates it at
 each start of QEMU, so whatever matches was printed by this boot. Guests are untrusted: one that
-prints the pattern early or late only moves one of the last boots the medians are taken over,
-within a boot's real range (see docs/scheduling.md for what a tenant can and cannot do with it).
+prints the pattern early or late is one of the last boots the medians are taken over (see
+docs/scheduling.md for what a tenant can and cannot do with it).
 """
 
 import queue
