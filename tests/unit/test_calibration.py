@@ -63,8 +63,9 @@ def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
     known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2,
                                     io_exponent=0.0)
     # The true host: beta 30, alpha 8, alpha_yolo 1. Boots under I/O load x take
-    # alpha / (1 - x) for their I/O (k = 0), under CPU load y beta / (1 - y), and with one
-    # other boot under way twice the I/O part (the CPU part only beyond the 2 CPUs).
+    # alpha / (1 - x) for their I/O (k = 0), and with one other boot under way twice the I/O
+    # part (the CPU part only beyond the 2 CPUs). A boot under CPU load y, beta / (1 - y),
+    # counts its wait for the CPU as I/O: the median leaves it out.
     boots = [observed(31.0, 30.0, True), observed(30.0 + 1.0 / 0.5, 30.2, True, io=0.5),
              observed(30.0 / 0.6 + 1.0, 29.8, True, cpu=0.4),
              observed(38.0, 45.0, False), observed(30.0 + 8.0 / 0.2, 60.0, False, io=0.8),
