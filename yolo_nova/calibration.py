@@ -59,10 +59,15 @@ def load(path):
 
 
 def save(calibration, path):
+    write_json(dataclasses.asdict(calibration), path, indent=2, sort_keys=True)
+
+
+def write_json(data, path, **dump_options):
+    """``data`` as the whole of ``path`` at once (a reader never sees half a file)."""
     tmp = '%s.%d.tmp' % (path, os.getpid())
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(tmp, 'w') as f:
-        json.dump(dataclasses.asdict(calibration), f, indent=2, sort_keys=True)
+        json.dump(data, f, **dump_options)
         f.write('\n')
     os.replace(tmp, path)
 
@@ -78,6 +83,16 @@ def io_utilisation(host_load, disk_iops=0.0, disk_bytes_per_second=0.0):
     if shares:
         return min(max(shares), 1.0)
     return float(host_load['io_utilisation'])
+
+
+def model_load(host_load, known):
+    """The model's load figures (the fields HostBootState and ObservedBoot share) from yolofs'
+    ``host_load`` answer and the host's calibration ``known``."""
+    return dict(io_utilisation=io_utilisation(host_load, known.disk_iops,
+                                              known.disk_bytes_per_second),
+                cpu_utilisation=float(host_load['cpu_utilisation']),
+                runnable=host_load.get('runnable_per_cpu'),
+                idlest_cpu_utilisation=host_load.get('idlest_cpu_utilisation'))
 
 
 def accel_of_virt_type(virt_type):
@@ -140,13 +155,8 @@ def load_observed(path):
 
 def save_observed(boots, path):
     """Keeps the last OBSERVED_BOOTS_KEPT of ``boots`` in ``path``."""
-    tmp = '%s.%d.tmp' % (path, os.getpid())
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, 'w') as f:
-        json.dump([dataclasses.asdict(boot) for boot in boots[-OBSERVED_BOOTS_KEPT:]], f,
-                  indent=1)
-        f.write('\n')
-    os.replace(tmp, path)
+    write_json([dataclasses.asdict(boot) for boot in boots[-OBSERVED_BOOTS_KEPT:]], path,
+               indent=1)
 
 
 def io_part_at_idle(boot, beta, cpus, io_exponent):

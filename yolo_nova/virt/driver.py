@@ -196,11 +196,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         try:
             load = self.yolo_backing.client.host_load()
             known = self._calibration()
-            return dict(io_utilisation=calibration.io_utilisation(
-                            load, known.disk_iops, known.disk_bytes_per_second),
-                        cpu_utilisation=float(load['cpu_utilisation']),
-                        runnable=load.get('runnable_per_cpu'),
-                        idlest_cpu_utilisation=load.get('idlest_cpu_utilisation'),
+            return dict(calibration.model_load(load, known),
                         # Boots still under way: at most twice an idle boot's time ago.
                         concurrent_boots=self.yolo_boot_timer.in_progress(
                             younger_than=2 * (known.alpha + known.beta)))
@@ -218,8 +214,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         if info is None:
             return None
         name = os.path.basename(info[0])
-        if name != first_boot.base_name_of(name) or (
-                self.yolo_first_boots is not None and self.yolo_first_boots.running(name)):
+        if self.yolo_first_boots is not None and self.yolo_first_boots.running(name):
             return None
         if self.yolo_backing.directory_of(info[0]) != 'mount':
             return False
@@ -362,15 +357,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         cpus = max(1, int(resources.get('vcpus') or os.cpu_count() or 1))
         known = self._calibration(cpus)
         state = host_stats.HostBootState(
-            io_utilisation=calibration.io_utilisation(load, known.disk_iops,
-                                                      known.disk_bytes_per_second),
-            cpu_utilisation=float(load['cpu_utilisation']),
             params=boot_model.BootTimeParameters(
                 alpha=known.alpha, beta=known.beta, alpha_yolo=known.alpha_yolo,
                 cpus=cpus, io_exponent=known.io_exponent),
             boot_images=frozenset(self.yolo_boot_images.verified_image_ids(status)),
-            updated_at=time.time(), runnable=load.get('runnable_per_cpu'),
-            idlest_cpu_utilisation=load.get('idlest_cpu_utilisation'))
+            updated_at=time.time(), **calibration.model_load(load, known))
         return dict(state.to_stats(), yolo_active='true')
 
     def _calibration(self, cpus=1):
