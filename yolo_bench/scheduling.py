@@ -111,9 +111,10 @@ def contention(host, stressors):
 
 
 def reported_parameters(hosts):
-    """{host: (alpha, beta, alpha_yolo)} as the hosts last reported them."""
+    """{host: (alpha, beta, alpha_yolo, cpu_contention)} as the hosts last reported them."""
     return {host: tuple(float(reported_stats(host).get('yolo_' + name, 'nan'))
-                        for name in ('alpha', 'beta', 'alpha_yolo')) for host in hosts}
+                        for name in ('alpha', 'beta', 'alpha_yolo', 'cpu_contention'))
+            for host in hosts}
 
 
 def log_position():

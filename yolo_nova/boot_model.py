@@ -12,8 +12,8 @@ booting through yolofs with the boot image loaded. On the emulated HDD of docs/b
 an idle normal boot takes 5.9 s longer than a warm-cache boot and a YOLO boot 0.4 s; under 16 I/O
 stressors the normal boot's extra time grows to 40.7 s while the YOLO boot's stays at -0.3 s.
 
-Three refinements, all measured (docs/scheduling.md, "Model accuracy"), both off unless the host
-reports what they need:
+Four refinements, all measured (docs/scheduling.md, "Model accuracy"), each off unless the host
+reports what it needs:
 
 * ``io_exponent`` (k): the I/O part grows as ``e^(k x) / (1 - x)``. The thesis' k = 1 comes
   from its HDD's seeks; a disk that shares its rate without seeking (an SSD, a throttled volume)
@@ -24,6 +24,11 @@ reports what they need:
 * ``idlest_cpu`` (the least busy CPU's utilisation): Linux places the boot's vCPU thread on the
   idlest CPU, so ``y`` above is that CPU's: on a host whose load sits on some of its CPUs (a
   running guest's vCPU), a boot gets a whole CPU however busy the host is on average.
+* ``cpu_contention`` (c, 0..1): the share of that CPU's load a boot's vCPU actually yields to,
+  ``1 - c y`` instead of ``1 - y``. Tasks that mostly sleep (I/O-bound stressors, a guest idling
+  after its boot, a guest just deleted whose load is still in the smoothed figure) leave a
+  CPU-bound thread more than ``1 - y``: c is fitted per host from the vCPU time of the guests it
+  timed (:func:`yolo_nova.calibration.with_observed_boots`); the thesis' 1 until then.
 
 Boots already in progress on the host (Nova's ``num_io_ops``) compete for the same disk and CPUs:
 the Xen study shows the longest of n concurrent boots growing linearly with n. The model spreads
@@ -56,10 +61,12 @@ class BootTimeParameters:
     alpha_yolo: float
     cpus: int = 1
     io_exponent: float = 1.0
+    cpu_contention: float = 1.0
 
     def __post_init__(self):
         for name, most in (('alpha', MAX_SECONDS), ('beta', MAX_SECONDS),
-                           ('alpha_yolo', MAX_SECONDS), ('io_exponent', MAX_IO_EXPONENT)):
+                           ('alpha_yolo', MAX_SECONDS), ('io_exponent', MAX_IO_EXPONENT),
+                           ('cpu_contention', 1.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value <= most):
                 raise ValueError('%s must be a number from 0 to %g, not %r' % (name, most, value))
@@ -83,18 +90,19 @@ def _known(value):
     return value is not None and math.isfinite(value)
 
 
-def cpu_share(cpu_utilisation, runnable=None, idlest_cpu=None):
+def cpu_share(cpu_utilisation, runnable=None, idlest_cpu=None, contention=1.0):
     """The share of a CPU a boot's vCPU thread gets: what the load leaves free on the CPU Linux
-    places it on, the idlest one when its utilisation is known (else the host's average), and at
-    least its fair share among the runnable tasks when their number is known."""
-    free = 1 - clamp(idlest_cpu if _known(idlest_cpu) else cpu_utilisation)
+    places it on, the idlest one when its utilisation is known (else the host's average), of
+    which it yields ``contention``, and at least its fair share among the runnable tasks when
+    their number is known."""
+    free = 1 - contention * clamp(idlest_cpu if _known(idlest_cpu) else cpu_utilisation)
     if not _known(runnable):
         return free
     return min(1.0, max(free, 1 / (1 + max(0.0, runnable))))
 
 
-def cpu_time(beta, cpu_utilisation, runnable=None, idlest_cpu=None):
-    return beta / cpu_share(cpu_utilisation, runnable, idlest_cpu)
+def cpu_time(beta, cpu_utilisation, runnable=None, idlest_cpu=None, contention=1.0):
+    return beta / cpu_share(cpu_utilisation, runnable, idlest_cpu, contention)
 
 
 def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurrent_boots=0,
@@ -109,7 +117,7 @@ def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurren
     others = max(0, int(concurrent_boots or 0))
     alpha = params.alpha_yolo if boot_image else params.alpha
     io = io_time(alpha, io_utilisation, params.io_exponent) * (1 + others)
-    cpu = cpu_time(params.beta, cpu_utilisation, runnable, idlest_cpu) \
+    cpu = cpu_time(params.beta, cpu_utilisation, runnable, idlest_cpu, params.cpu_contention) \
         * max(1.0, (1 + others) / params.cpus)
     return io + cpu
 

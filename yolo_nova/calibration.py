@@ -28,6 +28,7 @@ class Calibration:
     disk_iops: float = 0.0              # 0: unknown
     disk_bytes_per_second: float = 0.0  # 0: unknown
     io_exponent: float = 1.0            # k of e^(k x); the thesis' 1 until measured
+    cpu_contention: float = 1.0         # c of 1 - c y; the thesis' 1 until fitted from boots
     accel: str = ''                     # QEMU's accelerator in the boots: 'kvm', 'tcg', '' unknown
     measured_at: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
@@ -36,7 +37,8 @@ class Calibration:
     def params(self):
         return boot_model.BootTimeParameters(alpha=self.alpha, beta=self.beta,
                                              alpha_yolo=self.alpha_yolo, cpus=self.cpus,
-                                             io_exponent=self.io_exponent)
+                                             io_exponent=self.io_exponent,
+                                             cpu_contention=self.cpu_contention)
 
 
 def load(path):
@@ -124,6 +126,8 @@ def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0, acc
 # The boots nova-compute keeps and learns from: the last ones, so that a host's parameters follow
 # its guests and its hardware as they change.
 OBSERVED_BOOTS_KEPT = 20
+# Boots on a CPU less busy than this say nothing of how a boot shares a busy one.
+MIN_FITTED_CPU_LOAD = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,12 +179,33 @@ def io_part_at_idle(boot, beta, cpus, io_exponent):
     return max(0.0, (boot.seconds - cpu) / loaded)
 
 
+def cpu_contention_from(boots, cpus, min_boots):
+    """c of the model's CPU share ``1 - c y``, fitted (least squares) to the share of its CPU
+    each boot's vCPU got, its vCPU time over its wall time, against the CPU load ``y`` the model
+    used for it (the idlest CPU's, else the host's); None with fewer than ``min_boots`` boots
+    under some CPU load. Boots served from a boot image only (the others wait for their reads,
+    and a vCPU waiting under KVM does not run), and with no more boots than CPUs (else they
+    share them, which the model counts apart)."""
+    points = []
+    for boot in boots:
+        y = boot_model.clamp(boot.idlest_cpu_utilisation
+                             if boot.idlest_cpu_utilisation is not None else boot.cpu_utilisation)
+        if (boot.boot_image and boot.seconds > 0 and y >= MIN_FITTED_CPU_LOAD
+                and boot.concurrent_boots + 1 <= cpus):
+            points.append((y, min(1.0, boot.cpu_seconds / boot.seconds)))
+    if len(points) < max(1, min_boots):
+        return None
+    c = sum(y * (1 - share) for y, share in points) / sum(y * y for y, _ in points)
+    return round(min(max(c, 0.0), 1.0), 3)
+
+
 def with_observed_boots(known, boots, min_boots):
     """``known`` with the parameters the host's own boots give, each where at least
     ``min_boots`` boots measure it (medians): beta, the vCPU time of boots served from a boot
     image (the CPU a guest needs: under TCG a normal boot's vCPU also spins while its reads wait,
     see from_boots); alpha_yolo and alpha, what those and normal boots took beyond it, brought
-    back to an idle host through the model. ``boots`` are of this host's accelerator."""
+    back to an idle host through the model; cpu_contention (see cpu_contention_from). ``boots``
+    are of this host's accelerator."""
     if min_boots <= 0:
         return known
     served = [b for b in boots if b.boot_image]
@@ -193,6 +218,9 @@ def with_observed_boots(known, boots, min_boots):
         if len(kind) >= min_boots:
             fields[name] = round(statistics.median(
                 io_part_at_idle(b, beta, known.cpus, known.io_exponent) for b in kind), 3)
+    contention = cpu_contention_from(boots, known.cpus, min_boots)
+    if contention is not None:
+        fields['cpu_contention'] = contention
     if not fields:
         return known
     details = dict(known.details, observed_boots={'boot_image': len(served),

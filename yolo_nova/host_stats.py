@@ -17,7 +17,7 @@ PREFIX = 'yolo_'
 KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpus',
         'boot_images', 'updated_at')
 # Reported by newer hosts; a host without them gets the thesis' model.
-OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation')
+OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation', 'cpu_contention')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,8 @@ class HostBootState:
     idlest_cpu_utilisation: float = None
 
     def to_stats(self):
-        optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent}
+        optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent,
+                    PREFIX + 'cpu_contention': '%.3f' % self.params.cpu_contention}
         if self.runnable is not None:
             optional[PREFIX + 'runnable'] = '%.3f' % self.runnable
         if self.idlest_cpu_utilisation is not None:
@@ -82,7 +83,9 @@ def _parse(raw):
             params=boot_model.BootTimeParameters(
                 alpha=float(value['alpha']), beta=float(value['beta']),
                 alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus']),
-                io_exponent=float(value['io_exponent'] or 1.0)),
+                io_exponent=float(value['io_exponent'] or 1.0),
+                cpu_contention=1.0 if value['cpu_contention'] is None
+                else float(value['cpu_contention'])),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
             updated_at=float(value['updated_at']),
             runnable=None if value['runnable'] is None else float(value['runnable']),

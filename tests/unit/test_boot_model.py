@@ -99,6 +99,18 @@ def test_the_boot_runs_on_the_idlest_cpu_when_it_is_known():
     assert boot_model.predict(params, 0, 0.5, idlest_cpu=float('nan')) == pytest.approx(40.0)
 
 
+def test_cpu_contention_is_the_share_of_the_cpus_load_a_boot_yields_to():
+    thesis = boot_model.BootTimeParameters(alpha=0.0, beta=20.0, alpha_yolo=0.0, cpus=2)
+    yielding = dataclasses.replace(thesis, cpu_contention=0.2)
+    assert boot_model.predict(thesis, 0, 0.5, idlest_cpu=0.5) == pytest.approx(40.0)
+    assert boot_model.predict(yielding, 0, 0.5, idlest_cpu=0.5) == pytest.approx(20.0 / 0.9)
+    # Still at least its fair share among the runnable tasks.
+    assert boot_model.predict(dataclasses.replace(thesis, cpu_contention=1.0), 0, 0.9,
+                              runnable=1.0) == pytest.approx(40.0)
+    with pytest.raises(ValueError, match='cpu_contention'):
+        dataclasses.replace(thesis, cpu_contention=1.5)
+
+
 def test_io_exponent_shapes_the_io_part_and_is_measured_back():
     thesis = boot_model.BootTimeParameters(alpha=5.0, beta=20.0, alpha_yolo=0.5)
     rate = dataclasses.replace(thesis, io_exponent=0.0)
@@ -114,14 +126,14 @@ def test_io_exponent_shapes_the_io_part_and_is_measured_back():
 
 def test_host_stats_without_the_optional_keys_give_the_thesis_model():
     state = host_stats.HostBootState(0.5, 0.75, boot_model.BootTimeParameters(
-        alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0), frozenset(), time.time(),
-        runnable=1.0, idlest_cpu_utilisation=0.25)
+        alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0, cpu_contention=0.0),
+        frozenset(), time.time(), runnable=1.0, idlest_cpu_utilisation=0.25)
     stats = state.to_stats()
     parsed = host_stats.from_stats(stats, max_age=60)
-    assert (parsed.params.io_exponent, parsed.runnable, parsed.idlest_cpu_utilisation) \
-        == (0.0, 1.0, 0.25)
+    assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.runnable,
+            parsed.idlest_cpu_utilisation) == (0.0, 0.0, 1.0, 0.25)
     old = {k: v for k, v in stats.items()
            if k[len(host_stats.PREFIX):] not in host_stats.OPTIONAL_KEYS}
     parsed = host_stats.from_stats(old, max_age=60)
-    assert (parsed.params.io_exponent, parsed.runnable, parsed.idlest_cpu_utilisation) \
-        == (1.0, None, None)
+    assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.runnable,
+            parsed.idlest_cpu_utilisation) == (1.0, 1.0, None, None)

@@ -53,10 +53,12 @@ def test_io_utilisation_is_throughput_when_capacity_is_known():
     assert calibration.io_utilisation(load, 30.0, 150e6) == 1.0
 
 
-def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0):
+def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0,
+             idlest=None):
     return calibration.ObservedBoot(
         started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds, boot_image=boot_image,
-        io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others)
+        io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others,
+        idlest_cpu_utilisation=idlest)
 
 
 def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
@@ -85,6 +87,29 @@ def test_too_few_observed_boots_leave_the_parameters_as_they_were(tmp_path):
     # A boot faster than its CPU part gives an I/O part of 0, never a negative one.
     fast = calibration.with_observed_boots(known, [observed(10.0, 30.0, False)], min_boots=1)
     assert fast.alpha == 0.0
+
+
+def test_cpu_contention_is_fitted_to_the_share_of_a_cpu_the_boots_got():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
+    # Served boots whose vCPU ran 90 % of the time on a CPU 25 % busy, 80 % at 50 %: a boot
+    # yields to 40 % of the load (1 - 0.4 y).
+    boots = [observed(30.0, 27.0, True, cpu=0.9, idlest=0.25),
+             observed(30.0, 24.0, True, cpu=0.1, idlest=0.5),
+             observed(30.0, 27.0, True, cpu=0.25),
+             # Idle, normal (its reads wait), or sharing the CPUs: none tells.
+             observed(30.0, 15.0, True, idlest=0.0), observed(60.0, 20.0, False, cpu=0.5),
+             observed(60.0, 20.0, True, cpu=0.5, others=2)]
+    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.4
+    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=4) is None
+    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    assert learned.cpu_contention == 0.4
+    assert learned.params.cpu_contention == 0.4
+    assert 'cpu_contention' in learned.details['observed_boots']['learned']
+    # Boots slower than the thesis' 1 - y are bounded by it: c is at most 1, at least 0.
+    slow = [observed(30.0, 10.0, True, cpu=0.5)] * 3
+    assert calibration.cpu_contention_from(slow, cpus=2, min_boots=3) == 1.0
+    fast = [observed(30.0, 31.0, True, cpu=0.5)] * 3
+    assert calibration.cpu_contention_from(fast, cpus=2, min_boots=3) == 0.0
 
 
 def test_observed_boots_file_keeps_the_last_ones(tmp_path):

@@ -32,7 +32,6 @@ import hashlib
 import os
 import pathlib
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,8 +57,10 @@ from nova.virt import fake as fake_virt  # noqa: E402
 from nova.virt.libvirt import utils as libvirt_utils  # noqa: E402
 from oslo_config import fixture as config_fixture  # noqa: E402
 
+from yolo_bench import first_boots  # noqa: E402
 from yolo_bench.image_server import ImageServer  # noqa: E402
 from yolo_common import images  # noqa: E402
+from yolo_common import learning  # noqa: E402
 from yolo_common import qemu  # noqa: E402
 from yolo_common import yolofs  # noqa: E402
 from yolo_nova import conf as yolo_conf  # noqa: E402
@@ -198,27 +199,19 @@ class Host:
 
 
 def learn_boot_image(workdir, glance_raw):
-    """The boot image the Glance worker would publish: learned from one boot on a learning
-    mount of a directory of its own."""
+    """The boot image the Glance worker would publish: learned as it learns one (one boot on a
+    learning mount, its window ended by the guest's ready line)."""
     learn = workdir / 'learn'
     (learn / 'base').mkdir(parents=True)
-    name = images.base_file_name(IMAGE_ID)
-    os.link(glance_raw, learn / 'base' / name)
-    with yolofs.Mount(source=learn / 'base', mountpoint=learn / 'mnt',
-                      boot_images=learn / 'store', control_socket=learn / 'control.sock',
-                      log_path=learn / 'yolofs.log', learn=True, record_idle_secs=5,
-                      record_max_secs=600) as mount:
-        mount.client.remember(name, IMAGE_ID)
-        disk = learn / 'disk.qcow2'
-        images.create_overlay(mount.mountpoint / name, disk)
-        with qemu.Guest(disk, console_log=learn / 'console.log') as guest:
-            guest.wait_ready(BOOT_TIMEOUT)
-            time.sleep(8)
-        built = mount.client.record_stop(name)
+    base = learn / 'base' / images.base_file_name(IMAGE_ID)
+    os.link(glance_raw, base)
+    learned = learning.learn_boot_image(base, learn / 'work', boot_timeout=BOOT_TIMEOUT,
+                                        console_log=learn / 'console.log')
     published = workdir / 'published-boot-image.yolo'
-    shutil.copyfile(learn / 'store' / (name + '.yolo'), published)
+    shutil.copyfile(learned.boot_image, published)
     shutil.rmtree(learn)
-    print('boot image learned: %s' % built, flush=True)
+    print('boot image learned in %.1f s (window ended by %s)'
+          % (learned.boot_seconds, learned.ended_by), flush=True)
     return published
 
 
@@ -228,9 +221,12 @@ def main():
                         help='link rates to Glance, Mbit/s, comma-separated')
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--image', choices=('test', 'large'), default='test')
+    parser.add_argument('--modes', default=','.join(MODES),
+                        help='the boots of each round, comma-separated (default: all three)')
     parser.add_argument('--workdir', default='/var/tmp')
     args = parser.parse_args()
     rates = [int(rate) for rate in args.rates.split(',')]
+    modes = [mode for mode in MODES if mode in args.modes.split(',')]
     test_image = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], check=True,
                                 capture_output=True, text=True).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix='first-boot-bench.') as tmp, \
@@ -257,7 +253,7 @@ def main():
         results = {}
         for rate in rates:
             for round_ in range(args.rounds):
-                order = MODES[round_ % 3:] + MODES[:round_ % 3]
+                order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]
                 for mode in order:
                     server.rate = 0
                     if mode == 'cached':
@@ -270,26 +266,21 @@ def main():
                                                                 % (mode, rate, round_)))
                     # The fill of a YOLO first boot goes on after the guest is ready.
                     fill = drvr.yolo_first_boots and drvr.yolo_first_boots.running(host.name)
+                    on_demand = ''
                     if fill:
+                        on_demand = ('; %d ranges, %.1f MiB fetched on demand in %.1f s'
+                                     % (fill.fetched_ranges, fill.fetched_bytes / (1 << 20),
+                                        fill.fetch_seconds))
                         fill.wait()
                         assert fill.outcome == 'complete', fill.reason
                     results.setdefault((rate, mode), []).append(ready)
-                    print('%5d Mbit/s round %d %-6s ready after %6.1f s (disk made in %5.1f s)%s'
+                    print('%5d Mbit/s round %d %-6s ready after %6.1f s (disk made in %5.1f s)%s%s'
                           % (rate, round_, mode, ready, created,
-                             ', its base file still being filled' if fill else ''), flush=True)
-        print()
-        print('| link | cached boot | Nova first boot | YOLO first boot | Nova / cached | '
-              'YOLO / cached |')
-        print('|---|---|---|---|---|---|')
-        for rate in rates:
-            median = {mode: statistics.median(results[rate, mode]) for mode in MODES}
-            ratios = {mode: statistics.median(
-                [boot / cached for boot, cached in zip(results[rate, mode],
-                                                       results[rate, 'cached'])])
-                for mode in ('nova', 'yolo')}
-            print('| %d Mbit/s | %.1f s | %.1f s | %.1f s | %.2fx | %.2fx |'
-                  % (rate, median['cached'], median['nova'], median['yolo'], ratios['nova'],
-                     ratios['yolo']))
+                             ', its base file still being filled' if fill else '', on_demand),
+                          flush=True)
+        if modes == list(MODES):
+            print()
+            print(first_boots.summary(results))
 
 
 if __name__ == '__main__':

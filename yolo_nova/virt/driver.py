@@ -42,7 +42,6 @@ from oslo_log import log as logging
 import tenacity
 
 from yolo_common import yolofs
-from yolo_nova import boot_model
 from yolo_nova import calibration
 from yolo_nova import conf as yolo_conf
 from yolo_nova import host_stats
@@ -357,9 +356,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         cpus = max(1, int(resources.get('vcpus') or os.cpu_count() or 1))
         known = self._calibration(cpus)
         state = host_stats.HostBootState(
-            params=boot_model.BootTimeParameters(
-                alpha=known.alpha, beta=known.beta, alpha_yolo=known.alpha_yolo,
-                cpus=cpus, io_exponent=known.io_exponent),
+            params=known.params,
             boot_images=frozenset(self.yolo_boot_images.verified_image_ids(status)),
             updated_at=time.time(), **calibration.model_load(load, known))
         return dict(state.to_stats(), yolo_active='true')

@@ -43,6 +43,9 @@ WANTS_POLL_SECONDS = 2.0       # fill_wants' long poll
 # for at most this long at a time.
 WANTS_PRIORITY_SECONDS = 30.0
 SPARSE_BLOCK = 4096            # blocks of zeros are left as holes
+# The fill is background work: its download, checksum, writes and conversion take the CPU the
+# guests booting over it leave (a guest waiting for a range is served at normal priority).
+FILL_NICE = 10
 ZERO_BLOCK = bytes(SPARSE_BLOCK)
 # A download that breaks (Glance restarted, a network blip) resumes where it broke, a few times.
 DOWNLOAD_ATTEMPTS = 5
@@ -156,6 +159,9 @@ class Fill:
         # Ranges written above the cursor, and yolofs' view of them: one reporter at a time.
         self._ahead = []
         self._report_lock = threading.Lock()
+        # What reads waited for: ranges fetched on demand, their bytes and the seconds spent.
+        self.fetched_ranges = self.fetched_bytes = 0
+        self.fetch_seconds = 0.0
 
     def wait(self, timeout=None):
         """Whether the fill has ended within ``timeout`` seconds."""
@@ -205,6 +211,8 @@ class Fill:
             try:
                 if helper is not None:
                     helper.start()
+                # After the helper's start: a thread is born with its creator's priority.
+                yield_cpu_to_guests()
                 write_all(fd)
                 os.fsync(fd)
             finally:
@@ -218,8 +226,9 @@ class Fill:
             self._end_failed(str(e) or type(e).__name__)
             return
         self.outcome = 'complete'
-        LOG.info('Filled base file %s of image %s (%d bytes)', self.name, self.image_id,
-                 self.size)
+        LOG.info('Filled base file %s of image %s (%d bytes; %d ranges, %d bytes, fetched on '
+                 'demand in %.1f s)', self.name, self.image_id, self.size, self.fetched_ranges,
+                 self.fetched_bytes, self.fetch_seconds)
         try:
             if self.after_complete is not None:
                 self.after_complete(self)
@@ -332,7 +341,11 @@ class Fill:
         end = min(self.size, -(-(offset + length) // RANGE_ALIGN) * RANGE_ALIGN)
         if start >= end:
             return
+        started = time.monotonic()
         chunk = data.read(start, end - start)
+        self.fetched_ranges += 1
+        self.fetched_bytes += len(chunk)
+        self.fetch_seconds += time.monotonic() - started
         with self._write_lock:
             # The in-order download may have passed it meanwhile: it wrote the same bytes,
             # verified; they are not overwritten.
@@ -361,6 +374,21 @@ class Fill:
                     os.unlink(leftover)
                 except FileNotFoundError:
                     pass
+
+
+def yield_cpu_to_guests():
+    """Lowers the calling thread's CPU priority to FILL_NICE (Linux keeps a nice value per
+    thread, and the processes it starts inherit it), never raising it. Not under eventlet,
+    whose green threads all run on one thread, nova-compute's."""
+    from nova import monkey_patch
+    if monkey_patch.is_patched():
+        return
+    thread = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread,
+                       max(FILL_NICE, os.getpriority(os.PRIO_PROCESS, thread)))
+    except OSError as e:
+        LOG.debug('The fill keeps its CPU priority: %s', e)
 
 
 def write_data(fd, chunk, offset):

@@ -79,7 +79,7 @@ class TestYoloBootFilter(NoDBTestCase):
                    max_predicted_boot_time=0, group='yolo')
         reports = {'io_exponent': '1e308', 'alpha': '1e300', 'beta': 'inf', 'alpha_yolo': 'nan',
                    'cpus': str(1 << 40), 'io_utilisation': '1e308', 'runnable': '-1e308',
-                   'idlest_cpu_utilisation': '-1e308'}
+                   'idlest_cpu_utilisation': '-1e308', 'cpu_contention': '-1'}
         hosts = []
         for key, value in reports.items():
             report = stats(io=0.5)

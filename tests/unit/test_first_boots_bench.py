@@ -1,0 +1,62 @@
+"""The cloud first-boot benchmark's report (its boots run on the all-in-one:
+tools/aio/first-boot-times) and its rate limit on Glance's link."""
+
+import http.server
+import subprocess
+import threading
+import urllib.request
+
+import pytest
+
+from yolo_bench import first_boots
+
+
+def test_summary_gives_each_first_boot_against_the_cached_boot_of_its_round():
+    results = {(1000, 'cached'): [30.0, 32.0, 31.0], (1000, 'nova'): [60.0, 56.0, 62.0],
+               (1000, 'yolo'): [33.0, 32.0, 31.0],
+               (100, 'cached'): [30.0, 30.0, 30.0], (100, 'nova'): [210.0, 200.0, 220.0],
+               (100, 'yolo'): [39.0, 36.0, 33.0]}
+    lines = first_boots.summary(results).splitlines()
+    assert lines[0].startswith('| Glance link | cached boot | Nova first boot |')
+    # Ratios are per round (60/30, 56/32, 62/31), then their median.
+    assert lines[2] == '| 1000 Mbit/s | 31.0 s | 60.0 s | 32.0 s | 2.00x | 1.00x |'
+    assert lines[3] == '| 100 Mbit/s | 30.0 s | 210.0 s | 36.0 s | 7.00x | 1.20x |'
+
+
+def tc_root(device='lo'):
+    return subprocess.run(['tc', 'qdisc', 'show', 'dev', device], check=True,
+                          capture_output=True, text=True).stdout
+
+
+class Data(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header('Content-Length', str(1 << 20))
+        self.end_headers()
+        self.wfile.write(bytes(1 << 20))
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.skipif(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip()
+                    != '0', reason='tc needs root (CI runs as root)')
+def test_the_link_carries_what_leaves_glances_port_and_is_gone_afterwards():
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Data)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with first_boots.glance_link(port=port) as set_rate:
+            set_rate(800)
+            assert 'htb' in tc_root()
+            with urllib.request.urlopen('http://127.0.0.1:%d/' % port) as answer:
+                assert len(answer.read()) == 1 << 20
+            shown = subprocess.run(['tc', '-s', 'class', 'show', 'dev', 'lo', 'classid', '1:10'],
+                                   check=True, capture_output=True, text=True).stdout
+            assert 'rate 800Mbit' in shown
+            sent = int(shown.split('Sent ', 1)[1].split()[0])
+            assert sent > 1 << 20
+        assert 'htb' not in tc_root()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,218 @@
+"""First boots of a public image through Nova on the all-in-one cloud, Glance behind a rate limit:
+``openstack server create`` to the guest's ready marker (docs/first-boot.md).
+
+    python -m yolo_bench.first_boots [--rates 1000,100] [--rounds 3] [--image-format qcow2]
+
+Every boot runs on the all-in-one's second compute host (tools/aio/aio add-compute: the one with
+``[yolo] first_boot_before_download`` on), created by the admin with ``--availability-zone
+nova:aio-compute-2`` and ``--nic none``. Each round boots, in an order rotated per round:
+
+* ``cached``: ``_base`` holds the base file and yolofs its boot image (any later boot of the
+  image there);
+* ``nova``: the base file deleted and YOLO off (the host's yolofs stopped): Nova downloads the
+  whole image from Glance (and converts it to raw), then the guest starts;
+* ``yolo``: the base file and the boot image deleted: the driver fetches the boot image from
+  Glance, starts the guest over the base file being filled, and fills it in the background. The
+  next boot waits for the fill to end (the base file there and its boot image installed).
+
+Glance's data is slowed down where it leaves glance-api: an HTB class of ``rate`` Mbit/s on the
+loopback device for the packets from Glance's port (``tc``; everything else on the loopback
+device goes unthrottled), which every download from Glance shares, as a compute host's link
+would carry them. The page cache is dropped before each boot.
+
+Run as root with the all-in-one's venv (tools/aio/first-boot-times does both).
+"""
+
+import argparse
+import contextlib
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import openstack
+
+from yolo_bench import cloud
+from yolo_bench import scheduling
+from yolo_common import images
+from yolo_common import yolofs
+
+MODES = ('cached', 'nova', 'yolo')
+GLANCE_PORT = 9292
+HOST = scheduling.SECOND_HOST
+CONTROL_SOCKET = '/run/yolofs-compute-2/control.sock'
+
+
+def tc(*args, check=True):
+    return subprocess.run(['tc'] + [str(arg) for arg in args], check=check,
+                          capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def glance_link(device='lo', port=GLANCE_PORT):
+    """A link of settable rate for what glance-api sends (packets from ``port`` on ``device``);
+    yields the function that sets its rate in Mbit/s. The device's root qdisc is restored (none)
+    at the end."""
+    tc('qdisc', 'add', 'dev', device, 'root', 'handle', '1:', 'htb', 'default', '20')
+    try:
+        # Loopback packets are up to 64 KiB (its MTU), so the bursts are a few of them.
+        tc('class', 'add', 'dev', device, 'parent', '1:', 'classid', '1:20', 'htb',
+           'rate', '100gbit', 'burst', '1mb')
+
+        def set_rate(mbit):
+            tc('class', 'replace', 'dev', device, 'parent', '1:', 'classid', '1:10', 'htb',
+               'rate', '%dmbit' % mbit, 'ceil', '%dmbit' % mbit, 'burst', '256kb', 'cburst',
+               '256kb')
+        set_rate(100000)
+        tc('filter', 'add', 'dev', device, 'parent', '1:', 'protocol', 'ip', 'prio', '1', 'u32',
+           'match', 'ip', 'sport', port, '0xffff', 'flowid', '1:10')
+        yield set_rate
+    finally:
+        tc('qdisc', 'del', 'dev', device, 'root', check=False)
+
+
+class Host:
+    """The second compute host of the all-in-one as the benchmark changes it."""
+
+    def __init__(self, image):
+        self.name = HOST
+        self.base = scheduling.INSTANCES[HOST] / '_base' / images.base_file_name(image.id)
+        self.client = yolofs.ControlClient(CONTROL_SOCKET)
+
+    def cached(self):
+        """Whether the base file is there and yolofs serves a verified boot image of it."""
+        if not self.base.exists():
+            return False
+        try:
+            boot_image = yolofs.boot_images(self.client.status()).get(self.base.name)
+        except (OSError, ValueError, yolofs.YolofsError):
+            return False
+        return bool(boot_image and boot_image.get('verified'))
+
+    def forget(self):
+        """A host that never had the image: no base file, no boot image."""
+        self.base.unlink(missing_ok=True)
+        self.client.prune()
+
+    def set_yolofs(self, on):
+        subprocess.run([str(cloud.AIO), 'start-yolofs-2' if on else 'stop-yolofs-2'],
+                       check=True, stdout=subprocess.DEVNULL)
+
+    def make_cached(self, admin, image, flavor, timeout):
+        """An untimed boot, if need be, after which the host has the base file and yolofs its
+        boot image."""
+        if not self.cached():
+            print('==> untimed boot on %s' % self.name, flush=True)
+            boot(admin, image, flavor, self.name, 'first-boots-untimed', timeout)
+            cloud.wait('boot image on %s' % self.name, timeout, self.cached, interval=2.0)
+
+
+def boot(admin, image, flavor, host, name, timeout):
+    """One server on ``host``: seconds from its creation to its guest's ready line."""
+    cloud.drop_caches()
+    _, ready, _ = cloud.boot_servers(admin, admin, image, flavor, name, 1, timeout,
+                                     availability_zone='nova:%s' % host)
+    return ready
+
+
+def summary(results):
+    """The table: per link rate, the median boot of each mode and the median of each first
+    boot's ratio to the cached boot of its round. ``results``: {(rate, mode): [seconds, ...]}."""
+    lines = ['| Glance link | cached boot | Nova first boot | YOLO first boot | Nova / cached | '
+             'YOLO / cached |', '|---|---|---|---|---|---|']
+    for rate in dict.fromkeys(rate for rate, _ in results):
+        median = {mode: statistics.median(results[rate, mode]) for mode in MODES}
+        ratio = {mode: statistics.median([boot_s / cached for boot_s, cached in zip(
+            results[rate, mode], results[rate, 'cached'])]) for mode in ('nova', 'yolo')}
+        lines.append('| %d Mbit/s | %.1f s | %.1f s | %.1f s | %.2fx | %.2fx |'
+                     % (rate, median['cached'], median['nova'], median['yolo'], ratio['nova'],
+                        ratio['yolo']))
+    return '\n'.join(lines)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog='python -m yolo_bench.first_boots',
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument('--rates', default='1000,100',
+                        help='rates of Glance\'s link, Mbit/s, comma-separated '
+                             '(default: %(default)s)')
+    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--image-format', choices=('qcow2', 'raw'), default='qcow2',
+                        help='the public image as Glance stores it: the test image (qcow2: '
+                             'reads outside its boot image wait for the whole download and '
+                             'conversion), or a raw copy of it (they are fetched by range)')
+    parser.add_argument('--admin-cloud', default='aio-admin')
+    parser.add_argument('--image', default='debian12-yolo')
+    parser.add_argument('--flavor', default='m1.yolo')
+    parser.add_argument('--timeout', type=float, default=1800.0)
+    return parser.parse_args(argv)
+
+
+def raw_image_file(image_file):
+    raw = pathlib.Path('/var/tmp/first-boots-%s.raw' % image_file.stem)
+    if not raw.exists():
+        images.convert_to_raw(image_file, raw)
+    return raw
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    admin = openstack.connect(cloud=args.admin_cloud)
+    computes = {s.host for s in admin.compute.services(binary='nova-compute')
+                if s.state == 'up' and s.status == 'enabled'}
+    if HOST not in computes:
+        sys.exit('this benchmark boots on the all-in-one\'s second compute host (tools/aio/aio '
+                 'add-compute); these are up: %s' % ', '.join(sorted(computes)))
+    if args.image_format == 'raw':
+        test_image = pathlib.Path(subprocess.run(
+            [str(cloud.REPO / 'tools' / 'build-test-image.sh')], check=True, capture_output=True,
+            text=True).stdout.splitlines()[-1])
+        raw = raw_image_file(test_image)
+        image = admin.image.find_image(args.image + '-raw') or admin.image.create_image(
+            name=args.image + '-raw', filename=str(raw), disk_format='raw',
+            container_format='bare', visibility='public', wait=True)
+        raw.unlink()
+    else:
+        image = cloud.public_image(admin, args.image)
+    print('==> image %s (%s, %.1f MiB in Glance); waiting for its boot image'
+          % (image.name, image.disk_format, image.size / (1 << 20)), flush=True)
+    cloud.wait_for_boot_image(admin, image, args.timeout)
+    flavor = admin.compute.find_flavor(args.flavor)
+    host = Host(image)
+    results = {}
+    with glance_link() as set_rate:
+        for rate in [int(rate) for rate in args.rates.split(',')]:
+            set_rate(rate)
+            for round_ in range(args.rounds):
+                for mode in MODES[round_ % 3:] + MODES[:round_ % 3]:
+                    if mode == 'cached':
+                        host.make_cached(admin, image, flavor, args.timeout)
+                    else:
+                        host.forget()
+                    if mode == 'nova':
+                        host.set_yolofs(False)
+                    try:
+                        ready = boot(admin, image, flavor, host.name,
+                                     'first-boots-%s-%d-%d' % (mode, rate, round_), args.timeout)
+                    finally:
+                        if mode == 'nova':
+                            host.set_yolofs(True)
+                    filled = ''
+                    if mode == 'yolo':
+                        # The next boot waits for the fill to end and its boot image to be
+                        # installed: the host is then in the cached state.
+                        started = time.monotonic()
+                        cloud.wait('the base file and boot image on %s' % host.name,
+                                   args.timeout, host.cached, interval=2.0)
+                        filled = ' (its fill ended %.0f s later)' % (time.monotonic() - started)
+                    results.setdefault((rate, mode), []).append(ready)
+                    print('%5d Mbit/s round %d %-6s ready after %6.1f s%s'
+                          % (rate, round_, mode, ready, filled), flush=True)
+    print()
+    print(summary(results))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
