@@ -40,6 +40,7 @@ from yolo_common import yolofs
 
 MODES = ('cached', 'nova', 'yolo')
 GLANCE_PORT = 9292
+COMPUTE_LOG = pathlib.Path('/var/log/yolo-aio/nova-compute-2.log')
 HOST = scheduling.SECOND_HOST
 CONTROL_SOCKET = '/run/yolofs-compute-2/control.sock'
 
@@ -54,7 +55,8 @@ def glance_link(device='lo', port=GLANCE_PORT):
     """A link of settable rate for what glance-api sends (packets from ``port`` on ``device``);
     yields the function that sets its rate in Mbit/s. The device's root qdisc is restored (none)
     at the end."""
-    tc('qdisc', 'add', 'dev', device, 'root', 'handle', '1:', 'htb', 'default', '20')
+    # replace: a root qdisc a killed run left is replaced, not added to.
+    tc('qdisc', 'replace', 'dev', device, 'root', 'handle', '1:', 'htb', 'default', '20')
     try:
         # Loopback packets are up to 64 KiB (its MTU), so the bursts are a few of them.
         tc('class', 'add', 'dev', device, 'parent', '1:', 'classid', '1:20', 'htb',
@@ -106,6 +108,12 @@ class Host:
             print('==> untimed boot on %s' % self.name, flush=True)
             boot(admin, image, flavor, self.name, 'first-boots-untimed', timeout)
             cloud.wait('boot image on %s' % self.name, timeout, self.cached, interval=2.0)
+
+
+def logged(path, since):
+    with open(path) as log:
+        log.seek(since)
+        return log.read()
 
 
 def boot(admin, image, flavor, host, name, timeout):
@@ -165,14 +173,16 @@ def main(argv=None):
         sys.exit('this benchmark boots on the all-in-one\'s second compute host (tools/aio/aio '
                  'add-compute); these are up: %s' % ', '.join(sorted(computes)))
     if args.image_format == 'raw':
-        test_image = pathlib.Path(subprocess.run(
-            [str(cloud.REPO / 'tools' / 'build-test-image.sh')], check=True, capture_output=True,
-            text=True).stdout.splitlines()[-1])
-        raw = raw_image_file(test_image)
-        image = admin.image.find_image(args.image + '-raw') or admin.image.create_image(
-            name=args.image + '-raw', filename=str(raw), disk_format='raw',
-            container_format='bare', visibility='public', wait=True)
-        raw.unlink()
+        image = admin.image.find_image(args.image + '-raw')
+        if image is None:
+            test_image = pathlib.Path(subprocess.run(
+                [str(cloud.REPO / 'tools' / 'build-test-image.sh')], check=True,
+                capture_output=True, text=True).stdout.splitlines()[-1])
+            raw = raw_image_file(test_image)
+            image = admin.image.create_image(
+                name=args.image + '-raw', filename=str(raw), disk_format='raw',
+                container_format='bare', visibility='public', wait=True)
+            raw.unlink()
     else:
         image = cloud.public_image(admin, args.image)
     print('==> image %s (%s, %.1f MiB in Glance); waiting for its boot image'
@@ -192,6 +202,7 @@ def main(argv=None):
                         host.forget()
                     if mode == 'nova':
                         host.set_yolofs(False)
+                    since = COMPUTE_LOG.stat().st_size
                     try:
                         ready = boot(admin, image, flavor, host.name,
                                      'first-boots-%s-%d-%d' % (mode, rate, round_), args.timeout)
@@ -206,6 +217,11 @@ def main(argv=None):
                         cloud.wait('the base file and boot image on %s' % host.name,
                                    args.timeout, host.cached, interval=2.0)
                         filled = ' (its fill ended %.0f s later)' % (time.monotonic() - started)
+                        # Booted before the download, not by Nova's normal path.
+                        log = logged(COMPUTE_LOG, since)
+                        if 'Filled base file %s' % host.base.name not in log:
+                            sys.exit('the YOLO boot did not fill its base file: see %s'
+                                     % COMPUTE_LOG)
                     results.setdefault((rate, mode), []).append(ready)
                     print('%5d Mbit/s round %d %-6s ready after %6.1f s%s'
                           % (rate, round_, mode, ready, filled), flush=True)

@@ -126,8 +126,8 @@ def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0, acc
 # The boots nova-compute keeps and learns from: the last ones, so that a host's parameters follow
 # its guests and its hardware as they change.
 OBSERVED_BOOTS_KEPT = 20
-# Boots on a CPU less busy than this say nothing of how a boot shares a busy one.
-MIN_FITTED_CPU_LOAD = 0.05
+# Boots on a CPU less busy than this measure a boot's share of an idle CPU (cpu_contention_from).
+MIN_FITTED_CPU_LOAD = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,22 +180,28 @@ def io_part_at_idle(boot, beta, cpus, io_exponent):
 
 
 def cpu_contention_from(boots, cpus, min_boots):
-    """c of the model's CPU share ``1 - c y``, fitted (least squares) to the share of its CPU
-    each boot's vCPU got, its vCPU time over its wall time, against the CPU load ``y`` the model
-    used for it (the idlest CPU's, else the host's); None with fewer than ``min_boots`` boots
-    under some CPU load. Boots served from a boot image only (the others wait for their reads,
-    and a vCPU waiting under KVM does not run), and with no more boots than CPUs (else they
-    share them, which the model counts apart)."""
-    points = []
+    """c of the model's CPU share ``1 - c y``, from the boots served from a boot image (a normal
+    boot's vCPU waits for its reads) with no more boots under way than CPUs (else they share
+    them, which the model counts apart); None with fewer than ``min_boots`` of them on a CPU at
+    least MIN_FITTED_CPU_LOAD busy.
+
+    A boot's share of a CPU is its vCPU time over its wall time, taken relative to what such
+    boots got on an idle CPU (their median; 1 without one): under KVM a vCPU also halts, and a
+    boot has moments of I/O. Each loaded boot gives ``c = (1 - share) / y`` for the load ``y``
+    the model used for it (the idlest CPU's, else the host's); c is their median, within [0, 1]:
+    a guest that halts its vCPU or prints its ready line late is one boot among the median's."""
+    idle, loaded = [], []
     for boot in boots:
+        if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
+            continue
         y = boot_model.clamp(boot.idlest_cpu_utilisation
                              if boot.idlest_cpu_utilisation is not None else boot.cpu_utilisation)
-        if (boot.boot_image and boot.seconds > 0 and y >= MIN_FITTED_CPU_LOAD
-                and boot.concurrent_boots + 1 <= cpus):
-            points.append((y, min(1.0, boot.cpu_seconds / boot.seconds)))
-    if len(points) < max(1, min_boots):
+        share = min(1.0, boot.cpu_seconds / boot.seconds)
+        (loaded if y >= MIN_FITTED_CPU_LOAD else idle).append((y, share))
+    idle_share = statistics.median(share for _, share in idle) if idle else 1.0
+    if len(loaded) < max(1, min_boots) or idle_share <= 0:
         return None
-    c = sum(y * (1 - share) for y, share in points) / sum(y * y for y, _ in points)
+    c = statistics.median((1 - min(1.0, share / idle_share)) / y for y, share in loaded)
     return round(min(max(c, 0.0), 1.0), 3)
 
 

@@ -84,8 +84,7 @@ def _parse(raw):
                 alpha=float(value['alpha']), beta=float(value['beta']),
                 alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus']),
                 io_exponent=float(value['io_exponent'] or 1.0),
-                cpu_contention=1.0 if value['cpu_contention'] is None
-                else float(value['cpu_contention'])),
+                cpu_contention=float(value['cpu_contention'] or 1.0)),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
             updated_at=float(value['updated_at']),
             runnable=None if value['runnable'] is None else float(value['runnable']),

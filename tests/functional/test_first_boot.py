@@ -139,12 +139,6 @@ def test_a_raw_image_is_read_before_its_download_and_ends_as_an_ordinary_base_fi
         assert os.pread(fd, 8192, start) == content[start:start + 8192]
         assert fill.running and fill._cursor < start
         assert any(s <= start < e for s, e in image_server.ranges)
-        # The download yields the CPU to the guests; the ranges they wait for do not.
-        threads = {thread.name: thread.native_id for thread in threading.enumerate()}
-        assert os.getpriority(os.PRIO_PROCESS, threads['yolo-fill-' + NAME]) \
-            == first_boot.FILL_NICE
-        assert os.getpriority(os.PRIO_PROCESS, threads['yolo-fill-wants-' + NAME]) \
-            == os.getpriority(os.PRIO_PROCESS, 0)
 
         assert fill.wait(60)
         assert fill.outcome == 'complete' and fill.boot_image_matches is True

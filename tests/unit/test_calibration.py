@@ -91,21 +91,28 @@ def test_too_few_observed_boots_leave_the_parameters_as_they_were(tmp_path):
 
 def test_cpu_contention_is_fitted_to_the_share_of_a_cpu_the_boots_got():
     known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
-    # Served boots whose vCPU ran 90 % of the time on a CPU 25 % busy, 80 % at 50 %: a boot
-    # yields to 40 % of the load (1 - 0.4 y).
+    # Served boots whose vCPU ran 90 % of the time on a CPU 25 % busy, 80 % at 50 %, all of
+    # it on an idle one: a boot yields to 40 % of the load (1 - 0.4 y).
     boots = [observed(30.0, 27.0, True, cpu=0.9, idlest=0.25),
              observed(30.0, 24.0, True, cpu=0.1, idlest=0.5),
              observed(30.0, 27.0, True, cpu=0.25),
-             # Idle, normal (its reads wait), or sharing the CPUs: none tells.
-             observed(30.0, 15.0, True, idlest=0.0), observed(60.0, 20.0, False, cpu=0.5),
-             observed(60.0, 20.0, True, cpu=0.5, others=2)]
+             observed(30.0, 30.0, True, idlest=0.0),
+             # Normal (its reads wait), or sharing the CPUs with other boots: neither tells.
+             observed(60.0, 20.0, False, cpu=0.5), observed(60.0, 20.0, True, cpu=0.5, others=2)]
     assert calibration.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.4
     assert calibration.cpu_contention_from(boots, cpus=2, min_boots=4) is None
     learned = calibration.with_observed_boots(known, boots, min_boots=3)
     assert learned.cpu_contention == 0.4
     assert learned.params.cpu_contention == 0.4
     assert 'cpu_contention' in learned.details['observed_boots']['learned']
-    # Boots slower than the thesis' 1 - y are bounded by it: c is at most 1, at least 0.
+    # A guest that halts its vCPU (or prints its ready line late) is one boot of the median.
+    halting = boots + [observed(30.0, 6.0, True, cpu=0.5)]
+    assert calibration.cpu_contention_from(halting, cpus=2, min_boots=3) == 0.4
+    # Shares are relative to an idle CPU's: under KVM a vCPU halts for part of any boot.
+    kvm = [observed(30.0, 0.8 * 30.0, True), observed(30.0, 0.72 * 30.0, True, cpu=0.25),
+           observed(30.0, 0.64 * 30.0, True, cpu=0.5), observed(30.0, 0.72 * 30.0, True, cpu=0.25)]
+    assert calibration.cpu_contention_from(kvm, cpus=2, min_boots=3) == 0.4
+    # Bounded: at most the thesis' 1, at least 0.
     slow = [observed(30.0, 10.0, True, cpu=0.5)] * 3
     assert calibration.cpu_contention_from(slow, cpus=2, min_boots=3) == 1.0
     fast = [observed(30.0, 31.0, True, cpu=0.5)] * 3

@@ -227,6 +227,8 @@ def main():
     args = parser.parse_args()
     rates = [int(rate) for rate in args.rates.split(',')]
     modes = [mode for mode in MODES if mode in args.modes.split(',')]
+    if not modes or set(args.modes.split(',')) - set(MODES):
+        parser.error('--modes: a comma-separated list of %s' % ', '.join(MODES))
     test_image = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], check=True,
                                 capture_output=True, text=True).stdout.strip().splitlines()[-1]
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix='first-boot-bench.') as tmp, \
@@ -268,7 +270,7 @@ def main():
                     fill = drvr.yolo_first_boots and drvr.yolo_first_boots.running(host.name)
                     on_demand = ''
                     if fill:
-                        on_demand = ('; %d ranges, %.1f MiB fetched on demand in %.1f s'
+                        on_demand = ('; %d ranges, %.1f MiB fetched on demand in %.1f s by then'
                                      % (fill.fetched_ranges, fill.fetched_bytes / (1 << 20),
                                         fill.fetch_seconds))
                         fill.wait()

@@ -43,9 +43,6 @@ WANTS_POLL_SECONDS = 2.0       # fill_wants' long poll
 # for at most this long at a time.
 WANTS_PRIORITY_SECONDS = 30.0
 SPARSE_BLOCK = 4096            # blocks of zeros are left as holes
-# The fill is background work: its download, checksum, writes and conversion take the CPU the
-# guests booting over it leave (a guest waiting for a range is served at normal priority).
-FILL_NICE = 10
 ZERO_BLOCK = bytes(SPARSE_BLOCK)
 # A download that breaks (Glance restarted, a network blip) resumes where it broke, a few times.
 DOWNLOAD_ATTEMPTS = 5
@@ -211,8 +208,6 @@ class Fill:
             try:
                 if helper is not None:
                     helper.start()
-                # After the helper's start: a thread is born with its creator's priority.
-                yield_cpu_to_guests()
                 write_all(fd)
                 os.fsync(fd)
             finally:
@@ -374,21 +369,6 @@ class Fill:
                     os.unlink(leftover)
                 except FileNotFoundError:
                     pass
-
-
-def yield_cpu_to_guests():
-    """Lowers the calling thread's CPU priority to FILL_NICE (Linux keeps a nice value per
-    thread, and the processes it starts inherit it), never raising it. Not under eventlet,
-    whose green threads all run on one thread, nova-compute's."""
-    from nova import monkey_patch
-    if monkey_patch.is_patched():
-        return
-    thread = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, thread,
-                       max(FILL_NICE, os.getpriority(os.PRIO_PROCESS, thread)))
-    except OSError as e:
-        LOG.debug('The fill keeps its CPU priority: %s', e)
 
 
 def write_data(fd, chunk, offset):
