@@ -587,6 +587,15 @@ class TestMoves(DriverTestCase):
     def test_unshelve_with_yolofs_down_stays_on_base(self):
         self.assertEqual(str(self.base), self.unshelve(healthy=False))
 
+    def test_a_new_guests_disk_stays_on_the_mount_through_the_rebase_nova_skips(self):
+        # Nova calls it at every spawn; a disk over a base file being filled must not wait
+        # there for the fill (the first boot before the download would wait for all of it).
+        disk = self.create_root_disk()
+        with mock.patch.object(self.drvr.yolo_backing, 'on_base') as on_base:
+            self.drvr._rebase_original_qcow2_image(self.context, self.instance, disk)
+        on_base.assert_not_called()
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+
     def test_a_destination_that_cannot_serve_the_shared_disk_is_refused_in_its_check(self):
         self.create_root_disk()
         self.yolofs_down()

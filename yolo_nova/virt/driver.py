@@ -284,9 +284,12 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
 
     # Unshelve and cross-cell resize: Nova rebases the disk from the snapshot onto the original
     # image's base file in _base, a safe rebase that reads the old backing file: that one must
-    # be _base's too, in case yolofs is down. Then the disk is placed like any other.
+    # be _base's too, in case yolofs is down. Then the disk is placed like any other. Nova calls
+    # this at every spawn: any other disk is left where it is (over a base file being filled,
+    # _base would mean waiting for the fill).
     def _rebase_original_qcow2_image(self, context, instance, backend):
-        if not os.path.exists(backend.path):
+        if not os.path.exists(backend.path) \
+                or not self._needs_rebase_original_qcow2_image(instance, backend):
             return super()._rebase_original_qcow2_image(context, instance, backend)
         with self.yolo_backing.on_base(backend.path):
             super()._rebase_original_qcow2_image(context, instance, backend)
