@@ -167,11 +167,17 @@ def raw_image_file(image_file):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     admin = openstack.connect(cloud=args.admin_cloud)
-    computes = {s.host for s in admin.compute.services(binary='nova-compute')
-                if s.state == 'up' and s.status == 'enabled'}
-    if HOST not in computes:
+
+    def second_host_up():
+        return any(s.host == HOST and s.state == 'up' and s.status == 'enabled'
+                   for s in admin.compute.services(binary='nova-compute'))
+
+    try:
+        # A host just restarted is reported up at its first report (every 10 s).
+        cloud.wait('nova-compute on %s up' % HOST, 120, second_host_up, interval=5.0)
+    except TimeoutError:
         sys.exit('this benchmark boots on the all-in-one\'s second compute host (tools/aio/aio '
-                 'add-compute); these are up: %s' % ', '.join(sorted(computes)))
+                 'add-compute), which is not up')
     if args.image_format == 'raw':
         image = admin.image.find_image(args.image + '-raw')
         if image is None:
@@ -185,6 +191,7 @@ def main(argv=None):
             raw.unlink()
     else:
         image = cloud.public_image(admin, args.image)
+    image = admin.image.get_image(image.id)     # as Glance has it now (its size)
     print('==> image %s (%s, %.1f MiB in Glance); waiting for its boot image'
           % (image.name, image.disk_format, image.size / (1 << 20)), flush=True)
     cloud.wait_for_boot_image(admin, image, args.timeout)
