@@ -83,14 +83,16 @@ class Host:
         self.client = yolofs.ControlClient(CONTROL_SOCKET)
 
     def cached(self):
-        """Whether the base file is there and yolofs serves a verified boot image of it."""
+        """Whether the base file is there and yolofs has an unrefused boot image of it (which
+        it verifies again when a guest starts: libvirt's changes of the base file's owner
+        leave it unverified meanwhile)."""
         if not self.base.exists():
             return False
         try:
             boot_image = yolofs.boot_images(self.client.status()).get(self.base.name)
         except (OSError, ValueError, yolofs.YolofsError):
             return False
-        return bool(boot_image and boot_image.get('verified'))
+        return bool(boot_image and not boot_image.get('rejected'))
 
     def forget(self):
         """A host that never had the image: no base file, no boot image."""
