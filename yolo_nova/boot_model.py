@@ -90,12 +90,17 @@ def _known(value):
     return value is not None and math.isfinite(value)
 
 
+def cpu_load(cpu_utilisation, idlest_cpu=None):
+    """The load of the CPU Linux places a boot's vCPU on: the idlest one's utilisation when it is
+    known, else the host's average; clamped."""
+    return clamp(idlest_cpu if _known(idlest_cpu) else cpu_utilisation)
+
+
 def cpu_share(cpu_utilisation, runnable=None, idlest_cpu=None, contention=1.0):
-    """The share of a CPU a boot's vCPU thread gets: what the load leaves free on the CPU Linux
-    places it on, the idlest one when its utilisation is known (else the host's average), of
-    which it yields ``contention``, and at least its fair share among the runnable tasks when
-    their number is known."""
-    free = 1 - contention * clamp(idlest_cpu if _known(idlest_cpu) else cpu_utilisation)
+    """The share of a CPU a boot's vCPU thread gets: what the load of its CPU (cpu_load) leaves
+    free, of which it yields ``contention``, and at least its fair share among the runnable
+    tasks when their number is known."""
+    free = 1 - contention * cpu_load(cpu_utilisation, idlest_cpu)
     if not _known(runnable):
         return free
     return min(1.0, max(free, 1 / (1 + max(0.0, runnable))))

@@ -194,8 +194,7 @@ def cpu_contention_from(boots, cpus, min_boots):
     for boot in boots:
         if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
             continue
-        y = boot_model.clamp(boot.idlest_cpu_utilisation
-                             if boot.idlest_cpu_utilisation is not None else boot.cpu_utilisation)
+        y = boot_model.cpu_load(boot.cpu_utilisation, boot.idlest_cpu_utilisation)
         share = min(1.0, boot.cpu_seconds / boot.seconds)
         (loaded if y >= MIN_FITTED_CPU_LOAD else idle).append((y, share))
     idle_share = statistics.median(share for _, share in idle) if idle else 1.0
