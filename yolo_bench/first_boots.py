@@ -159,13 +159,6 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def raw_image_file(image_file):
-    raw = pathlib.Path('/var/tmp/first-boots-%s.raw' % image_file.stem)
-    if not raw.exists():
-        images.convert_to_raw(image_file, raw)
-    return raw
-
-
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     admin = openstack.connect(cloud=args.admin_cloud)
@@ -186,7 +179,8 @@ def main(argv=None):
             test_image = pathlib.Path(subprocess.run(
                 [str(cloud.REPO / 'tools' / 'build-test-image.sh')], check=True,
                 capture_output=True, text=True).stdout.splitlines()[-1])
-            raw = raw_image_file(test_image)
+            raw = pathlib.Path('/var/tmp/first-boots-%s.raw' % test_image.stem)
+            images.convert_to_raw(test_image, raw)
             image = admin.image.create_image(
                 name=args.image + '-raw', filename=str(raw), disk_format='raw',
                 container_format='bare', visibility='public', wait=True)
