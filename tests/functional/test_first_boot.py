@@ -27,6 +27,7 @@ from yolo_common import yolofs
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
 from yolo_nova.virt import first_boot
+from yolo_nova.virt import qcow2_ranges
 
 SIZE = 24 << 20
 NAME = '3f786850e387550fdab836ed7e6dc881de23001b'
@@ -202,6 +203,26 @@ def test_data_that_is_not_the_images_is_never_a_base_file(host, dirs, image_serv
     assert os.listdir(host.base_dir) == []
 
 
+def test_a_range_the_download_contradicts_fails_the_fill(
+        host, dirs, image_server, content, tmp_path):
+    image_server.rate = 4 << 20
+    image_server.throttle_ranges = False
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content))
+    start = SIZE - (3 << 20)
+    fd = os.open(host.served(), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 8192, start) == content[start:start + 8192]
+    finally:
+        os.close(fd)
+    # The store's bytes change after the range was served (no checksum to catch it).
+    with open(tmp_path / 'glance-store', 'r+b') as store:
+        store.seek(start)
+        store.write(bytes(8192))
+    assert fill.wait(60) and fill.outcome == 'failed'
+    assert 'fetched by range for a read are not the image' in fill.reason
+    assert os.listdir(host.base_dir) == []
+
+
 def test_a_boot_image_of_other_data_is_an_alarm_and_quarantined(
         host, dirs, image_server, content):
     other = bytes(b ^ 0x5a for b in content[:SIZE // 2]) + content[SIZE // 2:]
@@ -309,6 +330,122 @@ def test_other_formats_are_served_once_converted(host, dirs, content):
     assert (host.base_dir / NAME).read_bytes() == converted
     # Its zeros are holes, as the converted file's are.
     assert os.stat(host.base_dir / NAME).st_blocks * 512 <= SIZE + (1 << 20)
+
+
+def qcow2_of(tmp_path, converted):
+    """A compressed qcow2 image of ``converted`` (as the test image is made)."""
+    raw, qcow2 = tmp_path / 'qcow2-source.raw', tmp_path / 'glance-store.qcow2'
+    raw.write_bytes(converted)
+    subprocess.run(['qemu-img', 'convert', '-c', '-f', 'raw', '-O', 'qcow2', raw, qcow2],
+                   check=True)
+    raw.unlink()
+    return qcow2
+
+
+def fill_qcow2(host, dirs, converted, produce):
+    """A fill of the qcow2 image of ``converted`` from an image server, its conversion written
+    by ``produce(path)``; returns the fill, the hole of its boot image read and the server."""
+    qcow2 = qcow2_of(dirs, converted)
+    boot_image = build_boot_image(dirs, converted)
+    # A hole past the first MiB (whose clusters the header's range request may bring along).
+    hole = [h for h in holes_between(boot_image_extents(boot_image), len(converted))
+            if h[0] > 1 << 20 and h[0] + h[1] < SIZE][0]
+    server = ImageServer({IMAGE_ID: qcow2})
+    server.__enter__()
+    ranges = qcow2_ranges.Qcow2Data(
+        first_boot.GlanceData(ks_session.Session(), server.endpoint, IMAGE_ID),
+        qcow2.stat().st_size)
+    fill = host.first_boots.start(
+        NAME, len(converted), IMAGE_ID, 'boot-image-id', str(boot_image),
+        lambda fill: fill.run_converted(produce, ranges=ranges))
+    return fill, hole, server
+
+
+def test_reads_of_a_qcow2_image_are_served_by_range_before_its_conversion(
+        host, dirs, content):
+    converted = content + bytes(SIZE)
+    converting = threading.Event()
+
+    def fetch_to_raw(path):
+        converting.wait(30)
+        with open(path, 'wb') as f:
+            f.write(converted)
+
+    fill, hole, server = fill_qcow2(host, dirs, converted, fetch_to_raw)
+    try:
+        fd = os.open(host.served(), os.O_RDONLY)
+        try:
+            # Its clusters found by range (header, L1, L2, the compressed clusters) while the
+            # conversion has not even begun.
+            assert os.pread(fd, hole[1], hole[0]) == converted[hole[0]:hole[0] + hole[1]]
+            assert fill.running and fill.fetched_ranges >= 1 and len(server.ranges) >= 4
+            converting.set()
+            assert fill.wait(30) and fill.outcome == 'complete', fill.reason
+            assert os.pread(fd, 2 * SIZE, 0) == converted
+        finally:
+            os.close(fd)
+    finally:
+        server.__exit__()
+    assert os.listdir(host.base_dir) == [NAME]
+    assert (host.base_dir / NAME).read_bytes() == converted
+
+
+def test_a_range_that_is_not_the_converted_data_fails_the_fill(host, dirs, content):
+    converted = content + bytes(SIZE)
+    converting = threading.Event()
+    failed_fills = []
+    host.first_boots.on_failed = failed_fills.append
+
+    def fetch_to_raw(path):
+        # What Nova's verified download converts to differs from what the ranges said (a
+        # reader that disagreed with qemu-img, or a store that changed its bytes).
+        converting.wait(30)
+        with open(path, 'wb') as f:
+            f.write(bytes(SIZE) + bytes(SIZE))
+
+    fill, hole, server = fill_qcow2(host, dirs, converted, fetch_to_raw)
+    fill.disks.add('instances/a-guest/disk')
+    try:
+        fd = os.open(host.served(), os.O_RDONLY)
+        try:
+            assert os.pread(fd, hole[1], hole[0]) == converted[hole[0]:hole[0] + hole[1]]
+        finally:
+            os.close(fd)
+        converting.set()
+        assert fill.wait(30) and fill.outcome == 'failed'
+        assert 'fetched by range for a read are not the image' in fill.reason
+    finally:
+        server.__exit__()
+    wait_until('the failed fill reported', 10, lambda: failed_fills == [fill])
+    assert os.listdir(host.base_dir) == []
+
+
+def test_a_qcow2_image_read_otherwise_waits_for_its_conversion(host, dirs, content):
+    converted = content + bytes(SIZE)
+    converting = threading.Event()
+
+    def fetch_to_raw(path):
+        converting.wait(30)
+        with open(path, 'wb') as f:
+            f.write(converted)
+
+    fill, hole, server = fill_qcow2(host, dirs, converted, fetch_to_raw)
+    server.down = True      # what the ranges cannot serve, the conversion does
+    try:
+        fd = os.open(host.served(), os.O_RDONLY)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                reading = pool.submit(os.pread, fd, hole[1], hole[0])
+                time.sleep(2)
+                assert not reading.done()
+                converting.set()
+                assert reading.result(30) == converted[hole[0]:hole[0] + hole[1]]
+        finally:
+            os.close(fd)
+        assert fill.wait(30) and fill.outcome == 'complete', fill.reason
+    finally:
+        server.__exit__()
+    assert (host.base_dir / NAME).read_bytes() == converted
 
 
 def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usual_base_file(

@@ -8,7 +8,11 @@ starts the guest, while a thread of its own fills the file under Nova's lock of 
 * images stored raw in Glance are downloaded in order, and the ranges reads wait for (yolofs'
   ``fill_wants``) are fetched ahead with HTTP ``Range`` requests on Glance's image download;
 * other formats go through Nova's own ``fetch_to_raw`` (download, inspection, conversion), and
-  are copied into the fill file as they are: a qcow2 cluster cannot be fetched by range.
+  are copied into the fill file as they are; meanwhile, the clusters of a qcow2 image that reads
+  wait for are found and fetched by range (``qcow2_ranges``).
+
+A range fetched ahead is compared with the verified data (the in-order download's, the
+conversion's) before it is overwritten: a mismatch fails the fill.
 
 Each range written is reported to yolofs (``fill_done``), which wakes the reads waiting for it.
 Once complete, the data is verified as Nova verifies a download, yolofs compares the boot image
@@ -32,6 +36,7 @@ import requests
 import tenacity
 
 from yolo_common import yolofs
+from yolo_nova.virt import qcow2_ranges
 
 LOG = logging.getLogger(__name__)
 
@@ -193,10 +198,15 @@ class Fill:
                                  % checksum[0])
         self._run(write_all, inspect, wants)
 
-    def run_converted(self, produce_raw, inspect=None):
+    def run_converted(self, produce_raw, inspect=None, ranges=None):
         """Fills from the raw file ``produce_raw(path)`` writes (Nova's ``fetch_to_raw``, which
-        verifies the download and inspects and converts it), copied in as it is."""
-        self._run(lambda fd: self._copy_converted(fd, produce_raw), inspect, None)
+        verifies the download and inspects and converts it), copied in as it is. ``ranges``: the
+        disk's data by range meanwhile (a ``qcow2_ranges.Qcow2Data``), for the reads that wait."""
+        wants = None
+        if ranges is not None:
+            wants = threading.Thread(target=self._serve_wants, args=(ranges,),
+                                     name='yolo-fill-wants-%s' % self.name, daemon=True)
+        self._run(lambda fd: self._copy_converted(fd, produce_raw), inspect, wants)
 
     def abandon(self, reason):
         """Ends a fill yolofs was never asked to serve: its fill file goes, if made."""
@@ -204,7 +214,7 @@ class Fill:
 
     def _run(self, write_all, inspect, helper):
         try:
-            fd = os.open(self.path, os.O_WRONLY)
+            fd = os.open(self.path, os.O_RDWR)
             try:
                 if helper is not None:
                     helper.start()
@@ -300,9 +310,21 @@ class Fill:
     def _write_in_order(self, fd, chunk):
         """Writes ``chunk`` at the cursor, moves the cursor past it and reports it."""
         with self._write_lock:
+            self._check_ahead(fd, chunk, self._cursor)
             write_data(fd, chunk, self._cursor)
             offset, self._cursor = self._cursor, self._cursor + len(chunk)
         self._written(offset, len(chunk))
+
+    def _check_ahead(self, fd, chunk, offset):
+        """Fails the fill if a range fetched ahead, which a guest may have read, is not what
+        the verified data at ``offset`` says."""
+        end = offset + len(chunk)
+        for ahead_offset, ahead_length in self._ahead:
+            start, stop = max(offset, ahead_offset), min(end, ahead_offset + ahead_length)
+            expected = chunk[start - offset:stop - offset]
+            if start < stop and os.pread(fd, stop - start, start) != expected:
+                raise FillFailed('the bytes %d-%d fetched by range for a read are not the '
+                                 'image\'s' % (start, stop - 1))
 
     def _serve_wants(self, data):
         """Fetches the ranges reads wait for, while the fill runs. A failure here only leaves
@@ -325,6 +347,9 @@ class Fill:
                         self._fetch_ahead(fd, data, offset, length)
                 finally:
                     self._no_wants.set()
+        except qcow2_ranges.Unsupported as e:
+            LOG.warning('Reads of base file %s outside its boot image wait for the conversion '
+                        'of image %s: %s', self.name, self.image_id, e)
         except Exception:
             LOG.exception('Fetching ranges of base file %s by request stopped; its reads wait '
                           'for the download in order', self.name)
@@ -468,9 +493,15 @@ class FirstBoots:
                 fill.run_raw(GlanceData.for_context(context, image_id), checksum,
                              inspect=lambda path: inspect_raw(image, image_id, path))
         else:
+            ranges = None
+            if image.get('disk_format') == 'qcow2' and image.get('size'):
+                ranges = qcow2_ranges.Qcow2Data(GlanceData.for_context(context, image_id),
+                                                image['size'])
+
             def run(fill):
                 from nova.virt import images
-                fill.run_converted(lambda path: images.fetch_to_raw(context, image_id, path))
+                fill.run_converted(lambda path: images.fetch_to_raw(context, image_id, path),
+                                   ranges=ranges)
         fill = self.start(name, size, image_id, boot_image_id, boot_image_path, run)
         if fill is None or fill.boot_image_path != boot_image_path:
             os.unlink(boot_image_path)
