@@ -273,6 +273,9 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         return on_mount
 
     def _preload(self, name, status, instance):
+        # A base file being filled is served from the fill's boot image, in memory already.
+        if self.yolo_first_boots is not None and self.yolo_first_boots.running(name):
+            return
         if not self.yolo_boot_images.has_boot_image(name, status):
             return
         try:
