@@ -144,6 +144,9 @@ class ObservedBoot:
     concurrent_boots: int = 0   # other timed boots under way when it started
     accel: str = ''
     idlest_cpu_utilisation: float = None
+    # How long its busiest vCPU waited for a host CPU while runnable (the kernel's schedstat,
+    # through libvirt): None where not known.
+    cpu_delay_seconds: float = None
 
 
 def load_observed(path):
@@ -165,16 +168,22 @@ def save_observed(boots, path):
 
 def io_part_at_idle(boot, beta, cpus, io_exponent):
     """The I/O part an observed boot had at idle: what it took beyond the CPU it needs
-    (``beta``, shared with the boots under way beyond the CPUs), brought back to an idle disk
-    through the model's I/O term; at least 0.
+    (``beta``) and its wait for a CPU, brought back to an idle disk through the model's I/O
+    term; at least 0.
 
-    The wait for a busy CPU counts as I/O here: solving the model's CPU part for it too gave 0
-    for every boot of Nova's on the all-in-one, whose CPU share the model underestimates on a
-    lightly loaded host (other tasks' short bursts, a guest just deleted still in the smoothed
-    load): a boot's vCPU ran 96 % of its time where ``1 - y`` said 78 %. Taken over the last
-    boots' median, a boot now and then under CPU contention does not move it."""
+    The wait for a CPU is the vCPU's own (schedstat's run delay) where it is known. Where it is
+    not, the boot's CPU is taken as ``beta`` shared with the boots under way beyond the CPUs,
+    and any other wait for a busy CPU counts as I/O: solving the model's CPU part for it gave 0
+    for every boot of Nova's on the all-in-one, whose CPU share the model underestimated on a
+    lightly loaded host (a boot's vCPU ran 96 % of its time where ``1 - y`` said 78 %), and
+    boots slowed by CPU contention alone then inflate it (the all-in-one's two hosts share two
+    cores: a host's alpha_yolo rose to 10.7 s from boots that only waited for the CPU the other
+    host's fio stressors took)."""
     others = max(0, boot.concurrent_boots)
-    cpu = beta * max(1.0, (1 + others) / cpus)
+    if boot.cpu_delay_seconds is not None:
+        cpu = beta + boot.cpu_delay_seconds
+    else:
+        cpu = beta * max(1.0, (1 + others) / cpus)
     loaded = boot_model.io_time(1.0, boot.io_utilisation, io_exponent) * (1 + others)
     return max(0.0, (boot.seconds - cpu) / loaded)
 
@@ -185,22 +194,32 @@ def cpu_contention_from(boots, cpus, min_boots):
     them, which the model counts apart); None with fewer than ``min_boots`` of them on a CPU at
     least MIN_FITTED_CPU_LOAD busy.
 
-    A boot's share of a CPU is its vCPU time over its wall time, taken relative to what such
-    boots got on an idle CPU (their median; 1 without one): under KVM a vCPU also halts, and a
-    boot has moments of I/O. Each loaded boot gives ``c = (1 - share) / y`` for the load ``y``
-    the model used for it (the idlest CPU's, else the host's); c is their median, within [0, 1]:
-    a guest that halts its vCPU or prints its ready line late is one boot among the median's."""
+    A boot's share of a CPU is what its vCPU ran of the time it was runnable, where its wait
+    for a CPU is known (schedstat's run delay: ``run / (run + delay)``). Where it is not, it is
+    its vCPU time over its wall time, taken relative to what such boots got on an idle CPU (their
+    median; 1 without one): under KVM a vCPU also halts, and a boot has moments of I/O. Each
+    loaded boot gives ``c = (1 - share) / y`` for the load ``y`` the model used for it (the
+    idlest CPU's, else the host's); c is their median, within [0, 1]: a guest that halts its
+    vCPU or prints its ready line late is one boot among the median's."""
     idle, loaded = [], []
     for boot in boots:
         if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
             continue
         y = boot_model.cpu_load(boot.cpu_utilisation, boot.idlest_cpu_utilisation)
-        share = min(1.0, boot.cpu_seconds / boot.seconds)
-        (loaded if y >= MIN_FITTED_CPU_LOAD else idle).append((y, share))
-    idle_share = statistics.median(share for _, share in idle) if idle else 1.0
+        runnable = boot.cpu_seconds + (boot.cpu_delay_seconds or 0.0)
+        if boot.cpu_delay_seconds is not None and runnable > 0:
+            share, relative = boot.cpu_seconds / runnable, False
+        else:
+            share, relative = min(1.0, boot.cpu_seconds / boot.seconds), True
+        if y >= MIN_FITTED_CPU_LOAD:
+            loaded.append((y, share, relative))
+        elif relative:
+            idle.append(share)
+    idle_share = statistics.median(idle) if idle else 1.0
     if len(loaded) < max(1, min_boots) or idle_share <= 0:
         return None
-    c = statistics.median((1 - min(1.0, share / idle_share)) / y for y, share in loaded)
+    c = statistics.median((1 - min(1.0, share / idle_share if relative else share)) / y
+                          for y, share, relative in loaded)
     return round(min(max(c, 0.0), 1.0), 3)
 
 

@@ -301,30 +301,42 @@ def test_a_full_disk_fails_the_fill_and_leaves_nothing(dirs, image_server, conte
         subprocess.run(['umount', '--lazy', small], check=True)
 
 
+class Conversion:
+    """Nova's ``fetch_to_raw`` as a fill calls it: writes ``data`` once ``released``."""
+
+    def __init__(self, data):
+        self.data = data
+        self.released = threading.Event()
+
+    def __call__(self, path):
+        self.released.wait(30)
+        with open(path, 'wb') as f:
+            f.write(self.data)
+
+
+def assert_read_waits_for(conversion, host, hole):
+    """A read of ``hole`` of the served file returns only once ``conversion`` has run."""
+    fd = os.open(host.served(), os.O_RDONLY)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(os.pread, fd, hole[1], hole[0])
+            time.sleep(2)
+            assert not reading.done()
+            conversion.released.set()
+            assert reading.result(30) == conversion.data[hole[0]:hole[0] + hole[1]]
+    finally:
+        os.close(fd)
+
+
 def test_other_formats_are_served_once_converted(host, dirs, content):
     # Converted, the image is twice the size of its random data: its second half is zeros.
     converted = content + bytes(SIZE)
     boot_image = build_boot_image(dirs, converted)
     hole = holes_between(boot_image_extents(boot_image), SIZE)[0]
-    converting = threading.Event()
-
-    def fetch_to_raw(path):
-        converting.wait(30)
-        with open(path, 'wb') as f:
-            f.write(converted)
-
+    conversion = Conversion(converted)
     fill = host.first_boots.start(NAME, 2 * SIZE, IMAGE_ID, 'boot-image-id', str(boot_image),
-                                  lambda fill: fill.run_converted(fetch_to_raw))
-    fd = os.open(host.served(), os.O_RDONLY)
-    try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            reading = pool.submit(os.pread, fd, hole[1], hole[0])
-            time.sleep(1)
-            assert not reading.done()
-            converting.set()
-            assert reading.result(30) == converted[hole[0]:hole[0] + hole[1]]
-    finally:
-        os.close(fd)
+                                  lambda fill: fill.run_converted(conversion))
+    assert_read_waits_for(conversion, host, hole)
     assert fill.wait(30) and fill.outcome == 'complete'
     assert os.listdir(host.base_dir) == [NAME]
     assert (host.base_dir / NAME).read_bytes() == converted
@@ -364,14 +376,8 @@ def fill_qcow2(host, dirs, converted, produce):
 def test_reads_of_a_qcow2_image_are_served_by_range_before_its_conversion(
         host, dirs, content):
     converted = content + bytes(SIZE)
-    converting = threading.Event()
-
-    def fetch_to_raw(path):
-        converting.wait(30)
-        with open(path, 'wb') as f:
-            f.write(converted)
-
-    fill, hole, server = fill_qcow2(host, dirs, converted, fetch_to_raw)
+    conversion = Conversion(converted)
+    fill, hole, server = fill_qcow2(host, dirs, converted, conversion)
     try:
         fd = os.open(host.served(), os.O_RDONLY)
         try:
@@ -379,7 +385,7 @@ def test_reads_of_a_qcow2_image_are_served_by_range_before_its_conversion(
             # conversion has not even begun.
             assert os.pread(fd, hole[1], hole[0]) == converted[hole[0]:hole[0] + hole[1]]
             assert fill.running and fill.fetched_ranges >= 1 and len(server.ranges) >= 4
-            converting.set()
+            conversion.released.set()
             assert fill.wait(30) and fill.outcome == 'complete', fill.reason
             assert os.pread(fd, 2 * SIZE, 0) == converted
         finally:
@@ -392,18 +398,12 @@ def test_reads_of_a_qcow2_image_are_served_by_range_before_its_conversion(
 
 def test_a_range_that_is_not_the_converted_data_fails_the_fill(host, dirs, content):
     converted = content + bytes(SIZE)
-    converting = threading.Event()
     failed_fills = []
     host.first_boots.on_failed = failed_fills.append
-
-    def fetch_to_raw(path):
-        # What Nova's verified download converts to differs from what the ranges said (a
-        # reader that disagreed with qemu-img, or a store that changed its bytes).
-        converting.wait(30)
-        with open(path, 'wb') as f:
-            f.write(bytes(SIZE) + bytes(SIZE))
-
-    fill, hole, server = fill_qcow2(host, dirs, converted, fetch_to_raw)
+    # What Nova's verified download converts to differs from what the ranges said (a reader
+    # that disagreed with qemu-img, or a store that changed its bytes).
+    conversion = Conversion(bytes(2 * SIZE))
+    fill, hole, server = fill_qcow2(host, dirs, converted, conversion)
     fill.disks.add('instances/a-guest/disk')
     try:
         fd = os.open(host.served(), os.O_RDONLY)
@@ -411,7 +411,7 @@ def test_a_range_that_is_not_the_converted_data_fails_the_fill(host, dirs, conte
             assert os.pread(fd, hole[1], hole[0]) == converted[hole[0]:hole[0] + hole[1]]
         finally:
             os.close(fd)
-        converting.set()
+        conversion.released.set()
         assert fill.wait(30) and fill.outcome == 'failed'
         assert 'fetched by range for a read are not the image' in fill.reason
     finally:
@@ -422,26 +422,11 @@ def test_a_range_that_is_not_the_converted_data_fails_the_fill(host, dirs, conte
 
 def test_a_qcow2_image_read_otherwise_waits_for_its_conversion(host, dirs, content):
     converted = content + bytes(SIZE)
-    converting = threading.Event()
-
-    def fetch_to_raw(path):
-        converting.wait(30)
-        with open(path, 'wb') as f:
-            f.write(converted)
-
-    fill, hole, server = fill_qcow2(host, dirs, converted, fetch_to_raw)
+    conversion = Conversion(converted)
+    fill, hole, server = fill_qcow2(host, dirs, converted, conversion)
     server.down = True      # what the ranges cannot serve, the conversion does
     try:
-        fd = os.open(host.served(), os.O_RDONLY)
-        try:
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                reading = pool.submit(os.pread, fd, hole[1], hole[0])
-                time.sleep(2)
-                assert not reading.done()
-                converting.set()
-                assert reading.result(30) == converted[hole[0]:hole[0] + hole[1]]
-        finally:
-            os.close(fd)
+        assert_read_waits_for(conversion, host, hole)
         assert fill.wait(30) and fill.outcome == 'complete', fill.reason
     finally:
         server.__exit__()

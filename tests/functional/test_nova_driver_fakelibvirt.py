@@ -812,6 +812,22 @@ class TestBootTiming(DriverTestCase):
         self.spawn()
         self.assertFalse(self.watch.call_args.args[1]['boot_image'])
 
+    def test_the_vcpu_times_come_from_libvirts_domain_stats(self):
+        connection = self.drvr._host.get_connection()
+        domain = connection.defineXML(self.domain_xml(self.instance_dir / 'disk'))
+        domain.create()
+        # Nova's fake libvirt has no domain stats: the vCPUs' running times alone.
+        self.assertIsNone(self.drvr._yolo_vcpu_times(self.instance)[1])
+        # The busiest vCPU's running time and its wait for a CPU (schedstat's run delay).
+        stats = {'vcpu.current': 2, 'vcpu.0.time': 30 * 10**9, 'vcpu.0.delay': 4 * 10**9,
+                 'vcpu.1.time': 2 * 10**9, 'vcpu.1.delay': 9 * 10**9}
+        with mock.patch.object(connection, 'domainListGetStats', create=True,
+                               return_value=[(domain, stats)]) as get_stats:
+            self.assertEqual((30.0, 4.0), self.drvr._yolo_vcpu_times(self.instance))
+            del stats['vcpu.0.delay']      # a libvirt older than the delay
+            self.assertEqual((30.0, None), self.drvr._yolo_vcpu_times(self.instance))
+        self.assertEqual(yolo_driver.LIBVIRT_STATS_VCPU, get_stats.call_args.args[1])
+
     def test_nothing_is_timed_without_yolofs_a_start_or_a_pattern(self):
         self.yolofs_down()
         self.spawn()

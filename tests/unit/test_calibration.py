@@ -1,5 +1,6 @@
 """The calibration file and the throughput utilisation derived from it."""
 
+import dataclasses
 import json
 
 import pytest
@@ -54,11 +55,11 @@ def test_io_utilisation_is_throughput_when_capacity_is_known():
 
 
 def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0,
-             idlest=None):
+             idlest=None, delay=None):
     return calibration.ObservedBoot(
         started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds, boot_image=boot_image,
         io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others,
-        idlest_cpu_utilisation=idlest)
+        idlest_cpu_utilisation=idlest, cpu_delay_seconds=delay)
 
 
 def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
@@ -117,6 +118,37 @@ def test_cpu_contention_is_fitted_to_the_share_of_a_cpu_the_boots_got():
     assert calibration.cpu_contention_from(slow, cpus=2, min_boots=3) == 1.0
     fast = [observed(30.0, 31.0, True, cpu=0.5)] * 3
     assert calibration.cpu_contention_from(fast, cpus=2, min_boots=3) == 0.0
+
+
+def test_a_known_wait_for_the_cpu_is_not_taken_for_io():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2,
+                                    io_exponent=0.0)
+    # The true host: beta 30, alpha_yolo 1. Two boots waited 20 s and 15 s for a CPU another
+    # host's work took (no I/O load, no boot under way): without their run delay their waits
+    # would make alpha_yolo 21 s and 16 s, and the median 16.
+    boots = [observed(51.0, 30.0, True, delay=20.0), observed(46.0, 30.0, True, delay=15.0),
+             observed(31.0, 30.0, True, delay=0.0)]
+    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    assert (learned.beta, learned.alpha_yolo) == (30.0, 1.0)
+    unknown = [dataclasses.replace(boot, cpu_delay_seconds=None) for boot in boots]
+    assert calibration.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 16.0
+    # A normal boot under TCG spins its vCPU while its reads wait: its I/O is what is left
+    # beyond beta and its wait for a CPU.
+    normal = [observed(30.0 + 8.0 + 5.0, 36.0, False, delay=5.0)] * 3
+    assert calibration.with_observed_boots(learned, normal, min_boots=3).alpha == 8.0
+
+
+def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
+    # The vCPU ran 27 s of the 30 s it was runnable on a CPU 25 % busy, 24 of 30 at 50 %: it
+    # yields to 40 % of the load, whatever it halted or waited for I/O meanwhile (the wall time
+    # does not enter), and without idle boots to compare with.
+    boots = [observed(40.0, 27.0, True, cpu=0.25, delay=3.0),
+             observed(45.0, 24.0, True, cpu=0.5, delay=6.0),
+             observed(33.0, 27.0, True, cpu=0.25, delay=3.0)]
+    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.4
+    # Idle boots with their delay known are not needed as a reference, nor taken as one.
+    assert calibration.cpu_contention_from(
+        boots + [observed(60.0, 20.0, True, delay=0.0)], cpus=2, min_boots=3) == 0.4
 
 
 def test_observed_boots_file_keeps_the_last_ones(tmp_path):

@@ -4,7 +4,8 @@ The boot-time model's parameters (docs/scheduling.md) come from ``yolo-calibrate
 which QEMU makes without libvirt and Nova: not the guests this host runs (their machine type,
 devices, cache mode, image and flavor). Each guest Nova spawns here is timed instead, from the
 moment its QEMU runs to the first line of its console that matches ``[yolo] boot_ready_pattern``
-(a login prompt by default), with its busiest vCPU's running time then, whether its disk was
+(a login prompt by default), with its busiest vCPU's running time then and the time that vCPU
+waited for a host CPU (the kernel's schedstat, through libvirt), whether its disk was
 served from a boot image, and the host's load and boots under way when it was asked for. The last
 boots are kept in ``[yolo] observed_boots_file`` and the driver reports the parameters they give
 (:func:`yolo_nova.calibration.with_observed_boots`).
@@ -45,15 +46,16 @@ class BootTimer:
     """Times started guests on a thread of its own and keeps their boots in ``path``.
 
     ``read_console(instance)``: the guest's console output (bytes or str; raises once the guest
-    is gone); ``vcpu_seconds(instance)``: its busiest vCPU's running time.
+    is gone); ``vcpu_times(instance)``: its busiest vCPU's running time and the time it waited
+    for a host CPU (None: not known), in seconds.
     """
 
-    def __init__(self, path, ready_pattern, timeout, read_console, vcpu_seconds, accel=''):
+    def __init__(self, path, ready_pattern, timeout, read_console, vcpu_times, accel=''):
         self.path = path
         self.ready = re.compile(ready_pattern.encode(), re.MULTILINE)
         self.timeout = timeout
         self.read_console = read_console
-        self.vcpu_seconds = vcpu_seconds
+        self.vcpu_times = vcpu_times
         self.accel = accel
         self._incoming = queue.Queue()
         self._timing = {}
@@ -122,12 +124,15 @@ class BootTimer:
             console = console.encode(errors='replace')
         if not self.ready.search(console[-CONSOLE_TAIL_BYTES:]):
             return False
+        cpu_seconds, cpu_delay = self.vcpu_times(timing.instance)
         boot = calibration.ObservedBoot(
             started_at=timing.started_at, seconds=round(elapsed, 2),
-            cpu_seconds=round(self.vcpu_seconds(timing.instance), 2), accel=self.accel,
-            **timing.conditions)
-        LOG.info('Guest ready %.1f s after its start (vCPU %.1f s, %s)', boot.seconds,
-                 boot.cpu_seconds, 'from its boot image' if boot.boot_image else 'normal',
+            cpu_seconds=round(cpu_seconds, 2),
+            cpu_delay_seconds=None if cpu_delay is None else round(cpu_delay, 2),
+            accel=self.accel, **timing.conditions)
+        LOG.info('Guest ready %.1f s after its start (vCPU %.1f s, waited for a CPU %s s, %s)',
+                 boot.seconds, boot.cpu_seconds, boot.cpu_delay_seconds,
+                 'from its boot image' if boot.boot_image else 'normal',
                  instance=timing.instance)
         try:
             boots = calibration.load_observed(self.path)

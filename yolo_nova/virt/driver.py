@@ -57,6 +57,8 @@ yolo_conf.register_opts(CONF)
 LOG = logging.getLogger(__name__)
 # Parameters of an uncalibrated host: the emulated HDD of docs/boot-benchmark.md under TCG.
 UNCALIBRATED = calibration.Calibration(alpha=5.9, beta=22.7, alpha_yolo=0.4, cpus=1)
+# libvirt's VIR_DOMAIN_STATS_VCPU: a domain's per-vCPU statistics.
+LIBVIRT_STATS_VCPU = 8
 
 
 class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
@@ -109,7 +111,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         try:
             return boot_timer.BootTimer(
                 CONF.yolo.observed_boots_file, CONF.yolo.boot_ready_pattern,
-                CONF.yolo.boot_ready_timeout, self._yolo_console, self._yolo_vcpu_seconds,
+                CONF.yolo.boot_ready_timeout, self._yolo_console, self._yolo_vcpu_times,
                 accel=calibration.accel_of_virt_type(CONF.libvirt.virt_type) or '')
         except re.error as e:
             LOG.error('[yolo] boot_ready_pattern %r is not a regular expression (%s): boots '
@@ -222,9 +224,23 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
     def _yolo_console(self, instance):
         return self.get_console_output(nova_context.get_admin_context(), instance)
 
-    def _yolo_vcpu_seconds(self, instance):
+    def _yolo_vcpu_times(self, instance):
+        """The busiest vCPU's running time and the time it waited for a host CPU (libvirt's
+        ``vcpu.N.delay``, the kernel's schedstat; None where libvirt does not report it), in
+        seconds."""
         guest = self._host.get_guest(instance)
-        return max((vcpu.time for vcpu in guest.get_vcpus_info()), default=0) / 1e9
+        try:
+            [(_, stats)] = self._host.get_connection().domainListGetStats(
+                [guest._domain], LIBVIRT_STATS_VCPU)
+            vcpus = [(stats['vcpu.%d.time' % n], stats.get('vcpu.%d.delay' % n))
+                     for n in range(stats['vcpu.current'])]
+        except Exception as e:
+            # A libvirt without domain stats (Nova's fake one among them).
+            LOG.debug('No vCPU stats from libvirt (%s): its vCPUs\' times only', e,
+                      instance=instance)
+            vcpus = [(vcpu.time, None) for vcpu in guest.get_vcpus_info()]
+        run, delay = max(vcpus, key=lambda vcpu: vcpu[0], default=(0, None))
+        return run / 1e9, None if delay is None else delay / 1e9
 
     # Every path that starts a guest goes through here.
     def _create_guest(self, context, xml, instance, power_on=True, pause=False,
