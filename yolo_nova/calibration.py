@@ -194,13 +194,18 @@ def cpu_contention_from(boots, cpus, min_boots):
     them, which the model counts apart); None with fewer than ``min_boots`` of them on a CPU at
     least MIN_FITTED_CPU_LOAD busy.
 
-    A boot's share of a CPU is what its vCPU ran of the time it was runnable, where its wait
-    for a CPU is known (schedstat's run delay: ``run / (run + delay)``). Where it is not, it is
-    its vCPU time over its wall time, taken relative to what such boots got on an idle CPU (their
-    median; 1 without one): under KVM a vCPU also halts, and a boot has moments of I/O. Each
-    loaded boot gives ``c = (1 - share) / y`` for the load ``y`` the model used for it (the
-    idlest CPU's, else the host's); c is their median, within [0, 1]: a guest that halts its
-    vCPU or prints its ready line late is one boot among the median's."""
+    Where the boots' wait for a CPU is known (schedstat's run delay), a boot's share of a CPU is
+    what its vCPU ran of the time it was runnable, ``run / (run + delay)``, which neither a
+    guest's halts nor its I/O change, and c is the least-squares fit of ``1 - share = c y`` for
+    the load ``y`` the model used for it (the idlest CPU's, else the host's): the boots on busy
+    CPUs, which the prediction is for, weigh most (the all-in-one's boots yield nothing to a
+    CPU 20 % busy with tasks that mostly sleep, and 40 % of one 70-90 % busy; a median of the
+    ratios, dominated by the former, predicted the latter 40 % too fast).
+    Otherwise a boot's share is its vCPU time over its wall time, taken relative to what such
+    boots got on an idle CPU (their median; 1 without one), since under KVM a vCPU also halts
+    and a boot has moments of I/O; c is then the median of ``(1 - share) / y``: a guest that
+    halts its vCPU or prints its ready line late is one boot among the median's. Within [0, 1].
+    """
     idle, loaded = [], []
     for boot in boots:
         if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
@@ -215,11 +220,15 @@ def cpu_contention_from(boots, cpus, min_boots):
             loaded.append((y, share, relative))
         elif relative:
             idle.append(share)
+    timed = [(y, share) for y, share, relative in loaded if not relative]
     idle_share = statistics.median(idle) if idle else 1.0
-    if len(loaded) < max(1, min_boots) or idle_share <= 0:
+    if len(timed) >= max(1, min_boots):
+        c = sum(y * (1 - share) for y, share in timed) / sum(y * y for y, _ in timed)
+    elif len(loaded) >= max(1, min_boots) and idle_share > 0:
+        c = statistics.median((1 - min(1.0, share / idle_share if relative else share)) / y
+                              for y, share, relative in loaded)
+    else:
         return None
-    c = statistics.median((1 - min(1.0, share / idle_share if relative else share)) / y
-                          for y, share, relative in loaded)
     return round(min(max(c, 0.0), 1.0), 3)
 
 

@@ -149,6 +149,16 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
     # Idle boots with their delay known are not needed as a reference, nor taken as one.
     assert calibration.cpu_contention_from(
         boots + [observed(60.0, 20.0, True, delay=0.0)], cpus=2, min_boots=3) == 0.4
+    # Fitted by least squares: the boots on busy CPUs weigh most. On the all-in-one, boots on
+    # CPUs about 20 % busy got all of it, boots on CPUs 70-87 % busy about 63 %: the median of
+    # the ratios (0.05) would predict the latter 40 % too fast.
+    all_in_one = [observed(31.2, 30.3, True, idlest=0.23, delay=0.3),
+                  observed(32.2, 30.6, True, idlest=0.17, delay=0.5),
+                  observed(29.1, 28.6, True, idlest=0.20, delay=0.2),
+                  observed(27.1, 25.9, True, idlest=0.21, delay=0.2),
+                  observed(53.4, 34.2, True, idlest=0.70, delay=18.8),
+                  observed(52.3, 32.0, True, idlest=0.87, delay=19.8)]
+    assert calibration.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.417
 
 
 def test_observed_boots_file_keeps_the_last_ones(tmp_path):
