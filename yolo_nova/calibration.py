@@ -211,9 +211,9 @@ def cpu_contention_from(boots, cpus, min_boots):
         if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
             continue
         y = boot_model.cpu_load(boot.cpu_utilisation, boot.idlest_cpu_utilisation)
-        runnable = boot.cpu_seconds + (boot.cpu_delay_seconds or 0.0)
-        if boot.cpu_delay_seconds is not None and runnable > 0:
-            share, relative = boot.cpu_seconds / runnable, False
+        delay = boot.cpu_delay_seconds
+        if delay is not None and boot.cpu_seconds + delay > 0:
+            share, relative = boot.cpu_seconds / (boot.cpu_seconds + delay), False
         else:
             share, relative = min(1.0, boot.cpu_seconds / boot.seconds), True
         if y >= MIN_FITTED_CPU_LOAD:

@@ -184,8 +184,6 @@ class Fill:
         """Fills from ``data`` (a :class:`GlanceData` of a raw image): in order, with the
         ranges reads wait for fetched ahead. ``checksum``: (hashlib algorithm, hex digest) the
         whole must match; ``inspect(path)`` raises if the complete file is not acceptable."""
-        wants = threading.Thread(target=self._serve_wants, args=(data,),
-                                 name='yolo-fill-wants-%s' % self.name, daemon=True)
         digest = hashlib.new(checksum[0]) if checksum else None
 
         def write_all(fd):
@@ -196,17 +194,20 @@ class Fill:
             if digest is not None and digest.hexdigest() != checksum[1]:
                 raise FillFailed('the data does not match the image\'s %s checksum'
                                  % checksum[0])
-        self._run(write_all, inspect, wants)
+        self._run(write_all, inspect, self._wants_thread(data))
 
     def run_converted(self, produce_raw, inspect=None, ranges=None):
         """Fills from the raw file ``produce_raw(path)`` writes (Nova's ``fetch_to_raw``, which
         verifies the download and inspects and converts it), copied in as it is. ``ranges``: the
         disk's data by range meanwhile (a ``qcow2_ranges.Qcow2Data``), for the reads that wait."""
-        wants = None
-        if ranges is not None:
-            wants = threading.Thread(target=self._serve_wants, args=(ranges,),
-                                     name='yolo-fill-wants-%s' % self.name, daemon=True)
-        self._run(lambda fd: self._copy_converted(fd, produce_raw), inspect, wants)
+        self._run(lambda fd: self._copy_converted(fd, produce_raw), inspect,
+                  None if ranges is None else self._wants_thread(ranges))
+
+    def _wants_thread(self, source):
+        """The thread that fetches from ``source`` (``read(offset, length)``) what reads wait
+        for, while the fill runs."""
+        return threading.Thread(target=self._serve_wants, args=(source,),
+                                name='yolo-fill-wants-%s' % self.name, daemon=True)
 
     def abandon(self, reason):
         """Ends a fill yolofs was never asked to serve: its fill file goes, if made."""
@@ -321,8 +322,8 @@ class Fill:
         end = offset + len(chunk)
         for ahead_offset, ahead_length in self._ahead:
             start, stop = max(offset, ahead_offset), min(end, ahead_offset + ahead_length)
-            expected = chunk[start - offset:stop - offset]
-            if start < stop and os.pread(fd, stop - start, start) != expected:
+            if start < stop and os.pread(fd, stop - start, start) != chunk[
+                    start - offset:stop - offset]:
                 raise FillFailed('the bytes %d-%d fetched by range for a read are not the '
                                  'image\'s' % (start, stop - 1))
 

@@ -49,8 +49,7 @@ class Qcow2Data:
     def __init__(self, source, file_size):
         self.source = source
         self.file_size = file_size
-        self._header = None
-        self._l1 = None
+        self._l1 = None             # read with the header, at the first read
         self._l2_tables = collections.OrderedDict()
 
     def read(self, offset, length):
@@ -65,7 +64,7 @@ class Qcow2Data:
         return b''.join(clusters)[skip:skip + length]
 
     def _read_header(self):
-        if self._header is not None:
+        if self._l1 is not None:
             return
         head = self.source.read(0, min(HEADER_BYTES, self.file_size))
         if head[:4] != MAGIC or len(head) < HEADER_V3_OFFSET:
@@ -82,8 +81,7 @@ class Qcow2Data:
             raise Unsupported('clusters of 2^%d bytes' % cluster_bits)
         self.version = version
         if version == 3:
-            incompatible = HEADER_V3.unpack_from(head, HEADER_V3_OFFSET)[0]
-            header_length = HEADER_V3.unpack_from(head, HEADER_V3_OFFSET)[4]
+            incompatible, _, _, _, header_length = HEADER_V3.unpack_from(head, HEADER_V3_OFFSET)
             if incompatible & INCOMPATIBLE_COMPRESSION_TYPE:
                 if header_length <= COMPRESSION_TYPE_OFFSET or head[COMPRESSION_TYPE_OFFSET]:
                     raise Unsupported('compression other than zlib')
@@ -103,7 +101,6 @@ class Qcow2Data:
                                                                           virtual_size))
         # Only the entries the disk needs are read: a larger table's others map nothing.
         self._l1 = struct.unpack('>%dQ' % needed, self._file_range(l1_offset, needed * 8))
-        self._header = head
 
     def _file_range(self, offset, length):
         if offset < 0 or offset + length > self.file_size:
