@@ -6,6 +6,10 @@ worker_class = 'gthread'
 threads = 4
 timeout = 600
 graceful_timeout = 5
+# gunicorn closes an idle connection after 2 s by default, the interval at which the openstack
+# client's --wait polls: a poll sent as the server closes the connection fails with
+# RemoteDisconnected. Keep idle connections longer than any client's poll interval.
+keepalive = 30
 accesslog = '-'
 errorlog = '-'
 
