@@ -45,7 +45,7 @@ YOLO_OFF = {'max_boot_time_ratio': '0', 'max_predicted_boot_time': '0',
             'boot_time_weight_multiplier': '0'}
 # YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
 PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
-                        r'cpu ([\d.]+).*: (passes|rejected)\b')
+                        r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown).*: (passes|rejected)\b')
 # nova-compute reports every 60 s; yolofs' load is a moving average with a time constant of
 # 10 s, which has come 95% of the way to a new load after three.
 REPORT_TIMEOUT = 300
@@ -60,7 +60,8 @@ class Request:
     busy: str               # the host under contention
     number: int
     landed: str
-    predicted: dict         # host: (predicted boot seconds, io utilisation, verdict)
+    # host: (predicted boot seconds, io utilisation, verdict, cpu pressure or None)
+    predicted: dict
     boot_seconds: float     # ACTIVE to ready
 
     @property
@@ -125,11 +126,12 @@ def log_position():
 
 def predictions(since, log=SCHEDULER_LOG):
     """YoloBootFilter's last prediction per host in the scheduler's log after byte ``since``:
-    {host: (predicted seconds, io utilisation, verdict)}."""
+    {host: (predicted seconds, io utilisation, verdict, cpu pressure or None)}."""
     with open(log, 'rb') as f:
         f.seek(since)
         text = f.read().decode(errors='replace')
-    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(5))
+    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(6),
+                         None if m.group(5) == 'unknown' else float(m.group(5)))
             for m in PREDICTION.finditer(text)}
 
 
@@ -163,16 +165,19 @@ def request(user, admin, image, flavor, name, timeout):
 
 
 def summary(requests):
-    lines = ['| YOLO in the scheduler | contended host | request | predicted %s (io) | '
-             'predicted %s (io) | landed on | boot, ACTIVE to ready (s) | model error |' % (
+    lines = ['| YOLO in the scheduler | contended host | request | predicted %s (io, cpu '
+             'pressure) | predicted %s (io, cpu pressure) | landed on | boot, ACTIVE to ready '
+             '(s) | model error |' % (
                  FIRST_HOST, SECOND_HOST),
              '|---|---|---:|---:|---:|---|---:|---:|']
     for r in requests:
         cells = [r.yolo, r.busy, str(r.number)]
         for host in (FIRST_HOST, SECOND_HOST):
-            seconds, io, verdict = r.predicted.get(host, (float('nan'), float('nan'), '-'))
-            cells.append('%.1f (%.2f)%s' % (seconds, io, ', rejected' if verdict == 'rejected'
-                                            else ''))
+            seconds, io, verdict, pressure = r.predicted.get(
+                host, (float('nan'), float('nan'), '-', None))
+            cells.append('%.1f (%.2f, %s)%s' % (
+                seconds, io, '-' if pressure is None else '%.2f' % pressure,
+                ', rejected' if verdict == 'rejected' else ''))
         error = r.error
         cells += [r.landed, '%.1f' % r.boot_seconds,
                   '-' if error is None else '%+.0f%%' % (100 * error)]

@@ -94,7 +94,8 @@ def model_load(host_load, known):
                                               known.disk_bytes_per_second),
                 cpu_utilisation=float(host_load['cpu_utilisation']),
                 runnable=host_load.get('runnable_per_cpu'),
-                idlest_cpu_utilisation=host_load.get('idlest_cpu_utilisation'))
+                idlest_cpu_utilisation=host_load.get('idlest_cpu_utilisation'),
+                cpu_pressure=host_load.get('cpu_pressure'))
 
 
 def accel_of_virt_type(virt_type):
@@ -147,6 +148,8 @@ class ObservedBoot:
     # How long its busiest vCPU waited for a host CPU while runnable (the kernel's schedstat,
     # through libvirt): None where not known.
     cpu_delay_seconds: float = None
+    # The host's CPU pressure then (None: not reported).
+    cpu_pressure: float = None
 
 
 def load_observed(path):
@@ -197,10 +200,11 @@ def cpu_contention_from(boots, cpus, min_boots):
     Where the boots' wait for a CPU is known (schedstat's run delay), a boot's share of a CPU is
     what its vCPU ran of the time it was runnable, ``run / (run + delay)``, which neither a
     guest's halts nor its I/O change, and c is the least-squares fit of ``1 - share = c y`` for
-    the load ``y`` the model used for it (the idlest CPU's, else the host's): the boots on busy
-    CPUs, which the prediction is for, weigh most (the all-in-one's boots yield nothing to a
-    CPU 20 % busy with tasks that mostly sleep, and 40 % of one 70-90 % busy; a median of the
-    ratios, dominated by the former, predicted the latter 40 % too fast).
+    the load ``y`` the model used for it (cpu_load: the host's CPU pressure, else a CPU's
+    utilisation): the boots on busy CPUs, which the prediction is for, weigh most (the
+    all-in-one's boots yield nothing to a CPU 20 % busy with tasks that mostly sleep, and 40 %
+    of one 70-90 % busy; a median of the ratios, dominated by the former, predicted the latter
+    40 % too fast).
     Otherwise a boot's share is its vCPU time over its wall time, taken relative to what such
     boots got on an idle CPU (their median; 1 without one), since under KVM a vCPU also halts
     and a boot has moments of I/O; c is then the median of ``(1 - share) / y``: a guest that
@@ -210,7 +214,8 @@ def cpu_contention_from(boots, cpus, min_boots):
     for boot in boots:
         if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
             continue
-        y = boot_model.cpu_load(boot.cpu_utilisation, boot.idlest_cpu_utilisation)
+        y = boot_model.cpu_load(boot.cpu_utilisation, boot.idlest_cpu_utilisation,
+                                boot.cpu_pressure)
         delay = boot.cpu_delay_seconds
         if delay is not None and boot.cpu_seconds + delay > 0:
             share, relative = boot.cpu_seconds / (boot.cpu_seconds + delay), False

@@ -17,7 +17,8 @@ PREFIX = 'yolo_'
 KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpus',
         'boot_images', 'updated_at')
 # Reported by newer hosts; a host without them gets the thesis' model.
-OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation', 'cpu_contention')
+OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation', 'cpu_contention',
+                 'cpu_pressure')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,7 @@ class HostBootState:
     updated_at: float
     runnable: float = None
     idlest_cpu_utilisation: float = None
+    cpu_pressure: float = None
 
     def to_stats(self):
         optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent,
@@ -38,6 +40,8 @@ class HostBootState:
             optional[PREFIX + 'runnable'] = '%.3f' % self.runnable
         if self.idlest_cpu_utilisation is not None:
             optional[PREFIX + 'idlest_cpu_utilisation'] = '%.4f' % self.idlest_cpu_utilisation
+        if self.cpu_pressure is not None:
+            optional[PREFIX + 'cpu_pressure'] = '%.4f' % self.cpu_pressure
         return {
             **optional,
             PREFIX + 'io_utilisation': '%.4f' % self.io_utilisation,
@@ -54,7 +58,8 @@ class HostBootState:
         return boot_model.predict(self.params, self.io_utilisation, self.cpu_utilisation,
                                   boot_image=image_id in self.boot_images,
                                   concurrent_boots=concurrent_boots, runnable=self.runnable,
-                                  idlest_cpu=self.idlest_cpu_utilisation)
+                                  idlest_cpu=self.idlest_cpu_utilisation,
+                                  cpu_pressure=self.cpu_pressure)
 
 
 def from_stats(stats, max_age, now=None):
@@ -87,8 +92,12 @@ def _parse(raw):
                 cpu_contention=float(value['cpu_contention'] or 1.0)),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
             updated_at=float(value['updated_at']),
-            runnable=None if value['runnable'] is None else float(value['runnable']),
-            idlest_cpu_utilisation=None if value['idlest_cpu_utilisation'] is None
-            else float(value['idlest_cpu_utilisation']))
+            runnable=_optional_float(value['runnable']),
+            idlest_cpu_utilisation=_optional_float(value['idlest_cpu_utilisation']),
+            cpu_pressure=_optional_float(value['cpu_pressure']))
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _optional_float(value):
+    return None if value is None else float(value)

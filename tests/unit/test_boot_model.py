@@ -111,6 +111,23 @@ def test_cpu_contention_is_the_share_of_the_cpus_load_a_boot_yields_to():
         dataclasses.replace(thesis, cpu_contention=1.5)
 
 
+def test_cpu_pressure_is_the_load_a_boot_competes_with_where_it_is_known():
+    params = boot_model.BootTimeParameters(alpha=0.0, beta=20.0, alpha_yolo=0.0, cpus=2,
+                                           cpu_contention=0.5)
+    # CPUs 80 % busy with tasks that hardly ever wait for one another: the boot hardly waits.
+    assert boot_model.predict(params, 0, 0.8, idlest_cpu=0.8, cpu_pressure=0.02) \
+        == pytest.approx(20.0 / 0.99)
+    assert boot_model.predict(params, 0, 0.8, idlest_cpu=0.8) == pytest.approx(20.0 / 0.6)
+    # Unknown or unusable pressure: the utilisation, as before; clamped like it.
+    assert boot_model.predict(params, 0, 0.8, idlest_cpu=0.8, cpu_pressure=float('nan')) \
+        == pytest.approx(20.0 / 0.6)
+    assert boot_model.cpu_load(0.2, None, 7.0) == boot_model.MAX_UTILISATION
+    # The fair share among the runnable tasks still floors it.
+    thesis = dataclasses.replace(params, cpu_contention=1.0)
+    assert boot_model.predict(thesis, 0, 0.8, runnable=1.0, cpu_pressure=1.0) \
+        == pytest.approx(40.0)
+
+
 def test_io_exponent_shapes_the_io_part_and_is_measured_back():
     thesis = boot_model.BootTimeParameters(alpha=5.0, beta=20.0, alpha_yolo=0.5)
     rate = dataclasses.replace(thesis, io_exponent=0.0)
@@ -127,13 +144,13 @@ def test_io_exponent_shapes_the_io_part_and_is_measured_back():
 def test_host_stats_without_the_optional_keys_give_the_thesis_model():
     state = host_stats.HostBootState(0.5, 0.75, boot_model.BootTimeParameters(
         alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0, cpu_contention=0.0),
-        frozenset(), time.time(), runnable=1.0, idlest_cpu_utilisation=0.25)
+        frozenset(), time.time(), runnable=1.0, idlest_cpu_utilisation=0.25, cpu_pressure=0.125)
     stats = state.to_stats()
     parsed = host_stats.from_stats(stats, max_age=60)
     assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.runnable,
-            parsed.idlest_cpu_utilisation) == (0.0, 0.0, 1.0, 0.25)
+            parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (0.0, 0.0, 1.0, 0.25, 0.125)
     old = {k: v for k, v in stats.items()
            if k[len(host_stats.PREFIX):] not in host_stats.OPTIONAL_KEYS}
     parsed = host_stats.from_stats(old, max_age=60)
     assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.runnable,
-            parsed.idlest_cpu_utilisation) == (1.0, 1.0, None, None)
+            parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (1.0, 1.0, None, None, None)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from yolo_nova import boot_model
 from yolo_nova import calibration
 
 
@@ -55,11 +56,11 @@ def test_io_utilisation_is_throughput_when_capacity_is_known():
 
 
 def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0,
-             idlest=None, delay=None):
+             idlest=None, delay=None, pressure=None):
     return calibration.ObservedBoot(
         started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds, boot_image=boot_image,
         io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others,
-        idlest_cpu_utilisation=idlest, cpu_delay_seconds=delay)
+        idlest_cpu_utilisation=idlest, cpu_delay_seconds=delay, cpu_pressure=pressure)
 
 
 def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
@@ -159,6 +160,43 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
                   observed(53.4, 34.2, True, idlest=0.70, delay=18.8),
                   observed(52.3, 32.0, True, idlest=0.87, delay=19.8)]
     assert calibration.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.417
+
+
+def test_cpu_contention_is_fitted_to_the_cpu_pressure_where_hosts_report_it():
+    # The all-in-one's CPUs 70-90 % busy: with runnable work (fio on a loop device over memory)
+    # a boot's vCPU waited 19 s of 52; with tasks that mostly sleep (fio on a disk), hardly at
+    # all. Against utilisation no c fits both; against the pressure their load put on the CPUs,
+    # one does.
+    boots = [observed(52.0, 32.0, True, idlest=0.85, delay=19.0, pressure=0.6),
+             observed(51.0, 32.0, True, idlest=0.80, delay=18.5, pressure=0.58),
+             observed(40.0, 31.0, True, idlest=0.85, delay=1.0, pressure=0.05),
+             observed(39.0, 31.0, True, idlest=0.80, delay=0.8, pressure=0.04)]
+    c = calibration.cpu_contention_from(boots, cpus=2, min_boots=2)
+    assert c == pytest.approx(0.62, abs=0.01)
+    for boot in boots:
+        share = boot.cpu_seconds / (boot.cpu_seconds + boot.cpu_delay_seconds)
+        assert boot_model.cpu_share(boot.cpu_utilisation, idlest_cpu=boot.idlest_cpu_utilisation,
+                                    contention=c, pressure=boot.cpu_pressure) \
+            == pytest.approx(share, abs=0.05)
+    # The same boots without their pressure: the fit to utilisation misses the quiet ones by
+    # a third.
+    blind = [dataclasses.replace(boot, cpu_pressure=None) for boot in boots]
+    c = calibration.cpu_contention_from(blind, cpus=2, min_boots=2)
+    assert boot_model.cpu_share(0, idlest_cpu=0.85, contention=c) < 0.8
+
+
+def test_model_load_carries_what_yolofs_reports():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
+    load = {'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable_per_cpu': 0.5,
+            'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
+    assert calibration.model_load(load, known) == {
+        'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable': 0.5,
+        'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
+    # A yolofs that does not know its host's pressure (PSI off) reports null, as older ones
+    # report nothing.
+    assert calibration.model_load(dict(load, cpu_pressure=None), known)['cpu_pressure'] is None
+    del load['cpu_pressure']
+    assert calibration.model_load(load, known)['cpu_pressure'] is None
 
 
 def test_observed_boots_file_keeps_the_last_ones(tmp_path):

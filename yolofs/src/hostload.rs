@@ -5,7 +5,10 @@
 //! (`io_ticks`, field 13 of `/proc/diskstats`, as `iostat`'s %util), and its read and write
 //! rates (operations and bytes per second), from which the compute driver derives the thesis'
 //! throughput utilisation once the disk's capacity is calibrated. CPU utilisation is the non-idle
-//! fraction of all CPU time in `/proc/stat`, and that of the least busy CPU. All are sampled every interval and smoothed with an
+//! fraction of all CPU time in `/proc/stat`, and that of the least busy CPU. CPU pressure is the
+//! fraction of wall time some runnable task waited for a CPU (`some` in `/proc/pressure/cpu`):
+//! utilisation cannot tell load a new guest's vCPU waits behind (runnable tasks) from load that
+//! mostly sleeps, pressure can. All are sampled every interval and smoothed with an
 //! exponentially weighted moving average, so one busy second does not swing the scheduler.
 
 use std::fs;
@@ -33,6 +36,9 @@ pub struct HostLoad {
     /// Smoothed runnable tasks per CPU, not counting the sampler itself (`procs_running` of
     /// /proc/stat): how many tasks a new boot's vCPU would share a CPU with.
     pub runnable_per_cpu: f64,
+    /// Smoothed fraction of wall time some runnable task waited for a CPU, 0..1; None where the
+    /// kernel does not report CPU pressure (before Linux 4.20, or booted with `psi=0`).
+    pub cpu_pressure: Option<f64>,
     /// The block device measured (the one holding the source directory).
     pub device: String,
     /// Smoothing time constant in seconds.
@@ -138,6 +144,18 @@ fn cpu_counters(stat: &str) -> Option<CpuCounters> {
     })
 }
 
+/// Microseconds runnable tasks have waited for a CPU since boot (`some ... total=` of
+/// /proc/pressure/cpu).
+fn cpu_pressure_total(pressure: &str) -> Option<u64> {
+    pressure
+        .lines()
+        .find_map(|l| l.strip_prefix("some "))?
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
 /// Utilisation of the least busy CPU between two readings (None if they do not match).
 fn idlest_cpu(a: &CpuCounters, b: &CpuCounters) -> Option<f64> {
     if a.per_cpu.len() != b.per_cpu.len() {
@@ -151,8 +169,8 @@ fn idlest_cpu(a: &CpuCounters, b: &CpuCounters) -> Option<f64> {
         .reduce(f64::min)
 }
 
-/// When, the disk's counters, the CPUs'.
-type Sample = (Instant, Option<DiskCounters>, Option<CpuCounters>);
+/// When, the disk's counters, the CPUs', the CPU pressure's total.
+type Sample = (Instant, Option<DiskCounters>, Option<CpuCounters>, Option<u64>);
 
 pub struct HostLoadSampler {
     current: Mutex<HostLoad>,
@@ -182,7 +200,10 @@ impl HostLoadSampler {
                         .as_deref()
                         .and_then(|d| disk_counters(&fs::read_to_string("/proc/diskstats").ok()?, d));
                     let cpu = fs::read_to_string("/proc/stat").ok().and_then(|s| cpu_counters(&s));
-                    (now, io, cpu)
+                    let pressure = fs::read_to_string("/proc/pressure/cpu")
+                        .ok()
+                        .and_then(|p| cpu_pressure_total(&p));
+                    (now, io, cpu, pressure)
                 };
                 let mut previous = read();
                 loop {
@@ -197,7 +218,7 @@ impl HostLoadSampler {
         sampler
     }
 
-    fn update(&self, (t0, io0, cpu0): &Sample, (t1, io1, cpu1): &Sample, smoothing: Duration) {
+    fn update(&self, (t0, io0, cpu0, waited0): &Sample, (t1, io1, cpu1, waited1): &Sample, smoothing: Duration) {
         let elapsed = (*t1 - *t0).as_secs_f64();
         if elapsed <= 0.0 {
             return;
@@ -219,6 +240,10 @@ impl HostLoadSampler {
             )),
             _ => None,
         };
+        let pressure = match (waited0, waited1) {
+            (Some(a), Some(b)) => Some((per_second(*a, *b) / 1e6).clamp(0.0, 1.0)),
+            _ => None,
+        };
         // EWMA weight for this sample given the time constant; the first sample is taken as is.
         let mut current = self.current.lock().unwrap();
         let weight = if current.samples == 0 {
@@ -236,6 +261,11 @@ impl HostLoadSampler {
             smooth(&mut current.cpu_utilisation, utilisation);
             smooth(&mut current.runnable_per_cpu, runnable);
             smooth(&mut current.idlest_cpu_utilisation, idlest.unwrap_or(utilisation));
+        }
+        if let Some(pressure) = pressure {
+            let mut smoothed = current.cpu_pressure.unwrap_or(pressure);
+            smooth(&mut smoothed, pressure);
+            current.cpu_pressure = Some(smoothed);
         }
         current.samples += 1;
     }
@@ -281,6 +311,15 @@ mod tests {
     }
 
     #[test]
+    fn cpu_pressure_is_the_some_lines_total() {
+        let pressure = "some avg10=0.03 avg60=0.92 avg300=5.56 total=4385158141\n\
+                        full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(cpu_pressure_total(pressure), Some(4385158141));
+        assert_eq!(cpu_pressure_total("full avg10=0.00 total=7\n"), None);
+        assert_eq!(cpu_pressure_total(""), None);
+    }
+
+    #[test]
     fn the_idlest_cpu_is_the_least_busy_one_between_two_readings() {
         let before = cpu_counters("cpu  0 0 0 0\ncpu0 0 0 0 0\ncpu1 0 0 0 0\n").unwrap();
         // cpu0 busy all of its 100 jiffies, cpu1 a quarter of them.
@@ -314,8 +353,8 @@ mod tests {
         };
         // 2 s of io_ticks in 1 s (merged queues) clamps to 1.0.
         sampler.update(
-            &(t0, disk(0, 0, 0), cpu(0, 100)),
-            &(t1, disk(300, 2048, 2000), cpu(50, 200)),
+            &(t0, disk(0, 0, 0), cpu(0, 100), None),
+            &(t1, disk(300, 2048, 2000), cpu(50, 200), None),
             Duration::from_secs(10),
         );
         let load = sampler.current();
@@ -325,13 +364,23 @@ mod tests {
         assert_eq!(load.bytes_per_second, 1048576.0);
         assert_eq!(load.runnable_per_cpu, 0.5);
         assert_eq!(load.idlest_cpu_utilisation, 0.0);
+        assert_eq!(load.cpu_pressure, None);
+        // Tasks waited 0.4 s for a CPU in the second: the first pressure is taken as is.
         sampler.update(
-            &(t0, disk(0, 0, 0), cpu(0, 100)),
-            &(t1, disk(0, 0, 0), cpu(0, 200)),
+            &(t0, disk(0, 0, 0), cpu(0, 100), Some(1_000_000)),
+            &(t1, disk(0, 0, 0), cpu(0, 200), Some(1_400_000)),
             Duration::from_secs(10),
         );
         let load = sampler.current();
         assert!(load.io_utilisation < 1.0 && load.io_utilisation > 0.85, "{load:?}");
         assert!(load.iops < 300.0 && load.iops > 255.0, "{load:?}");
+        assert_eq!(load.cpu_pressure, Some(0.4));
+        sampler.update(
+            &(t0, disk(0, 0, 0), cpu(0, 100), Some(1_400_000)),
+            &(t1, disk(0, 0, 0), cpu(0, 200), Some(1_400_000)),
+            Duration::from_secs(10),
+        );
+        let pressure = sampler.current().cpu_pressure.unwrap();
+        assert!(pressure < 0.4 && pressure > 0.35, "{pressure}");
     }
 }

@@ -252,6 +252,14 @@ impl Collector for DaemonMetrics {
             "Smoothed runnable tasks per CPU.",
             ConstGauge::new(load.runnable_per_cpu),
         )?;
+        if let Some(pressure) = load.cpu_pressure {
+            single(
+                e,
+                "yolofs_host_cpu_pressure",
+                "Smoothed fraction of time some runnable task waited for a CPU, 0..1.",
+                ConstGauge::new(pressure),
+            )?;
+        }
         Ok(())
     }
 }
