@@ -62,6 +62,10 @@ class Boot:
     ready_seconds: float        # until the last guest was ready
     cache: str                  # Nova's cache mode for the root disk (domain XML)
     images: str = 'same'        # the servers' image: one for all, or 'distinct' images
+    # Seconds the guests' root disk requests took up to ready (reads, writes, flushes), summed
+    # per guest and averaged over the guests (QEMU's counters): where a boot's time goes on a
+    # contended disk.
+    disk_seconds: tuple = None
 
 
 def drop_caches():
@@ -131,13 +135,30 @@ LIBVIRT_URIS = {'aio-compute-2':
                 'qemu+unix:///system?socket=/var/lib/libvirt-compute-2/run/libvirt-sock'}
 
 
-def cache_mode(admin, server_id):
-    """The cache mode of the guest's root disk in its libvirt domain XML."""
+def virsh(admin, server_id, *args):
+    """``virsh COMMAND DOMAIN ARGS...`` on the server's guest, through its host's libvirtd."""
     server = admin.compute.get_server(server_id)
     uri = LIBVIRT_URIS.get(server.compute_host, 'qemu:///system')
-    xml = subprocess.run(['virsh', '-c', uri, 'dumpxml', server.instance_name], check=True,
-                         capture_output=True, text=True).stdout
-    return ET.fromstring(xml).find('./devices/disk/driver').get('cache')
+    command, *rest = args
+    return subprocess.run(['virsh', '-c', uri, command, server.instance_name, *rest],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def cache_mode(admin, server_id):
+    """The cache mode of the guest's root disk in its libvirt domain XML."""
+    xml = ET.fromstring(virsh(admin, server_id, 'dumpxml'))
+    return xml.find('./devices/disk/driver').get('cache')
+
+
+def disk_seconds(admin, server_id):
+    """(reads, writes, flushes): the seconds the requests of the guest's root disk took so
+    far, each kind summed, as QEMU counts them (``virsh domblkstat``)."""
+    xml = ET.fromstring(virsh(admin, server_id, 'dumpxml'))
+    device = xml.find('./devices/disk/target').get('dev')
+    stats = dict(line.split()[1:3] for line in
+                 virsh(admin, server_id, 'domblkstat', device).splitlines() if line.strip())
+    return tuple(int(stats.get(kind + '_total_times', 0)) / 1e9
+                 for kind in ('rd', 'wr', 'flush'))
 
 
 class GuestFailed(Exception):
@@ -145,14 +166,14 @@ class GuestFailed(Exception):
 
 
 def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=None,
-                 keep_seconds=0.0, **placement):
+                 keep_seconds=0.0, on_ready=None, **placement):
     """Creates ``count`` servers at once (one request, ``--min``/``--max``), or with a list of
     images one server of each (a request each, in quick succession); returns (seconds until the
     last is ACTIVE, seconds until the last guest is ready, the cache mode); deletes them,
     ``keep_seconds`` after the last is ready (nova-compute's boot timer reads the consoles once
     a second: a guest deleted at once may not be timed). ``on_active(servers)`` is called once
-    all are ACTIVE; ``placement``: more arguments of the requests (an admin's
-    ``availability_zone='nova:HOST'``)."""
+    all are ACTIVE, ``on_ready(servers)`` once all are ready; ``placement``: more arguments of
+    the requests (an admin's ``availability_zone='nova:HOST'``)."""
     started = time.monotonic()
     if isinstance(image, list):
         servers = [conn.compute.create_server(name='%s-%d' % (name, number), image_id=one.id,
@@ -193,6 +214,8 @@ def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=Non
             return not pending
         wait('guests ready', timeout, ready)
         ready_at = time.monotonic()
+        if on_ready is not None:
+            on_ready(servers)
         time.sleep(keep_seconds)
         return active_at - started, ready_at - started, cache
     finally:
@@ -263,6 +286,22 @@ def summary(boots):
                 lines.append('YOLO on with %d stressors, %d servers%s / YOLO on idle: %.2f' % (
                     stressors, servers, ' of distinct images' if kind == 'distinct' else '',
                     medians[condition, 'on'] / idle))
+    profiled = [b for b in boots if b.disk_seconds]
+    if profiled:
+        lines += ['', 'Guests\' root disk requests up to ready, median seconds (reads / writes / '
+                  'flushes, summed per guest):']
+        for stressors, servers, kind in conditions:
+            cells = []
+            for policy in policies:
+                mine = [b.disk_seconds for b in profiled if (b.stressors, b.servers, b.images,
+                                                             b.policy) == (stressors, servers,
+                                                                           kind, policy)]
+                if mine:
+                    cells.append('%s %s' % (policy, ' / '.join(
+                        '%.1f' % statistics.median(kind_s) for kind_s in zip(*mine))))
+            lines.append('- %d stressors, %d servers%s: %s' % (
+                stressors, servers, ' of distinct images' if kind == 'distinct' else '',
+                ', '.join(cells)))
     return '\n'.join(lines)
 
 
@@ -395,13 +434,19 @@ def measure(args, node, user, admin, image, flavor, policy, stressors, servers, 
         subprocess.run(['cat'] + [str(base) for base in bases], stdout=subprocess.DEVNULL,
                        check=True)
     name = 'boot-times-%s-%d-%d-%s-%d' % (policy, stressors, servers, kind, repetition)
+    disk = []
+
+    def on_ready(booted):
+        per_guest = [disk_seconds(admin, server.id) for server in booted]
+        disk.extend(statistics.mean(kind) for kind in zip(*per_guest))
     with runner.io_stressors(node.disk, stressors):
         active, ready, cache = boot_servers(user, admin, image, flavor, name, servers,
-                                            args.timeout)
-    boot = Boot(policy, stressors, servers, repetition, active, ready, cache, kind)
+                                            args.timeout, on_ready=on_ready)
+    boot = Boot(policy, stressors, servers, repetition, active, ready, cache, kind, tuple(disk))
     print('==> YOLO %-4s %d stressors, %d servers (%s), boot %d: ACTIVE after %.1f s, ready '
-          'after %.1f s (cache=%s)' % (policy, stressors, servers, kind, repetition, active,
-                                       ready, cache), flush=True)
+          'after %.1f s (cache=%s; guest disk: reads %.1f s, writes %.1f s, flushes %.1f s)'
+          % (policy, stressors, servers, kind, repetition, active, ready, cache, *disk),
+          flush=True)
     return boot
 
 

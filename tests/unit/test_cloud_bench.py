@@ -1,6 +1,7 @@
 """The Nova-level boot benchmark's arguments and report (its boots run on the all-in-one:
 tools/aio/boot-times)."""
 
+import dataclasses
 from unittest import mock
 
 import pytest
@@ -82,3 +83,14 @@ def test_distinct_images_are_a_server_each(monkeypatch):
     assert [(c.kwargs['name'], c.kwargs['image_id']) for c in created] == [
         ('b-1', 'image-a'), ('b-2', 'image-b')]
     assert conn.compute.delete_server.call_count == 2
+
+
+def test_the_guests_disk_time_is_summarised_where_it_was_measured():
+    measured = [dataclasses.replace(boot, disk_seconds=(float(rep), 2.0 * rep, 0.5))
+                for rep, boot in enumerate(boots('on', 8, 1, [50, 52, 49]) +
+                                           boots('off', 8, 1, [300, 330, 320]))]
+    lines = cloud.summary(measured).splitlines()
+    assert lines[-2:] == [
+        "Guests' root disk requests up to ready, median seconds (reads / writes / flushes, "
+        "summed per guest):",
+        '- 8 stressors, 1 servers: off 4.0 / 8.0 / 0.5, on 1.0 / 2.0 / 0.5']

@@ -1,0 +1,58 @@
+"""A fill writes the image's data but leaves its 4 KiB blocks of zeros as holes, as Nova's
+conversion does (qemu-img skips them)."""
+
+import os
+
+import pytest
+
+from yolo_nova.virt import first_boot
+
+BLOCK = first_boot.SPARSE_BLOCK
+CHUNK = 64 * BLOCK
+
+
+def data_with_zero_blocks(*zero_blocks, length=CHUNK):
+    data = bytearray(os.urandom(length))
+    for block in zero_blocks:
+        data[block * BLOCK:(block + 1) * BLOCK] = bytes(BLOCK)
+    return bytes(data)
+
+
+def allocated_blocks(path):
+    """The 4 KiB blocks of ``path`` that hold data (SEEK_DATA/SEEK_HOLE)."""
+    blocks = set()
+    with open(path, 'rb') as f:
+        fd, size, offset = f.fileno(), os.fstat(f.fileno()).st_size, 0
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError:   # ENXIO: only a hole is left
+                break
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            blocks.update(range(start // BLOCK, -(-end // BLOCK)))
+            offset = end
+    return blocks
+
+
+@pytest.mark.parametrize('chunk, zero_blocks', [
+    (data_with_zero_blocks(), ()),
+    (data_with_zero_blocks(0, 5, 6, 63), (0, 5, 6, 63)),
+    (bytes(CHUNK), tuple(range(64))),
+    # A block of zeros that does not start on a block boundary is data.
+    (os.urandom(100) + bytes(BLOCK) + os.urandom(CHUNK - BLOCK - 100), ()),
+    # A short last block of zeros is a hole too; a short one of data is written.
+    (data_with_zero_blocks(length=CHUNK - 100) + bytes(100), (64,)),
+    (data_with_zero_blocks(3, length=CHUNK + 100), (3,)),
+], ids=['data', 'some zero blocks', 'zeros', 'unaligned zeros', 'zero tail', 'data tail'])
+def test_blocks_of_zeros_stay_holes_and_the_rest_is_written(tmp_path, chunk, zero_blocks):
+    path = tmp_path / 'fill'
+    offset = 2 * CHUNK
+    with open(path, 'wb') as f:
+        f.truncate(offset + len(chunk) + CHUNK)
+        first_boot.write_data(f.fileno(), memoryview(chunk), offset)
+    with open(path, 'rb') as f:
+        f.seek(offset)
+        assert f.read(len(chunk)) == chunk
+    written = {offset // BLOCK + b for b in range(-(-len(chunk) // BLOCK))} \
+        - {offset // BLOCK + b for b in zero_blocks}
+    assert allocated_blocks(path) == written
