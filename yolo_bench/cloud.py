@@ -62,9 +62,9 @@ class Boot:
     ready_seconds: float        # until the last guest was ready
     cache: str                  # Nova's cache mode for the root disk (domain XML)
     images: str = 'same'        # the servers' image: one for all, or 'distinct' images
-    # Seconds the guests' root disk requests took up to ready (reads, writes, flushes), summed
-    # per guest and averaged over the guests (QEMU's counters): where a boot's time goes on a
-    # contended disk.
+    # Seconds the guests' root disk requests took up to ready (reads, writes, flushes): their
+    # latencies summed per guest (overlapping requests count apart), averaged over the guests
+    # (QEMU's counters). What the guests waited for their disk, on a contended one.
     disk_seconds: tuple = None
 
 
@@ -288,8 +288,8 @@ def summary(boots):
                     medians[condition, 'on'] / idle))
     profiled = [b for b in boots if b.disk_seconds]
     if profiled:
-        lines += ['', 'Guests\' root disk requests up to ready, median seconds (reads / writes / '
-                  'flushes, summed per guest):']
+        lines += ['', 'Guests\' root disk requests up to ready, median of their summed latency '
+                  '(reads / writes / flushes, s):']
         for stressors, servers, kind in conditions:
             cells = []
             for policy in policies:
@@ -437,16 +437,20 @@ def measure(args, node, user, admin, image, flavor, policy, stressors, servers, 
     disk = []
 
     def on_ready(booted):
-        per_guest = [disk_seconds(admin, server.id) for server in booted]
-        disk.extend(statistics.mean(kind) for kind in zip(*per_guest))
+        try:
+            per_guest = [disk_seconds(admin, server.id) for server in booted]
+        except (subprocess.CalledProcessError, ValueError, AttributeError) as e:
+            print('==> no disk times of %s: %s' % (name, e), flush=True)   # the boot counts
+            return
+        disk.extend(statistics.mean(times) for times in zip(*per_guest))
     with runner.io_stressors(node.disk, stressors):
         active, ready, cache = boot_servers(user, admin, image, flavor, name, servers,
                                             args.timeout, on_ready=on_ready)
     boot = Boot(policy, stressors, servers, repetition, active, ready, cache, kind, tuple(disk))
     print('==> YOLO %-4s %d stressors, %d servers (%s), boot %d: ACTIVE after %.1f s, ready '
-          'after %.1f s (cache=%s; guest disk: reads %.1f s, writes %.1f s, flushes %.1f s)'
-          % (policy, stressors, servers, kind, repetition, active, ready, cache, *disk),
-          flush=True)
+          'after %.1f s (cache=%s; guest disk requests: reads %s s, writes %s s, flushes %s s)'
+          % (policy, stressors, servers, kind, repetition, active, ready, cache,
+             *(['%.1f' % t for t in disk] or ['-'] * 3)), flush=True)
     return boot
 
 

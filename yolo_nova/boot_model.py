@@ -29,7 +29,8 @@ reports what it needs:
   tasks wait, and a CPU's utilisation does not say which of its load is that. On the
   all-in-one, CPUs 70-90 % busy with fio on a loop device over memory (runnable) cost a boot
   19 s of waiting, and as busy with fio on a disk (tasks that sleep) almost none. Where the host
-  reports its pressure, ``y`` above is ``p``.
+  reports its pressure, ``y`` above is ``p`` where it is less (the kernel averages pressure
+  over the CPUs that are not idle: an idle CPU is the boot's whatever the others wait for).
 * ``cpu_contention`` (c, 0..1): the share of that CPU's load a boot's vCPU actually yields to,
   ``1 - c y`` instead of ``1 - y``. Tasks that mostly sleep (I/O-bound stressors, a guest idling
   after its boot, a guest just deleted whose load is still in the smoothed figure) leave a
@@ -97,12 +98,13 @@ def _known(value):
 
 
 def cpu_load(cpu_utilisation, idlest_cpu=None, pressure=None):
-    """The CPU load a boot's vCPU competes with: the host's CPU pressure when it is known, else
-    the utilisation of the CPU Linux places the vCPU on (the idlest one's when it is known, else
-    the host's average); clamped."""
-    if _known(pressure):
-        return clamp(pressure)
-    return clamp(idlest_cpu if _known(idlest_cpu) else cpu_utilisation)
+    """The CPU load a boot's vCPU competes with: the utilisation of the CPU Linux places the
+    vCPU on (the idlest one's when it is known, else the host's average), or the host's CPU
+    pressure if that is less: the part of the load that keeps runnable tasks waiting. The kernel
+    averages pressure over the CPUs that are not idle, so an idle CPU's whole share, which the
+    boot gets, comes from its utilisation. Clamped."""
+    utilisation = clamp(idlest_cpu if _known(idlest_cpu) else cpu_utilisation)
+    return min(utilisation, clamp(pressure)) if _known(pressure) else utilisation
 
 
 def cpu_share(cpu_utilisation, runnable=None, idlest_cpu=None, contention=1.0, pressure=None):

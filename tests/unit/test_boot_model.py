@@ -121,7 +121,12 @@ def test_cpu_pressure_is_the_load_a_boot_competes_with_where_it_is_known():
     # Unknown or unusable pressure: the utilisation, as before; clamped like it.
     assert boot_model.predict(params, 0, 0.8, idlest_cpu=0.8, cpu_pressure=float('nan')) \
         == pytest.approx(20.0 / 0.6)
-    assert boot_model.cpu_load(0.2, None, 7.0) == boot_model.MAX_UTILISATION
+    assert boot_model.cpu_load(1.0, None, 7.0) == boot_model.MAX_UTILISATION
+    # Pressure is averaged over the CPUs that are not idle: an idle CPU is the boot's, however
+    # long the tasks on the others wait.
+    assert boot_model.predict(params, 0, 0.5, idlest_cpu=0.0, cpu_pressure=0.9) \
+        == pytest.approx(20.0)
+    assert boot_model.cpu_load(0.5, 0.3, 0.9) == 0.3
     # The fair share among the runnable tasks still floors it.
     thesis = dataclasses.replace(params, cpu_contention=1.0)
     assert boot_model.predict(thesis, 0, 0.8, runnable=1.0, cpu_pressure=1.0) \

@@ -91,6 +91,6 @@ def test_the_guests_disk_time_is_summarised_where_it_was_measured():
                                            boots('off', 8, 1, [300, 330, 320]))]
     lines = cloud.summary(measured).splitlines()
     assert lines[-2:] == [
-        "Guests' root disk requests up to ready, median seconds (reads / writes / flushes, "
-        "summed per guest):",
+        "Guests' root disk requests up to ready, median of their summed latency (reads / "
+        "writes / flushes, s):",
         '- 8 stressors, 1 servers: off 4.0 / 8.0 / 0.5, on 1.0 / 2.0 / 0.5']

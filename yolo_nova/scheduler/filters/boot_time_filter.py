@@ -7,6 +7,7 @@ from oslo_log import log as logging
 from nova.scheduler import filters
 from nova.scheduler import utils as scheduler_utils
 
+from yolo_nova import boot_model
 from yolo_nova.scheduler import utils
 
 LOG = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ class YoloBootFilter(filters.BaseHostFilter):
                   "%(limit)s, ratio %(ratio)s): %(verdict)s",
                   {'host': host_state, 't': predicted, 'x': state.io_utilisation,
                    'y': state.cpu_utilisation,
-                   'p': 'unknown' if state.cpu_pressure is None else '%.2f' % state.cpu_pressure,
+                   'p': 'unknown' if state.cpu_pressure is None
+                   else '%.2f' % boot_model.clamp(state.cpu_pressure),
                    'bi': image_id in state.boot_images,
                    'n': host_state.num_io_ops, 'best': best, 'limit': limit, 'ratio': ratio,
                    'verdict': 'rejected' if too_slow or far_behind else 'passes'})
