@@ -194,23 +194,26 @@ def io_part_at_idle(boot, beta, cpus, io_exponent):
 def cpu_contention_from(boots, cpus, min_boots):
     """c of the model's CPU share ``1 - c y``, from the boots served from a boot image (a normal
     boot's vCPU waits for its reads) with no more boots under way than CPUs (else they share
-    them, which the model counts apart); None with fewer than ``min_boots`` of them on a CPU at
-    least MIN_FITTED_CPU_LOAD busy.
+    them, which the model counts apart); None without ``min_boots`` of them that measure it.
 
     Where the boots' wait for a CPU is known (schedstat's run delay), a boot's share of a CPU is
     what its vCPU ran of the time it was runnable, ``run / (run + delay)``, which neither a
     guest's halts nor its I/O change, and c is the least-squares fit of ``1 - share = c y`` for
     the load ``y`` the model used for it (cpu_load: the host's CPU pressure, else a CPU's
-    utilisation): the boots on busy CPUs, which the prediction is for, weigh most (the
-    all-in-one's boots yield nothing to a CPU 20 % busy with tasks that mostly sleep, and 40 %
-    of one 70-90 % busy; a median of the ratios, dominated by the former, predicted the latter
-    40 % too fast).
+    utilisation), over every such boot with some load: the boots on busy CPUs, which the
+    prediction is for, weigh most (the all-in-one's boots yield nothing to a CPU 20 % busy with
+    tasks that mostly sleep, and 40 % of one 70-90 % busy; a median of the ratios, dominated by
+    the former, predicted the latter 40 % too fast), and until there are some, the quiet boots
+    say how little a boot yields to the load they saw, where the thesis' c = 1 is a guess (on
+    the all-in-one, boots at a CPU pressure of 0.04-0.11 waited 1-2 % of their time: c near
+    0.25, not 1).
     Otherwise a boot's share is its vCPU time over its wall time, taken relative to what such
     boots got on an idle CPU (their median; 1 without one), since under KVM a vCPU also halts
-    and a boot has moments of I/O; c is then the median of ``(1 - share) / y``: a guest that
-    halts its vCPU or prints its ready line late is one boot among the median's. Within [0, 1].
+    and a boot has moments of I/O; c is then the median of ``(1 - share) / y`` over the boots on
+    a CPU at least MIN_FITTED_CPU_LOAD busy: a guest that halts its vCPU or prints its ready
+    line late is one boot among the median's. Within [0, 1].
     """
-    idle, loaded = [], []
+    idle, loaded, timed = [], [], []
     for boot in boots:
         if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
             continue
@@ -218,20 +221,16 @@ def cpu_contention_from(boots, cpus, min_boots):
                                 boot.cpu_pressure)
         delay = boot.cpu_delay_seconds
         if delay is not None and boot.cpu_seconds + delay > 0:
-            share, relative = boot.cpu_seconds / (boot.cpu_seconds + delay), False
-        else:
-            share, relative = min(1.0, boot.cpu_seconds / boot.seconds), True
-        if y >= MIN_FITTED_CPU_LOAD:
-            loaded.append((y, share, relative))
-        elif relative:
-            idle.append(share)
-    timed = [(y, share) for y, share, relative in loaded if not relative]
-    idle_share = statistics.median(idle) if idle else 1.0
+            if y > 0:
+                timed.append((y, boot.cpu_seconds / (boot.cpu_seconds + delay)))
+            continue
+        share = min(1.0, boot.cpu_seconds / boot.seconds)
+        (loaded if y >= MIN_FITTED_CPU_LOAD else idle).append((y, share))
+    idle_share = statistics.median(share for _, share in idle) if idle else 1.0
     if len(timed) >= max(1, min_boots):
         c = sum(y * (1 - share) for y, share in timed) / sum(y * y for y, _ in timed)
     elif len(loaded) >= max(1, min_boots) and idle_share > 0:
-        c = statistics.median((1 - min(1.0, share / idle_share if relative else share)) / y
-                              for y, share, relative in loaded)
+        c = statistics.median((1 - min(1.0, share / idle_share)) / y for y, share in loaded)
     else:
         return None
     return round(min(max(c, 0.0), 1.0), 3)

@@ -160,6 +160,13 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
                   observed(53.4, 34.2, True, idlest=0.70, delay=18.8),
                   observed(52.3, 32.0, True, idlest=0.87, delay=19.8)]
     assert calibration.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.417
+    # Quiet boots alone say how little a boot yields to the load they saw (the thesis' c = 1
+    # is a guess): boots that waited 1 % of their time at a CPU pressure of 0.04.
+    quiet = [observed(30.0, 29.7, True, cpu=0.3, pressure=0.04, delay=0.3)] * 3
+    assert calibration.cpu_contention_from(quiet, cpus=2, min_boots=3) == 0.25
+    # No load at all measures nothing.
+    assert calibration.cpu_contention_from(
+        [observed(30.0, 29.7, True, delay=0.3)] * 3, cpus=2, min_boots=3) is None
 
 
 def test_cpu_contention_is_fitted_to_the_cpu_pressure_where_hosts_report_it():
