@@ -1,7 +1,9 @@
 """A fill writes the image's data but leaves its 4 KiB blocks of zeros as holes, as Nova's
-conversion does (qemu-img skips them)."""
+conversion does (qemu-img skips them), and runs behind the guests for the CPU."""
 
 import os
+import subprocess
+import threading
 
 import pytest
 
@@ -56,3 +58,24 @@ def test_blocks_of_zeros_stay_holes_and_the_rest_is_written(tmp_path, chunk, zer
     written = {offset // BLOCK + b for b in range(-(-len(chunk) // BLOCK))} \
         - {offset // BLOCK + b for b in zero_blocks}
     assert allocated_blocks(path) == written
+
+
+def test_the_fill_runs_behind_the_guests_for_the_cpu():
+    seen = {}
+
+    def fill():
+        thread = threading.get_native_id()
+        seen['lowered'] = first_boot.in_background()
+        seen['niceness'] = os.getpriority(os.PRIO_PROCESS, thread)
+        # What the fill starts (Nova's qemu-img convert) inherits it.
+        seen['child'] = int(subprocess.run(['nice'], capture_output=True, text=True,
+                                           check=True).stdout)
+    worker = threading.Thread(target=fill)
+    worker.start()
+    worker.join()
+    assert seen == {'lowered': True, 'niceness': first_boot.FILL_NICENESS,
+                    'child': first_boot.FILL_NICENESS}
+    # On the main thread (nova-compute's only one under eventlet) it changes nothing.
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    assert first_boot.in_background() is False
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
