@@ -281,28 +281,29 @@ def summary(boots):
     if idle:
         lines.append('')
         for condition in conditions:
-            stressors, servers, kind = condition
-            if (stressors, servers) != (0, 1):
-                lines.append('YOLO on with %d stressors, %d servers%s / YOLO on idle: %.2f' % (
-                    stressors, servers, ' of distinct images' if kind == 'distinct' else '',
-                    medians[condition, 'on'] / idle))
+            if condition[:2] != (0, 1):     # (stressors, servers)
+                lines.append('YOLO on with %s / YOLO on idle: %.2f' % (
+                    described(*condition), medians[condition, 'on'] / idle))
     profiled = [b for b in boots if b.disk_seconds]
     if profiled:
         lines += ['', 'Guests\' root disk requests up to ready, median of their summed latency '
                   '(reads / writes / flushes, s):']
-        for stressors, servers, kind in conditions:
+        for condition in conditions:
             cells = []
             for policy in policies:
-                mine = [b.disk_seconds for b in profiled if (b.stressors, b.servers, b.images,
-                                                             b.policy) == (stressors, servers,
-                                                                           kind, policy)]
+                mine = [b.disk_seconds for b in profiled
+                        if (b.stressors, b.servers, b.images, b.policy) == (*condition, policy)]
                 if mine:
                     cells.append('%s %s' % (policy, ' / '.join(
-                        '%.1f' % statistics.median(kind_s) for kind_s in zip(*mine))))
-            lines.append('- %d stressors, %d servers%s: %s' % (
-                stressors, servers, ' of distinct images' if kind == 'distinct' else '',
-                ', '.join(cells)))
+                        '%.1f' % statistics.median(times) for times in zip(*mine))))
+            lines.append('- %s: %s' % (described(*condition), ', '.join(cells)))
     return '\n'.join(lines)
+
+
+def described(stressors, servers, kind):
+    """A condition of the summary in words."""
+    return '%d stressors, %d servers%s' % (stressors, servers,
+                                           ' of distinct images' if kind == 'distinct' else '')
 
 
 def _list(text):
