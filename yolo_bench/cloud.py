@@ -2,7 +2,11 @@
 the guest's ready marker, per policy, the page cache dropped before each boot.
 
     python -m yolo_bench.cloud [--repetitions 3] [--storage hdd --stressors 0,8] [--servers 1,4]
-                               [--images same,distinct]
+                               [--images same,distinct] [--csv FILE] [--plot PNG]
+    python -m yolo_bench.cloud --report FILE... [--plot PNG]
+
+Each boot is appended to the CSV file as it is measured (an interrupted run keeps what it
+measured); ``--report`` prints the summary (and draws the plot) of earlier runs' files.
 
 Policies: ``off`` is yolofs stopped on the compute node (the driver then backs instance disks on
 ``_base``, Nova's own behaviour), ``on`` is YOLO, ``warm`` is ``off`` with the base file read into
@@ -25,6 +29,7 @@ Run as root with the all-in-one's venv (tools/aio/boot-times does both).
 
 import argparse
 import contextlib
+import csv
 import dataclasses
 import os
 import pathlib
@@ -66,6 +71,45 @@ class Boot:
     # latencies summed per guest (overlapping requests count apart), averaged over the guests
     # (QEMU's counters). What the guests waited for their disk, on a contended one.
     disk_seconds: tuple = None
+
+    def row(self):
+        return {'policy': self.policy, 'stressors': self.stressors, 'servers': self.servers,
+                'images': self.images, 'repetition': self.repetition,
+                'active_s': '%.2f' % self.active_seconds, 'ready_s': '%.2f' % self.ready_seconds,
+                'cache': self.cache,
+                **dict(zip(DISK_FIELDS, ('%.3f' % t for t in self.disk_seconds or ())))}
+
+    @classmethod
+    def from_row(cls, row):
+        disk = tuple(float(row[name]) for name in DISK_FIELDS if row.get(name))
+        return cls(row['policy'], int(row['stressors']), int(row['servers']),
+                   int(row['repetition']), float(row['active_s']), float(row['ready_s']),
+                   row['cache'], row['images'], disk or None)
+
+
+DISK_FIELDS = ('disk_read_s', 'disk_write_s', 'disk_flush_s')
+CSV_FIELDS = ('policy', 'stressors', 'servers', 'images', 'repetition', 'active_s', 'ready_s',
+              'cache') + DISK_FIELDS
+
+
+def append_csv(path, boot):
+    """Appends one boot, writing the header first if the file is new or empty."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    with open(path, 'a', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow(boot.row())
+
+
+def read_csv(path):
+    with open(path, newline='') as f:
+        reader = csv.DictReader(f)
+        if tuple(reader.fieldnames or ()) != CSV_FIELDS:
+            raise ValueError('%s: expected columns %s, found %s' % (
+                path, ', '.join(CSV_FIELDS), ', '.join(reader.fieldnames or ())))
+        return [Boot.from_row(row) for row in reader]
 
 
 def drop_caches():
@@ -300,10 +344,26 @@ def summary(boots):
     return '\n'.join(lines)
 
 
+def plot(boots, path):
+    """Bars of the time to ready per condition, one per policy (median, min-max)."""
+    from yolo_bench import plots
+    groups = {}
+    for condition in dict.fromkeys((b.stressors, b.servers, b.images) for b in boots):
+        of_condition = [b for b in boots if (b.stressors, b.servers, b.images) == condition]
+        groups[described(*condition).replace(', ', '\n')] = {
+            policy: [b.ready_seconds for b in of_condition if b.policy == policy]
+            for policy in POLICIES if any(b.policy == policy for b in of_condition)}
+    return plots.policy_bars(
+        groups, path, 'Through Nova: server create to guest ready, cache=%s\n(median, min-max '
+        'of %d repetitions)' % ('/'.join(sorted({b.cache for b in boots})),
+                                max(b.repetition for b in boots)),
+        'seconds to ready')
+
+
 def described(stressors, servers, kind):
     """A condition of the summary in words."""
-    return '%d stressors, %d servers%s' % (stressors, servers,
-                                           ' of distinct images' if kind == 'distinct' else '')
+    return '%d stressors, %d server%s%s' % (stressors, servers, '' if servers == 1 else 's',
+                                            ' of distinct images' if kind == 'distinct' else '')
 
 
 def _list(text):
@@ -357,14 +417,29 @@ def parse_args(argv):
     parser.add_argument('--flavor', default='m1.yolo', help='(default: %(default)s)')
     parser.add_argument('--timeout', type=float, default=1800.0,
                         help='seconds one boot may take (default: %(default)s)')
+    parser.add_argument('--csv', type=pathlib.Path, default=REPO / 'results' / 'cloud-boots.csv',
+                        help='file each boot is appended to (default: %(default)s)')
+    parser.add_argument('--plot', type=pathlib.Path,
+                        help='PNG of the times to ready (default: none)')
+    parser.add_argument('--report', type=pathlib.Path, nargs='+', metavar='CSV',
+                        help='boot nothing: the summary (and --plot) of these files')
     args = parser.parse_args(argv)
     if args.storage == 'local' and any(args.stressors):
         parser.error('--stressors needs --storage hdd (they share its throttle)')
     return args
 
 
+def report(boots, plot_path):
+    print(summary(boots))
+    if plot_path:
+        print('plot: %s' % plot(boots, plot_path))
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.report:
+        report([boot for path in args.report for boot in read_csv(path)], args.plot)
+        return 0
     admin = openstack.connect(cloud=args.admin_cloud)
     user = openstack.connect(cloud=args.cloud)
     computes = [s.host for s in admin.compute.services(binary='nova-compute')
@@ -404,6 +479,7 @@ def main(argv=None):
                         try:
                             boots.append(measure(args, node, user, admin, booted, flavor,
                                                  policy, stressors, servers, kind, repetition))
+                            append_csv(args.csv, boots[-1])
                         except GuestFailed as e:
                             failed.append('YOLO %s, %d stressors, %d servers (%s), boot %d: %s'
                                           % (policy, stressors, servers, kind, repetition, e))
@@ -411,7 +487,7 @@ def main(argv=None):
         finally:
             node.set_policy('on')
     print()
-    print(summary(boots))
+    report(boots, args.plot)
     # Left out of the table, and said: a guest that failed is not a boot time.
     for failure in failed:
         print('failed: %s' % failure)

@@ -1,6 +1,8 @@
-"""PNG plots of benchmark summaries: boot time against scenario size, one line per policy."""
+"""PNG plots of benchmark summaries: boot time against scenario size, one line per policy (the
+QEMU-level benchmark); boot time per condition, one bar per policy (boots through Nova)."""
 
 import pathlib
+import statistics
 
 import matplotlib
 
@@ -51,3 +53,35 @@ def plot(summaries, directory):
         plt.close(fig)
         written.append(path)
     return written
+
+
+def policy_bars(groups, path, title, ylabel):
+    """Grouped bars: ``groups`` maps a condition's label to {policy: [seconds, ...]}; each bar
+    the median, its error bar min-max. Returns the file written."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    policies = list(dict.fromkeys(p for by_policy in groups.values() for p in by_policy))
+    width = 0.8 / len(policies)
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups)), 4))
+    for number, policy in enumerate(policies):
+        xs, medians, low, high = [], [], [], []
+        for x, by_policy in enumerate(groups.values()):
+            values = by_policy.get(policy)
+            if values:
+                median = statistics.median(values)
+                xs.append(x + (number - (len(policies) - 1) / 2) * width)
+                medians.append(median)
+                low.append(median - min(values))
+                high.append(max(values) - median)
+        bars = ax.bar(xs, medians, width, yerr=[low, high], capsize=3, label=policy)
+        ax.bar_label(bars, fmt='%.1f', padding=2, fontsize=8)
+    ax.set_xticks(range(len(groups)), list(groups), fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(axis='y', alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -27,7 +27,7 @@ def test_summary_compares_each_policy_with_yolo_in_the_same_condition():
                         '| 39.0 (38.0-40.0), 29.0 | 1.05 | 0.97 |')
     assert lines[3] == ('| 8 | 1 | none | 320.0 (300.0-330.0), 310.0 | 50.0 (49.0-52.0), 40.0 '
                         '| 300.0 (290.0-310.0), 290.0 | 6.40 | 6.00 |')
-    assert lines[-1] == 'YOLO on with 8 stressors, 1 servers / YOLO on idle: 1.25'
+    assert lines[-1] == 'YOLO on with 8 stressors, 1 server / YOLO on idle: 1.25'
 
 
 def test_stressors_need_the_emulated_hdd(capsys):
@@ -93,4 +93,33 @@ def test_the_guests_disk_time_is_summarised_where_it_was_measured():
     assert lines[-2:] == [
         "Guests' root disk requests up to ready, median of their summed latency (reads / "
         "writes / flushes, s):",
-        '- 8 stressors, 1 servers: off 4.0 / 8.0 / 0.5, on 1.0 / 2.0 / 0.5']
+        '- 8 stressors, 1 server: off 4.0 / 8.0 / 0.5, on 1.0 / 2.0 / 0.5']
+
+
+def test_boots_round_trip_through_the_csv_file_and_report_from_it(tmp_path, capsys):
+    measured = boots('off', 8, 1, [300, 330]) + boots('on', 8, 1, [50, 52])
+    measured[0].disk_seconds = (92.8, 5.1, 0.9)
+    path = tmp_path / 'cloud.csv'
+    for boot in measured:
+        cloud.append_csv(path, boot)
+    assert path.read_text().splitlines()[0] == (
+        'policy,stressors,servers,images,repetition,active_s,ready_s,cache,disk_read_s,'
+        'disk_write_s,disk_flush_s')
+    assert cloud.read_csv(path) == measured
+    assert cloud.main(['--report', str(path), str(path)]) == 0
+    assert '| 8 | 1 | none | 315.0 (300.0-330.0), 305.0 | 51.0 (50.0-52.0), 41.0 | 6.18 |' in \
+        capsys.readouterr().out
+
+
+def test_a_foreign_csv_file_is_refused(tmp_path):
+    path = tmp_path / 'boot.csv'
+    path.write_text('storage,scenario,size\nhdd,contention,8\n')
+    with pytest.raises(ValueError, match='expected columns policy, stressors'):
+        cloud.read_csv(path)
+
+
+def test_the_plot_is_written(tmp_path):
+    measured = (boots('off', 0, 1, [40, 44, 42]) + boots('on', 0, 1, [40, 41, 39]) +
+                boots('off', 8, 1, [300, 330, 320]) + boots('on', 8, 1, [50, 52, 49]))
+    path = cloud.plot(measured, tmp_path / 'nova.png')
+    assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
