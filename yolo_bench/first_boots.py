@@ -2,6 +2,7 @@
 ``openstack server create`` to the guest's ready marker (docs/first-boot.md).
 
     python -m yolo_bench.first_boots [--rates 1000,100] [--rounds 3] [--image-format qcow2]
+                                     [--large]
 
 Every boot runs on the all-in-one's second compute host (tools/aio/aio add-compute: the one with
 ``[yolo] first_boot_before_download`` on), created by the admin with ``--availability-zone
@@ -20,11 +21,16 @@ loopback device for the packets from Glance's port (``tc``; everything else on t
 device goes unthrottled), which every download from Glance shares, as a compute host's link
 would carry them. The page cache is dropped before each boot.
 
+``--large``: the test image grown to 8 GiB virtual with 2 GiB of random data beyond its file
+system (data a boot never reads, which a full download carries), booted with a flavor of an
+8 GB disk (``m1.yolo-8g``, created if missing).
+
 Run as root with the all-in-one's venv (tools/aio/first-boot-times does both).
 """
 
 import argparse
 import contextlib
+import os
 import pathlib
 import statistics
 import subprocess
@@ -43,6 +49,18 @@ GLANCE_PORT = 9292
 COMPUTE_LOG = pathlib.Path('/var/log/yolo-aio/nova-compute-2.log')
 HOST = scheduling.SECOND_HOST
 CONTROL_SOCKET = '/run/yolofs-compute-2/control.sock'
+GiB = 1 << 30
+LARGE_FLAVOR = 'm1.yolo-8g'
+
+
+def grow_with_random_data(raw, size=8 * GiB, data_at=6 * GiB, data=2 * GiB):
+    """The raw image ``raw`` grown to ``size`` bytes, with ``data`` random bytes at ``data_at``
+    (beyond the test image's file system: bytes no boot reads)."""
+    with open(raw, 'r+b') as f:
+        f.truncate(size)
+        f.seek(data_at)
+        for _ in range(data >> 20):
+            f.write(os.urandom(1 << 20))
 
 
 def tc(*args, check=True):
@@ -154,9 +172,54 @@ def parse_args(argv):
                              'conversion), or a raw copy of it (they are fetched by range)')
     parser.add_argument('--admin-cloud', default='aio-admin')
     parser.add_argument('--image', default='debian12-yolo')
-    parser.add_argument('--flavor', default='m1.yolo')
+    parser.add_argument('--large', action='store_true',
+                        help='the test image grown to 8 GiB with 2 GiB of data beyond its file '
+                             'system (uploaded as IMAGE-large[-raw] if missing)')
+    parser.add_argument('--flavor',
+                        help='(default: m1.yolo, with --large %s)' % LARGE_FLAVOR)
     parser.add_argument('--timeout', type=float, default=1800.0)
     return parser.parse_args(argv)
+
+
+def public_image(admin, name, disk_format, large):
+    """The public image to boot: the test image as built (qcow2), or made raw, or grown
+    (``large``); uploaded if missing as ``name`` with ``-large`` and ``-raw`` appended."""
+    name += ('-large' if large else '') + ('-raw' if disk_format == 'raw' else '')
+    if disk_format == 'qcow2' and not large:
+        return cloud.public_image(admin, name)
+    image = admin.image.find_image(name)
+    if image is None:
+        test_image = pathlib.Path(subprocess.run(
+            [str(cloud.REPO / 'tools' / 'build-test-image.sh')], check=True,
+            capture_output=True, text=True).stdout.splitlines()[-1])
+        raw = pathlib.Path('/var/tmp/first-boots-%s.raw' % name)
+        upload = raw.with_suffix('.' + disk_format)
+        try:
+            images.convert_to_raw(test_image, raw)
+            if large:
+                grow_with_random_data(raw)
+            if disk_format == 'qcow2':
+                subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2', str(raw),
+                                str(upload)], check=True)
+            print('==> uploading %s as the public image %s' % (upload, name), flush=True)
+            image = admin.image.create_image(
+                name=name, filename=str(upload), disk_format=disk_format,
+                container_format='bare', visibility='public', wait=True)
+        finally:
+            raw.unlink(missing_ok=True)
+            upload.unlink(missing_ok=True)
+    return image
+
+
+def boot_flavor(admin, name, large):
+    """The flavor ``name``; by default the all-in-one's, or for the large image one whose disk
+    holds it (created if missing)."""
+    if name:
+        return admin.compute.find_flavor(name, ignore_missing=False)
+    if not large:
+        return admin.compute.find_flavor('m1.yolo', ignore_missing=False)
+    return (admin.compute.find_flavor(LARGE_FLAVOR)
+            or admin.compute.create_flavor(name=LARGE_FLAVOR, ram=1024, vcpus=1, disk=8))
 
 
 def main(argv=None):
@@ -173,25 +236,12 @@ def main(argv=None):
     except TimeoutError:
         sys.exit('this benchmark boots on the all-in-one\'s second compute host (tools/aio/aio '
                  'add-compute), which is not up')
-    if args.image_format == 'raw':
-        image = admin.image.find_image(args.image + '-raw')
-        if image is None:
-            test_image = pathlib.Path(subprocess.run(
-                [str(cloud.REPO / 'tools' / 'build-test-image.sh')], check=True,
-                capture_output=True, text=True).stdout.splitlines()[-1])
-            raw = pathlib.Path('/var/tmp/first-boots-%s.raw' % test_image.stem)
-            images.convert_to_raw(test_image, raw)
-            image = admin.image.create_image(
-                name=args.image + '-raw', filename=str(raw), disk_format='raw',
-                container_format='bare', visibility='public', wait=True)
-            raw.unlink()
-    else:
-        image = cloud.public_image(admin, args.image)
+    image = public_image(admin, args.image, args.image_format, args.large)
     image = admin.image.get_image(image.id)     # as Glance has it now (its size)
     print('==> image %s (%s, %.1f MiB in Glance); waiting for its boot image'
           % (image.name, image.disk_format, image.size / (1 << 20)), flush=True)
     cloud.wait_for_boot_image(admin, image, args.timeout)
-    flavor = admin.compute.find_flavor(args.flavor)
+    flavor = boot_flavor(admin, args.flavor, args.large)
     host = Host(image)
     results = {}
     with glance_link() as set_rate:

@@ -4,6 +4,7 @@ tools/aio/first-boot-times) and its rate limit on Glance's link."""
 import http.server
 import subprocess
 import threading
+from unittest import mock
 import urllib.request
 
 import pytest
@@ -60,3 +61,30 @@ def test_the_link_carries_what_leaves_glances_port_and_is_gone_afterwards():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_large_image_keeps_the_test_image_and_adds_data_beyond_it(tmp_path):
+    raw = tmp_path / 'image.raw'
+    original = bytes(range(256)) * 4096         # 1 MiB
+    raw.write_bytes(original)
+    first_boots.grow_with_random_data(raw, size=8 << 20, data_at=6 << 20, data=1 << 20)
+    grown = raw.read_bytes()
+    assert len(grown) == 8 << 20
+    assert grown[:1 << 20] == original
+    assert grown[1 << 20:6 << 20] == bytes(5 << 20)
+    assert grown[6 << 20:7 << 20] != bytes(1 << 20)
+    assert grown[7 << 20:] == bytes(1 << 20)
+
+
+def test_the_large_image_boots_with_a_flavor_that_holds_it():
+    admin = mock.Mock()
+    admin.compute.find_flavor.return_value = None
+    args = first_boots.parse_args(['--large'])
+    flavor = first_boots.boot_flavor(admin, args.flavor, args.large)
+    assert flavor is admin.compute.create_flavor.return_value
+    admin.compute.create_flavor.assert_called_once_with(name='m1.yolo-8g', ram=1024, vcpus=1,
+                                                        disk=8)
+    admin.compute.find_flavor.return_value = 'existing'
+    assert first_boots.boot_flavor(admin, None, True) == 'existing'
+    first_boots.boot_flavor(admin, None, False)
+    admin.compute.find_flavor.assert_called_with('m1.yolo', ignore_missing=False)

@@ -697,12 +697,13 @@ compute2_own_disk() {
     # The host's instances directory on a block device of its own: ext4 on a loop device over a
     # file in memory (a tmpfs), so that none of its I/O reaches the machine's disk, the first
     # host's. yolofs measures the load of the device under its source directory: the two hosts'
-    # I/O loads are told apart.
+    # I/O loads are told apart. 16 GiB: room for the base file of an 8 GiB image as Nova
+    # downloads it (raw, not sparse) beside a guest's disk; memory is taken only as it is written.
     local loop memory=$COMPUTE2_STATE/memory
     mountpoint -q "$COMPUTE2_INSTANCES" && return 0
     install -d -m 0700 "$memory"
-    mountpoint -q "$memory" || mount -t tmpfs -o size=9G,mode=0700 tmpfs "$memory"
-    truncate -s 8G "$memory/disk.img"
+    mountpoint -q "$memory" || mount -t tmpfs -o size=17G,mode=0700 tmpfs "$memory"
+    truncate -s 16G "$memory/disk.img"
     loop=$(losetup --find --show "$memory/disk.img")
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
     mount "$loop" "$COMPUTE2_INSTANCES"

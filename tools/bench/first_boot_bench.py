@@ -118,11 +118,7 @@ def make_glance_data(workdir, image, large):
     raw = workdir / 'glance-image.raw'
     images.convert_to_raw(image, raw)
     if large:
-        with open(raw, 'r+b') as f:
-            f.truncate(8 * GiB)
-            f.seek(6 * GiB)
-            for _ in range(2 * 1024):
-                f.write(os.urandom(1 << 20))
+        first_boots.grow_with_random_data(raw)
     digest = hashlib.sha256()
     with open(raw, 'rb') as f:
         while chunk := f.read(16 << 20):
