@@ -114,9 +114,11 @@ def contention(host, stressors):
 
 
 def reported_parameters(hosts):
-    """{host: (alpha, beta, alpha_yolo, cpu_contention)} as the hosts last reported them."""
+    """{host: (alpha, beta, alpha_yolo, cpu_contention, beta_growth)} as the hosts last reported
+    them."""
     return {host: tuple(float(reported_stats(host).get('yolo_' + name, 'nan'))
-                        for name in ('alpha', 'beta', 'alpha_yolo', 'cpu_contention'))
+                        for name in ('alpha', 'beta', 'alpha_yolo', 'cpu_contention',
+                                     'beta_growth'))
             for host in hosts}
 
 

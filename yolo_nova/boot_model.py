@@ -12,7 +12,7 @@ booting through yolofs with the boot image loaded. On the emulated HDD of docs/b
 an idle normal boot takes 5.9 s longer than a warm-cache boot and a YOLO boot 0.4 s; under 16 I/O
 stressors the normal boot's extra time grows to 40.7 s while the YOLO boot's stays at -0.3 s.
 
-Four refinements, all measured (docs/scheduling.md, "Model accuracy"), each off unless the host
+Refinements, all measured (docs/scheduling.md, "Model accuracy"), each off unless the host
 reports what it needs:
 
 * ``io_exponent`` (k): the I/O part grows as ``e^(k x) / (1 - x)``. The thesis' k = 1 comes
@@ -31,6 +31,11 @@ reports what it needs:
   19 s of waiting, and as busy with fio on a disk (tasks that sleep) almost none. Where the host
   reports its pressure, ``y`` above is ``p`` where it is less (the kernel averages pressure
   over the CPUs that are not idle: an idle CPU is the boot's whatever the others wait for).
+* ``beta_growth`` (g): the CPU a boot needs grows with the load it shares its CPU with,
+  ``beta (1 + g y)``: its code shares the core's caches and the kernel's time with that load.
+  On the all-in-one a TCG guest's vCPU ran 28.6-31.6 s on a quiet CPU and 34.0-37.0 s at a CPU
+  pressure of 0.52-0.62 (g near 0.3). Fitted per host from the vCPU time of the guests it timed
+  (:func:`yolo_nova.calibration.with_observed_boots`); 0 until then.
 * ``cpu_contention`` (c, 0..1): the share of that CPU's load a boot's vCPU actually yields to,
   ``1 - c y`` instead of ``1 - y``. Tasks that mostly sleep (I/O-bound stressors, a guest idling
   after its boot, a guest just deleted whose load is still in the smoothed figure) leave a
@@ -56,6 +61,7 @@ MAX_UTILISATION = 0.99
 # Bounds of what a host may report (its stats come over the message bus and through the
 # database): beyond them the model's arithmetic overflows, and the scheduler must not raise.
 MAX_IO_EXPONENT = 3.0
+MAX_BETA_GROWTH = 1.0       # a boot needing twice its CPU on a saturated CPU
 MAX_SECONDS = 86400.0
 MAX_CPUS = 1 << 16
 
@@ -69,11 +75,12 @@ class BootTimeParameters:
     cpus: int = 1
     io_exponent: float = 1.0
     cpu_contention: float = 1.0
+    beta_growth: float = 0.0
 
     def __post_init__(self):
         for name, most in (('alpha', MAX_SECONDS), ('beta', MAX_SECONDS),
                            ('alpha_yolo', MAX_SECONDS), ('io_exponent', MAX_IO_EXPONENT),
-                           ('cpu_contention', 1.0)):
+                           ('cpu_contention', 1.0), ('beta_growth', MAX_BETA_GROWTH)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value <= most):
                 raise ValueError('%s must be a number from 0 to %g, not %r' % (name, most, value))
@@ -117,9 +124,16 @@ def cpu_share(cpu_utilisation, runnable=None, idlest_cpu=None, contention=1.0, p
     return min(1.0, max(free, 1 / (1 + max(0.0, runnable))))
 
 
+def cpu_need(beta, cpu_utilisation, idlest_cpu=None, pressure=None, growth=0.0):
+    """The CPU seconds a boot needs: ``beta``, grown by ``growth`` times the load it shares its
+    CPU with (cpu_load)."""
+    return beta * (1 + growth * cpu_load(cpu_utilisation, idlest_cpu, pressure))
+
+
 def cpu_time(beta, cpu_utilisation, runnable=None, idlest_cpu=None, contention=1.0,
-             pressure=None):
-    return beta / cpu_share(cpu_utilisation, runnable, idlest_cpu, contention, pressure)
+             pressure=None, growth=0.0):
+    return cpu_need(beta, cpu_utilisation, idlest_cpu, pressure, growth) / cpu_share(
+        cpu_utilisation, runnable, idlest_cpu, contention, pressure)
 
 
 def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurrent_boots=0,
@@ -136,7 +150,7 @@ def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurren
     alpha = params.alpha_yolo if boot_image else params.alpha
     io = io_time(alpha, io_utilisation, params.io_exponent) * (1 + others)
     cpu = cpu_time(params.beta, cpu_utilisation, runnable, idlest_cpu, params.cpu_contention,
-                   cpu_pressure) \
+                   cpu_pressure, params.beta_growth) \
         * max(1.0, (1 + others) / params.cpus)
     return io + cpu
 

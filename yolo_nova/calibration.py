@@ -11,6 +11,7 @@ Without it, the fraction of time the disk was busy stands in for ``x``. No Nova 
 """
 
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -29,6 +30,7 @@ class Calibration:
     disk_bytes_per_second: float = 0.0  # 0: unknown
     io_exponent: float = 1.0            # k of e^(k x); the thesis' 1 until measured
     cpu_contention: float = 1.0         # c of 1 - c y; the thesis' 1 until fitted from boots
+    beta_growth: float = 0.0            # g of beta (1 + g y); 0 until fitted from boots
     accel: str = ''                     # QEMU's accelerator in the boots: 'kvm', 'tcg', '' unknown
     measured_at: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
@@ -38,7 +40,8 @@ class Calibration:
         return boot_model.BootTimeParameters(alpha=self.alpha, beta=self.beta,
                                              alpha_yolo=self.alpha_yolo, cpus=self.cpus,
                                              io_exponent=self.io_exponent,
-                                             cpu_contention=self.cpu_contention)
+                                             cpu_contention=self.cpu_contention,
+                                             beta_growth=self.beta_growth)
 
 
 def load(path):
@@ -129,6 +132,9 @@ def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0, acc
 OBSERVED_BOOTS_KEPT = 20
 # Boots on a CPU less busy than this measure a boot's share of an idle CPU (cpu_contention_from).
 MIN_FITTED_CPU_LOAD = 0.1
+# Boots whose CPU loads differ by less than this say nothing of how the CPU a boot needs grows
+# with the load (beta_from).
+MIN_LOAD_SPREAD = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,10 +175,23 @@ def save_observed(boots, path):
                indent=1)
 
 
-def io_part_at_idle(boot, beta, cpus, io_exponent):
+def cpu_load_of(boot):
+    """The CPU load the model took for an observed boot (boot_model.cpu_load)."""
+    return boot_model.cpu_load(boot.cpu_utilisation, boot.idlest_cpu_utilisation,
+                               boot.cpu_pressure)
+
+
+def io_load_factor(boot, io_exponent):
+    """How much the model's I/O term grows an idle boot's I/O part at the boot's load: the
+    disk's, and the boots under way beside it sharing it."""
+    others = max(0, boot.concurrent_boots)
+    return boot_model.io_time(1.0, boot.io_utilisation, io_exponent) * (1 + others)
+
+
+def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
     """The I/O part an observed boot had at idle: what it took beyond the CPU it needs
-    (``beta``) and its wait for a CPU, brought back to an idle disk through the model's I/O
-    term; at least 0.
+    (``beta``, grown with its CPU load by ``beta_growth``) and its wait for a CPU, brought back
+    to an idle disk through the model's I/O term; at least 0.
 
     The wait for a CPU is the vCPU's own (schedstat's run delay) where it is known. Where it is
     not, the boot's CPU is taken as ``beta`` shared with the boots under way beyond the CPUs,
@@ -182,13 +201,58 @@ def io_part_at_idle(boot, beta, cpus, io_exponent):
     boots slowed by CPU contention alone then inflate it (the all-in-one's two hosts share two
     cores: a host's alpha_yolo rose to 10.7 s from boots that only waited for the CPU the other
     host's fio stressors took)."""
-    others = max(0, boot.concurrent_boots)
+    need = beta * (1 + beta_growth * cpu_load_of(boot))
     if boot.cpu_delay_seconds is not None:
-        cpu = beta + boot.cpu_delay_seconds
+        cpu = need + boot.cpu_delay_seconds
     else:
-        cpu = beta * max(1.0, (1 + others) / cpus)
-    loaded = boot_model.io_time(1.0, boot.io_utilisation, io_exponent) * (1 + others)
-    return max(0.0, (boot.seconds - cpu) / loaded)
+        cpu = need * max(1.0, (1 + max(0, boot.concurrent_boots)) / cpus)
+    return max(0.0, (boot.seconds - cpu) / io_load_factor(boot, io_exponent))
+
+
+def weighted_median(pairs):
+    """The median of the values of (value, weight) pairs, each counted by its weight: the lower
+    value at which half the total weight is reached."""
+    pairs = sorted(pairs)
+    half = sum(weight for _, weight in pairs) / 2
+    reached = 0.0
+    for value, weight in pairs:
+        reached += weight
+        if reached >= half:
+            return value
+    raise ValueError('no values')
+
+
+def io_part_from(boots, beta, known):
+    """alpha (or alpha_yolo) from ``boots``: the least-absolute-deviation fit of what each took
+    for its I/O to the model's ``alpha * L``, ``L`` the I/O term's growth at its load
+    (io_load_factor); that is the median of the boots' idle I/O parts (io_part_at_idle), each
+    weighted by its ``L``. A plain median let the quiet boots decide: their I/O part is the
+    noise of a boot's CPU time (a second or so), which the I/O term then multiplied by 17 at a
+    utilisation of 0.86, where boots served from their boot image under that contention took no
+    longer than on the idle host. Like a median, and unlike least squares, one odd boot (a
+    tenant's guest printing its ready line late) moves it no further than its weight."""
+    return weighted_median(
+        (io_part_at_idle(b, beta, known.cpus, known.io_exponent, known.beta_growth),
+         io_load_factor(b, known.io_exponent)) for b in boots)
+
+
+def beta_from(boots, min_boots):
+    """(beta, beta_growth) from the vCPU time of boots served from a boot image against their
+    CPU load ``y``: Theil-Sen's line ``cpu_seconds = beta + slope y`` (the median of the slopes
+    between boots at loads at least MIN_LOAD_SPREAD apart, and the median intercept), robust to
+    odd boots as a median is; ``beta_growth = slope / beta``, within [0, MAX_BETA_GROWTH]. Without
+    ``min_boots`` such slopes, or with a slope below 0: (the median vCPU time, 0)."""
+    points = [(cpu_load_of(b), b.cpu_seconds) for b in boots]
+    median = statistics.median(cpu for _, cpu in points)
+    slopes = [(c2 - c1) / (y2 - y1) for (y1, c1), (y2, c2) in itertools.combinations(points, 2)
+              if abs(y2 - y1) >= MIN_LOAD_SPREAD]
+    if len(slopes) < max(1, min_boots):
+        return median, 0.0
+    slope = statistics.median(slopes)
+    beta = statistics.median(cpu - slope * y for y, cpu in points)
+    if slope <= 0 or beta <= 0:
+        return median, 0.0
+    return beta, min(slope / beta, boot_model.MAX_BETA_GROWTH)
 
 
 def cpu_contention_from(boots, cpus, min_boots):
@@ -217,8 +281,7 @@ def cpu_contention_from(boots, cpus, min_boots):
     for boot in boots:
         if not boot.boot_image or boot.seconds <= 0 or boot.concurrent_boots + 1 > cpus:
             continue
-        y = boot_model.cpu_load(boot.cpu_utilisation, boot.idlest_cpu_utilisation,
-                                boot.cpu_pressure)
+        y = cpu_load_of(boot)
         delay = boot.cpu_delay_seconds
         if delay is not None and boot.cpu_seconds + delay > 0:
             if y > 0:
@@ -238,23 +301,25 @@ def cpu_contention_from(boots, cpus, min_boots):
 
 def with_observed_boots(known, boots, min_boots):
     """``known`` with the parameters the host's own boots give, each where at least
-    ``min_boots`` boots measure it (medians): beta, the vCPU time of boots served from a boot
-    image (the CPU a guest needs: under TCG a normal boot's vCPU also spins while its reads wait,
-    see from_boots); alpha_yolo and alpha, what those and normal boots took beyond it, brought
-    back to an idle host through the model; cpu_contention (see cpu_contention_from). ``boots``
-    are of this host's accelerator."""
+    ``min_boots`` boots measure it: beta and beta_growth, from the vCPU time of boots served
+    from a boot image (the CPU a guest needs: under TCG a normal boot's vCPU also spins while its
+    reads wait, see from_boots; beta_from); alpha_yolo and alpha, what those and normal boots
+    took beyond it (io_part_from); cpu_contention (see cpu_contention_from). ``boots`` are of
+    this host's accelerator."""
     if min_boots <= 0:
         return known
     served = [b for b in boots if b.boot_image]
     normal = [b for b in boots if not b.boot_image]
     fields = {}
-    beta = known.beta
     if len(served) >= min_boots:
-        beta = fields['beta'] = round(statistics.median(b.cpu_seconds for b in served), 3)
+        beta, growth = beta_from(served, min_boots)
+        fields['beta'] = round(beta, 3)
+        if growth > 0:
+            fields['beta_growth'] = round(growth, 3)
+    learned = dataclasses.replace(known, **fields)
     for name, kind in (('alpha_yolo', served), ('alpha', normal)):
         if len(kind) >= min_boots:
-            fields[name] = round(statistics.median(
-                io_part_at_idle(b, beta, known.cpus, known.io_exponent) for b in kind), 3)
+            fields[name] = round(io_part_from(kind, learned.beta, learned), 3)
     contention = cpu_contention_from(boots, known.cpus, min_boots)
     if contention is not None:
         fields['cpu_contention'] = contention

@@ -18,7 +18,7 @@ KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpu
         'boot_images', 'updated_at')
 # Reported by newer hosts; a host without them gets the thesis' model.
 OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation', 'cpu_contention',
-                 'cpu_pressure')
+                 'cpu_pressure', 'beta_growth')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,8 @@ class HostBootState:
 
     def to_stats(self):
         optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent,
-                    PREFIX + 'cpu_contention': '%.3f' % self.params.cpu_contention}
+                    PREFIX + 'cpu_contention': '%.3f' % self.params.cpu_contention,
+                    PREFIX + 'beta_growth': '%.3f' % self.params.beta_growth}
         if self.runnable is not None:
             optional[PREFIX + 'runnable'] = '%.3f' % self.runnable
         if self.idlest_cpu_utilisation is not None:
@@ -89,7 +90,8 @@ def _parse(raw):
                 alpha=float(value['alpha']), beta=float(value['beta']),
                 alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus']),
                 io_exponent=float(value['io_exponent'] or 1.0),
-                cpu_contention=float(value['cpu_contention'] or 1.0)),
+                cpu_contention=float(value['cpu_contention'] or 1.0),
+                beta_growth=float(value['beta_growth'] or 0.0)),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
             updated_at=float(value['updated_at']),
             runnable=_optional_float(value['runnable']),

@@ -148,14 +148,27 @@ def test_io_exponent_shapes_the_io_part_and_is_measured_back():
 
 def test_host_stats_without_the_optional_keys_give_the_thesis_model():
     state = host_stats.HostBootState(0.5, 0.75, boot_model.BootTimeParameters(
-        alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0, cpu_contention=0.0),
+        alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0, cpu_contention=0.0,
+        beta_growth=0.25),
         frozenset(), time.time(), runnable=1.0, idlest_cpu_utilisation=0.25, cpu_pressure=0.125)
     stats = state.to_stats()
     parsed = host_stats.from_stats(stats, max_age=60)
-    assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.runnable,
-            parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (0.0, 0.0, 1.0, 0.25, 0.125)
+    assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.params.beta_growth,
+            parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (
+        0.0, 0.0, 0.25, 1.0, 0.25, 0.125)
     old = {k: v for k, v in stats.items()
            if k[len(host_stats.PREFIX):] not in host_stats.OPTIONAL_KEYS}
     parsed = host_stats.from_stats(old, max_age=60)
-    assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.runnable,
-            parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (1.0, 1.0, None, None, None)
+    assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.params.beta_growth,
+            parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (
+        1.0, 1.0, 0.0, None, None, None)
+
+
+def test_the_cpu_a_boot_needs_grows_with_the_load_it_shares_its_cpu_with():
+    params = boot_model.BootTimeParameters(alpha=0.0, beta=30.0, alpha_yolo=0.0,
+                                           cpu_contention=0.5, beta_growth=0.3)
+    # At a pressure of 0.6: 30 * (1 + 0.3 * 0.6) = 35.4 s of CPU, at 1 - 0.5 * 0.6 of a CPU.
+    assert boot_model.predict(params, 0.0, 0.9, cpu_pressure=0.6) == pytest.approx(35.4 / 0.7)
+    assert boot_model.predict(params, 0.0, 0.0) == 30.0
+    with pytest.raises(ValueError, match='beta_growth'):
+        dataclasses.replace(params, beta_growth=1.5)

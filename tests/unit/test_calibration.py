@@ -215,3 +215,56 @@ def test_observed_boots_file_keeps_the_last_ones(tmp_path):
     (tmp_path / 'state' / 'observed-boots.json').write_text('[{"seconds": 1}]')
     with pytest.raises(ValueError, match='not a list of observed boots'):
         calibration.load_observed(path)
+
+
+def test_alpha_yolo_follows_the_boots_under_io_load_that_it_is_multiplied_for():
+    known = calibration.Calibration(alpha=5.0, beta=30.0, alpha_yolo=0.5, cpus=2)
+    # Quiet boots 1-2 s beyond their CPU (noise of the CPU time); boots served from their boot
+    # image under I/O load 0.86 (the term e^x / (1 - x) is 16.9 there) took 1 s longer: their
+    # I/O part does not grow with the contention.
+    quiet = [observed(30.0 + extra, 30.0, True, delay=0.0) for extra in (1.0, 1.5, 2.0, 1.2)]
+    loaded = [observed(31.0, 30.0, True, io=0.86, delay=0.0) for _ in range(2)]
+    learned = calibration.with_observed_boots(known, quiet + loaded, min_boots=3)
+    assert learned.alpha_yolo == pytest.approx(1.0 / boot_model.io_time(1.0, 0.86), abs=1e-3)
+    # Quiet boots alone: their median.
+    assert calibration.with_observed_boots(known, quiet, min_boots=3).alpha_yolo == 1.2
+    # One odd boot under load (its guest printed its ready line 60 s late) among four: the fit
+    # keeps to the boots that agree, where least squares would add a quarter of its excess.
+    odd = observed(91.0, 30.0, True, io=0.86, delay=0.0)
+    learned = calibration.with_observed_boots(known, quiet + loaded + [loaded[0], odd],
+                                              min_boots=3)
+    assert learned.alpha_yolo == pytest.approx(1.0 / boot_model.io_time(1.0, 0.86), abs=1e-3)
+
+
+def test_weighted_median():
+    assert calibration.weighted_median([(3.0, 1.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
+    assert calibration.weighted_median([(1.0, 1.0), (5.0, 3.0)]) == 5.0
+    with pytest.raises(ValueError):
+        calibration.weighted_median([])
+
+
+def test_beta_and_its_growth_are_fitted_to_the_vcpu_time_against_the_cpu_load():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
+    # vCPU time 30 s on a quiet CPU, 30 (1 + 0.3 p) at a pressure p; one odd boot (a guest
+    # spinning before its ready line) does not move the fit.
+    boots = [observed(60.0, 30.0 * (1 + 0.3 * p), True, cpu=0.9, pressure=p, delay=5.0)
+             for p in (0.0, 0.0, 0.05, 0.5, 0.6)]
+    boots.append(observed(90.0, 80.0, True, cpu=0.9, pressure=0.3, delay=1.0))
+    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    assert (learned.beta, learned.beta_growth) == (pytest.approx(30.0, abs=0.01),
+                                                   pytest.approx(0.3, abs=0.01))
+    assert 'beta_growth' in learned.details['observed_boots']['learned']
+    # Loads too close to each other say nothing of the growth: the median vCPU time, no growth.
+    close = [observed(60.0, vcpu, True, cpu=0.9, pressure=0.05, delay=1.0)
+             for vcpu in (29.0, 30.0, 33.0)]
+    learned = calibration.with_observed_boots(known, close, min_boots=3)
+    assert (learned.beta, learned.beta_growth) == (30.0, 0.0)
+    # Less CPU on a busier CPU: no growth either (never a negative one).
+    shrinking = [observed(60.0, 30.0 - 5 * p, True, cpu=0.9, pressure=p, delay=1.0)
+                 for p in (0.0, 0.3, 0.6)]
+    assert calibration.with_observed_boots(known, shrinking, min_boots=3).beta_growth == 0.0
+    # The growth is capped.
+    steep = [observed(60.0, 10.0 + 90 * p, True, cpu=0.9, pressure=p, delay=1.0)
+             for p in (0.0, 0.5, 0.9)]
+    learned = calibration.with_observed_boots(known, steep, min_boots=3)
+    assert learned.beta_growth == boot_model.MAX_BETA_GROWTH
