@@ -74,7 +74,7 @@ def policy_bars(groups, path, title, ylabel):
                 low.append(median - min(values))
                 high.append(max(values) - median)
         bars = ax.bar(xs, medians, width, yerr=[low, high], capsize=3, label=policy)
-        ax.bar_label(bars, fmt='%.1f', padding=2, fontsize=8)
+        ax.bar_label(bars, fmt='%.1f', label_type='center', color='white', fontsize=8)
     ax.set_xticks(range(len(groups)), list(groups), fontsize=9)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
