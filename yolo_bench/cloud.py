@@ -42,6 +42,7 @@ import xml.etree.ElementTree as ET
 
 import openstack
 
+from yolo_bench import results
 from yolo_common import images
 from yolo_common import yolofs
 
@@ -93,14 +94,7 @@ CSV_FIELDS = ('policy', 'stressors', 'servers', 'images', 'repetition', 'active_
 
 
 def append_csv(path, boot):
-    """Appends one boot, writing the header first if the file is new or empty."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    with open(path, 'a', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(boot.row())
+    results.append_row(path, CSV_FIELDS, boot.row())
 
 
 def read_csv(path):

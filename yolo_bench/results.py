@@ -52,12 +52,19 @@ def write_csv(path, results):
 
 def append_csv(path, result):
     """Appends one result, writing the header first if the file is new or empty."""
+    append_row(path, FIELDS, result.row())
+
+
+def append_row(path, fields, row):
+    """Appends ``row`` (a dict) to the CSV file ``path`` of columns ``fields``, writing the
+    header first if the file is new or empty (an interrupted benchmark keeps its rows)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
     with open(path, 'a', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer = csv.DictWriter(f, fieldnames=fields)
         if new:
             writer.writeheader()
-        writer.writerow(result.row())
+        writer.writerow(row)
 
 
 def read_csv(path):
