@@ -21,11 +21,6 @@ loopback device for the packets from Glance's port (``tc``; everything else on t
 device goes unthrottled), which every download from Glance shares, as a compute host's link
 would carry them. The page cache is dropped before each boot.
 
-``--glance-niceness N``: glance-api's processes run at niceness N for the run. In a cloud Glance
-serves images from machines of its own; here it shares the compute host's two cores, and serving
-a download at 1 Gbit/s costs it about half a core, which a YOLO first boot's guest, booting while
-its base file is filled, competes with (Nova's first boot downloads before its guest starts).
-
 ``--large``: the test image grown to 8 GiB virtual with 2 GiB of random data beyond its file
 system (data a boot never reads, which a full download carries), booted with a flavor of an
 8 GB disk (``m1.yolo-8g``, created if missing).
@@ -43,7 +38,6 @@ import sys
 import time
 
 import openstack
-import psutil
 
 from yolo_bench import cloud
 from yolo_bench import scheduling
@@ -136,22 +130,6 @@ class Host:
             cloud.wait('boot image on %s' % self.name, timeout, self.cached, interval=2.0)
 
 
-@contextlib.contextmanager
-def glance_niceness(niceness, pid_file=cloud.AIO_RUN_DIR / 'glance-api.pid'):
-    """glance-api's processes (its gunicorn master and workers) at ``niceness`` meanwhile."""
-    master = psutil.Process(int(pid_file.read_text()))
-    processes = [master] + master.children(recursive=True)
-    before = [process.nice() for process in processes]
-    for process in processes:
-        process.nice(niceness)
-    try:
-        yield
-    finally:
-        for process, value in zip(processes, before):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.nice(value)
-
-
 def logged(path, since):
     with open(path) as log:
         log.seek(since)
@@ -194,9 +172,6 @@ def parse_args(argv):
                              'conversion), or a raw copy of it (they are fetched by range)')
     parser.add_argument('--admin-cloud', default='aio-admin')
     parser.add_argument('--image', default='debian12-yolo')
-    parser.add_argument('--glance-niceness', type=int, default=0,
-                        help='niceness of glance-api for the run (10: it yields the CPUs to '
-                             'the guests, as a Glance on machines of its own; default: 0)')
     parser.add_argument('--large', action='store_true',
                         help='the test image grown to 8 GiB with 2 GiB of data beyond its file '
                              'system (uploaded as IMAGE-large[-raw] if missing)')
@@ -269,7 +244,7 @@ def main(argv=None):
     flavor = boot_flavor(admin, args.flavor, args.large)
     host = Host(image)
     results = {}
-    with glance_link() as set_rate, glance_niceness(args.glance_niceness):
+    with glance_link() as set_rate:
         for rate in [int(rate) for rate in args.rates.split(',')]:
             set_rate(rate)
             for round_ in range(args.rounds):

@@ -7,7 +7,6 @@ import threading
 from unittest import mock
 import urllib.request
 
-import psutil
 import pytest
 
 from yolo_bench import first_boots
@@ -89,22 +88,3 @@ def test_the_large_image_boots_with_a_flavor_that_holds_it():
     assert first_boots.boot_flavor(admin, None, True) == 'existing'
     first_boots.boot_flavor(admin, None, False)
     admin.compute.find_flavor.assert_called_with('m1.yolo', ignore_missing=False)
-
-
-def test_glance_runs_at_the_niceness_asked_for_the_run_and_is_restored(tmp_path):
-    # A master with a worker, as gunicorn runs glance-api.
-    master = subprocess.Popen(['sh', '-c', 'sleep 60 & wait'])
-    try:
-        pid_file = tmp_path / 'glance-api.pid'
-        pid_file.write_text(str(master.pid))
-        first_boots.cloud.wait('worker', 10, lambda: psutil.Process(master.pid).children())
-        processes = [psutil.Process(master.pid)] + psutil.Process(master.pid).children()
-        before = [process.nice() for process in processes]
-        with first_boots.glance_niceness(before[0] + 5, pid_file):
-            assert [process.nice() for process in processes] == [before[0] + 5] * 2
-        assert [process.nice() for process in processes] == before
-    finally:
-        for process in psutil.Process(master.pid).children():
-            process.kill()
-        master.kill()
-        master.wait()
