@@ -289,28 +289,41 @@ def wait_for_boot_image(admin, image, timeout):
     return wait('boot image of %s' % image.name, timeout, linked, interval=5.0)
 
 
+def by_condition(boots):
+    """{(stressors, servers, images): {policy: [boots]}}, conditions in the order they were
+    measured, policies in POLICIES' order."""
+    grouped = {}
+    for policy in POLICIES:
+        for b in boots:
+            if b.policy == policy:
+                grouped.setdefault((b.stressors, b.servers, b.images), {}).setdefault(
+                    policy, []).append(b)
+    return {condition: grouped[condition] for condition in
+            dict.fromkeys((b.stressors, b.servers, b.images) for b in boots)}
+
+
 def summary(boots):
     """One row per condition (stressors, servers at once), one column per policy: the median
     time to ready (min-max) and to ACTIVE; then off/on and warm/on."""
     policies = [p for p in POLICIES if any(b.policy == p for b in boots)]
-    conditions = list(dict.fromkeys((b.stressors, b.servers, b.images) for b in boots))
+    grouped = by_condition(boots)
     head = ['I/O stressors', 'servers at once', 'cache'] + \
         ['%s: ready s (min-max), ACTIVE s' % p for p in policies]
     head += ['%s / on' % p for p in policies if p != 'on' and 'on' in policies]
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * 3 + '---:|' * (len(head) - 3)]
     medians = {}
-    for condition in conditions:
+    for condition, of_condition in grouped.items():
         stressors, servers, kind = condition
-        of_condition = [b for b in boots if (b.stressors, b.servers, b.images) == condition]
         cells = [str(stressors), str(servers) if servers == 1 or kind == 'same'
                  else '%d (distinct images)' % servers,
-                 '/'.join(sorted({b.cache for b in of_condition}))]
+                 '/'.join(sorted({b.cache for mine in of_condition.values() for b in mine}))]
         for policy in policies:
-            ready = [b.ready_seconds for b in of_condition if b.policy == policy]
-            active = [b.active_seconds for b in of_condition if b.policy == policy]
+            mine = of_condition.get(policy, [])
+            ready = [b.ready_seconds for b in mine]
             medians[condition, policy] = statistics.median(ready)
-            cells.append('%.1f (%.1f-%.1f), %.1f' % (statistics.median(ready), min(ready),
-                                                     max(ready), statistics.median(active)))
+            cells.append('%.1f (%.1f-%.1f), %.1f' % (
+                statistics.median(ready), min(ready), max(ready),
+                statistics.median(b.active_seconds for b in mine)))
         if 'on' in policies:
             on = medians[condition, 'on']
             cells += ['%.2f' % (medians[condition, p] / on) for p in policies if p != 'on']
@@ -318,22 +331,20 @@ def summary(boots):
     idle = medians.get(((0, 1, 'same'), 'on'))
     if idle:
         lines.append('')
-        for condition in conditions:
+        for condition in grouped:
             if condition[:2] != (0, 1):     # (stressors, servers)
                 lines.append('YOLO on with %s / YOLO on idle: %.2f' % (
                     described(*condition), medians[condition, 'on'] / idle))
-    profiled = [b for b in boots if b.disk_seconds]
-    if profiled:
+    if any(b.disk_seconds for b in boots):
         lines += ['', 'Guests\' root disk requests up to ready, median of their summed latency '
                   '(reads / writes / flushes, s):']
-        for condition in conditions:
+        for condition, of_condition in grouped.items():
             cells = []
-            for policy in policies:
-                mine = [b.disk_seconds for b in profiled
-                        if (b.stressors, b.servers, b.images, b.policy) == (*condition, policy)]
-                if mine:
+            for policy, mine in of_condition.items():
+                times = [b.disk_seconds for b in mine if b.disk_seconds]
+                if times:
                     cells.append('%s %s' % (policy, ' / '.join(
-                        '%.1f' % statistics.median(times) for times in zip(*mine))))
+                        '%.1f' % statistics.median(kind) for kind in zip(*times))))
             lines.append('- %s: %s' % (described(*condition), ', '.join(cells)))
     return '\n'.join(lines)
 
@@ -341,12 +352,9 @@ def summary(boots):
 def plot(boots, path):
     """Bars of the time to ready per condition, one per policy (median, min-max)."""
     from yolo_bench import plots
-    groups = {}
-    for condition in dict.fromkeys((b.stressors, b.servers, b.images) for b in boots):
-        of_condition = [b for b in boots if (b.stressors, b.servers, b.images) == condition]
-        groups[described(*condition).replace(', ', '\n')] = {
-            policy: [b.ready_seconds for b in of_condition if b.policy == policy]
-            for policy in POLICIES if any(b.policy == policy for b in of_condition)}
+    groups = {described(*condition).replace(', ', '\n'): {
+        policy: [b.ready_seconds for b in mine] for policy, mine in of_condition.items()}
+        for condition, of_condition in by_condition(boots).items()}
     return plots.policy_bars(
         groups, path, 'Through Nova: server create to guest ready, cache=%s\n(median, min-max '
         'of %d repetitions)' % ('/'.join(sorted({b.cache for b in boots})),

@@ -201,7 +201,8 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
     boots slowed by CPU contention alone then inflate it (the all-in-one's two hosts share two
     cores: a host's alpha_yolo rose to 10.7 s from boots that only waited for the CPU the other
     host's fio stressors took)."""
-    need = beta * (1 + beta_growth * cpu_load_of(boot))
+    need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
+                               boot.cpu_pressure, beta_growth)
     if boot.cpu_delay_seconds is not None:
         cpu = need + boot.cpu_delay_seconds
     else:
@@ -222,17 +223,18 @@ def weighted_median(pairs):
     raise ValueError('no values')
 
 
-def io_part_from(boots, beta, known):
-    """alpha (or alpha_yolo) from ``boots``: the least-absolute-deviation fit of what each took
-    for its I/O to the model's ``alpha * L``, ``L`` the I/O term's growth at its load
-    (io_load_factor); that is the median of the boots' idle I/O parts (io_part_at_idle), each
-    weighted by its ``L``. A plain median let the quiet boots decide: their I/O part is the
-    noise of a boot's CPU time (a second or so), which the I/O term then multiplied by 17 at a
-    utilisation of 0.86, where boots served from their boot image under that contention took no
-    longer than on the idle host. Like a median, and unlike least squares, one odd boot (a
-    tenant's guest printing its ready line late) moves it no further than its weight."""
+def io_part_from(boots, known):
+    """alpha (or alpha_yolo) from ``boots`` and the calibration ``known`` (its beta, growth,
+    CPUs and k): the least-absolute-deviation fit of what each took for its I/O to the model's
+    ``alpha * L``, ``L`` the I/O term's growth at its load (io_load_factor); that is the median
+    of the boots' idle I/O parts (io_part_at_idle), each weighted by its ``L``. A plain median
+    let the quiet boots decide: their I/O part is the noise of a boot's CPU time (a second or
+    so), which the I/O term then multiplied by 17 at a utilisation of 0.86, where boots served
+    from their boot image under that contention took no longer than on the idle host. Like a
+    median, and unlike least squares, one odd boot (a tenant's guest printing its ready line
+    late) moves it no further than its weight."""
     return weighted_median(
-        (io_part_at_idle(b, beta, known.cpus, known.io_exponent, known.beta_growth),
+        (io_part_at_idle(b, known.beta, known.cpus, known.io_exponent, known.beta_growth),
          io_load_factor(b, known.io_exponent)) for b in boots)
 
 
@@ -319,7 +321,7 @@ def with_observed_boots(known, boots, min_boots):
     learned = dataclasses.replace(known, **fields)
     for name, kind in (('alpha_yolo', served), ('alpha', normal)):
         if len(kind) >= min_boots:
-            fields[name] = round(io_part_from(kind, learned.beta, learned), 3)
+            fields[name] = round(io_part_from(kind, learned), 3)
     contention = cpu_contention_from(boots, known.cpus, min_boots)
     if contention is not None:
         fields['cpu_contention'] = contention
