@@ -15,6 +15,7 @@ use log::{info, warn};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
 use yolofs::build::{self, BuildSummary};
 use yolofs::control::{self, Daemon, SocketAccess};
@@ -443,13 +444,10 @@ fn ctl(socket: &Path, mut request: control::Request) -> Result<()> {
     Ok(())
 }
 
-fn wait_for_signal(signals: &[i32]) -> Result<i32> {
-    let mut signals = signal_hook::iterator::Signals::new(signals)?;
-    Ok(signals.forever().next().unwrap_or(SIGTERM))
-}
-
-fn wait_for_termination() -> Result<i32> {
-    wait_for_signal(&[SIGTERM, SIGINT])
+/// The next of the signals caught. They are caught before a command says it is ready, so that a
+/// signal sent as soon as it is (an init system's, a test's) is waited for, not fatal.
+fn next_signal(signals: &mut Signals) -> i32 {
+    signals.forever().next().unwrap_or(SIGTERM)
 }
 
 fn pin_command(binaries: &[String], list: bool) -> Result<()> {
@@ -460,13 +458,14 @@ fn pin_command(binaries: &[String], list: bool) -> Result<()> {
         }
         return Ok(());
     }
+    let mut signals = Signals::new([SIGTERM, SIGINT])?;
     let pinned = pin::pin(&files);
     for (path, bytes) in pinned.files() {
         println!("{bytes:>12} {}", path.display());
     }
     println!("pinned {} bytes; holding until SIGTERM", pinned.bytes());
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
-    wait_for_termination()?;
+    next_signal(&mut signals);
     Ok(())
 }
 
@@ -755,6 +754,7 @@ fn mount(args: MountArgs) -> Result<()> {
     }
     control::serve(&args.control_socket, socket_access, daemon)
         .with_context(|| format!("control socket {}", args.control_socket.display()))?;
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     info!(
         "mounted {} on {} (boot images in {}, control socket {}, learning {})",
         source.display(),
@@ -766,7 +766,7 @@ fn mount(args: MountArgs) -> Result<()> {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 
     let signal = loop {
-        match wait_for_signal(&[SIGTERM, SIGINT, SIGHUP])? {
+        match next_signal(&mut signals) {
             SIGHUP if !kept => warn!("SIGHUP: no keeper holds the mount to hand it over; ignored"),
             SIGHUP => {
                 // Not a destructor runs: the session's would unmount.
