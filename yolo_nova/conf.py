@@ -157,6 +157,22 @@ Related options:
 
 * ``fetch_boot_images`` must be on.
 * ``yolofs mount --fill-read-timeout-secs``: how long a guest's read waits for a range.
+* ``first_boot_paced_rate_mib``, ``first_boot_paced_seconds``: the download while guests boot.
+"""),
+    cfg.IntOpt(
+        'first_boot_paced_rate_mib', default=16, min=0,
+        help="""
+While guests boot over a base file being filled, its in-order download from Glance (images
+stored raw) goes at most this many MiB a second; 0: at the link's rate. The guests need nothing
+from it (their boot image covers their boot; a range a read waits for is fetched at once, not
+paced), and moving the image at the link's rate takes CPU and memory bandwidth from them
+(docs/first-boot.md, "Pacing").
+"""),
+    cfg.FloatOpt(
+        'first_boot_paced_seconds', default=60.0, min=0,
+        help="""
+How long the download of a base file being filled is paced after each guest starts over it
+(``first_boot_paced_rate_mib``): about the longest idle boot of the host's guests.
 """),
     cfg.StrOpt(
         'download_dir',

@@ -79,7 +79,9 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             # Nova's image backend takes its locks of base files there (Image.lock_path).
             self.yolo_first_boots = first_boot.FirstBoots(
                 self.yolo_backing, self.yolo_boot_images,
-                os.path.join(CONF.instances_path, 'locks'))
+                os.path.join(CONF.instances_path, 'locks'),
+                paced_rate=CONF.yolo.first_boot_paced_rate_mib << 20,
+                paced_seconds=CONF.yolo.first_boot_paced_seconds)
             self.yolo_backing.first_boots = self.yolo_first_boots
             self.yolo_first_boots.on_failed = self._yolo_fail_guests_of
         self.image_backend = imagebackend.YoloBackend(

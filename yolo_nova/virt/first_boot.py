@@ -7,6 +7,7 @@ starts the guest, while a thread of its own fills the file under Nova's lock of 
 
 * images stored raw in Glance are downloaded in order, and the ranges reads wait for (yolofs'
   ``fill_wants``) are fetched ahead with HTTP ``Range`` requests on Glance's image download;
+  while guests boot over the file, the in-order download is paced (:class:`Pacer`);
 * other formats go through Nova's own ``fetch_to_raw`` (download, inspection, conversion), and
   are copied into the fill file as they are; meanwhile, the clusters of a qcow2 image that reads
   wait for are found and fetched by range (``qcow2_ranges``).
@@ -59,6 +60,46 @@ DOWNLOAD_ATTEMPTS = 5
 DOWNLOAD_ERRORS = (requests.RequestException, ks_exceptions.ConnectionError,
                    ks_exceptions.ServiceUnavailable, ks_exceptions.BadGateway,
                    ks_exceptions.GatewayTimeout)
+
+
+class Pacer:
+    """Holds the in-order download to ``rate`` bytes a second for ``seconds`` after each guest
+    starts over the fill: the guest needs nothing from it (the boot image covers its boot, and
+    a range it waits for is fetched ahead at once), while moving the data at the link's rate
+    takes CPU and memory bandwidth from it (Glance's sending, the checksum, the writes). A rate
+    of 0: never paced."""
+
+    def __init__(self, rate=0, seconds=0.0, clock=time.monotonic, sleep=time.sleep):
+        self.rate = rate
+        self.seconds = seconds
+        self._clock = clock
+        self._sleep = sleep
+        self._until = self._next = clock()
+
+    @property
+    def pacing(self):
+        return bool(self.rate) and self._clock() < self._until
+
+    def guest_started(self):
+        if not self.rate:
+            return
+        now = self._clock()
+        if not self.pacing:
+            self._next = now
+        self._until = max(self._until, now + self.seconds)
+
+    def took(self, length):
+        """After ``length`` bytes of the download: waits until they fit the rate, if paced."""
+        now = self._clock()
+        if not self.pacing:
+            self._next = now
+            return
+        # When the bytes so far may have arrived at the rate; a link slower than it builds
+        # no credit.
+        due = self._next + length / self.rate
+        self._next = max(due, now)
+        if due > now:
+            self._sleep(min(due, self._until) - now)
 
 
 class FillFailed(Exception):
@@ -138,11 +179,13 @@ class Fill:
     :meth:`run_raw` or :meth:`run_converted` fills it, on the caller's thread; the outcome is
     then ``complete`` (renamed to the base file; ``boot_image_matches`` says what yolofs found;
     ``after_complete(fill)`` has run) or ``failed`` (deleted), and :meth:`wait` returns.
-    ``disks``: the instance disks made over the fill file.
+    ``disks``: the instance disks made over the fill file (:meth:`add_disk`). ``pacer``: how
+    the in-order download yields to the guests booting over them.
     """
     after_complete = None
 
-    def __init__(self, base_dir, name, size, client, image_id, boot_image_id, boot_image_path):
+    def __init__(self, base_dir, name, size, client, image_id, boot_image_id, boot_image_path,
+                 pacer=None):
         self.name = name
         self.size = size
         self.client = client
@@ -156,6 +199,7 @@ class Fill:
         self.reason = None
         self.boot_image_matches = None
         self.disks = set()
+        self.pacer = pacer or Pacer()
         self._ended = threading.Event()
         # Bytes below it are written by the in-order download, whose checksum is verified:
         # a range fetched for a waiting read is written only above it (see _serve_wants).
@@ -177,6 +221,11 @@ class Fill:
     @property
     def running(self):
         return not self._ended.is_set()
+
+    def add_disk(self, path):
+        """Instance disk ``path`` is over the fill file: its guest starts."""
+        self.disks.add(path)
+        self.pacer.guest_started()
 
     def begin(self):
         """Creates the fill file, sparse, at its final size, and has yolofs serve it."""
@@ -313,6 +362,7 @@ class Fill:
             if digest is not None:
                 digest.update(chunk)
             self._write_in_order(fd, chunk)
+            self.pacer.took(len(chunk))
 
     def _write_in_order(self, fd, chunk):
         """Writes ``chunk`` at the cursor, moves the cursor past it and reports it."""
@@ -474,15 +524,18 @@ class FirstBoots:
     ``lock_path``); a fill holds the base file's lock from its start to its end, as Nova's own
     download does, so Nova never fetches a base file being filled, nor the other way round.
     ``on_failed(fill)``, if set, is called after a fill over which disks were made has failed.
+    ``paced_rate``, ``paced_seconds``: the :class:`Pacer` of each raw image's download.
     """
     on_failed = None
 
-    def __init__(self, backing_files, boot_images, lock_path):
+    def __init__(self, backing_files, boot_images, lock_path, paced_rate=0, paced_seconds=0.0):
         self.backing_files = backing_files
         self.boot_images = boot_images
         self.base_dir = backing_files.base_dir
         self.client = backing_files.client
         self.lock_path = lock_path
+        self.paced_rate = paced_rate
+        self.paced_seconds = paced_seconds
         self._fills = {}
         self._lock = threading.Lock()
 
@@ -550,7 +603,7 @@ class FirstBoots:
             if fill is not None:
                 return fill
             fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
-                        boot_image_path)
+                        boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
             fill.after_complete = self._keep_boot_image
             started = threading.Event()
             thread = threading.Thread(target=self._fill, args=(fill, run, started),

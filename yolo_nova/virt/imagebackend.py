@@ -53,7 +53,7 @@ class YoloQcow2(imagebackend.Qcow2):
                 # Not opened: a base file being filled is read only by the guest.
                 images.create_overlay(self.backing_files.mount_path(name), self.path,
                                       size=max(size or 0, fill.size), open_backing=False)
-        fill.disks.add(self.path)
+        fill.add_disk(self.path)
         return True
 
     def get_disk_size(self, name):
