@@ -156,6 +156,9 @@ class ObservedBoot:
     cpu_delay_seconds: float = None
     # The host's CPU pressure then (None: not reported).
     cpu_pressure: float = None
+    # What its disks' requests took up to its ready line, summed (QEMU's latency counts,
+    # through libvirt): None where not known.
+    disk_seconds: float = None
 
 
 def load_observed(path):
@@ -188,6 +191,22 @@ def io_load_factor(boot, io_exponent):
     return boot_model.io_time(1.0, boot.io_utilisation, io_exponent) * (1 + others)
 
 
+def halted_seconds(boot):
+    """What a boot spent neither running, nor waiting for a CPU, nor for its disks: its guest
+    halted, waiting for its timers (1.2-3.0 s of a TCG boot on the all-in-one, whatever the
+    disk's load). 0 where its waits are not all known."""
+    if boot.cpu_delay_seconds is None or boot.disk_seconds is None:
+        return 0.0
+    return max(0.0, boot.seconds - boot.cpu_seconds - boot.cpu_delay_seconds
+               - boot.disk_seconds)
+
+
+def needed_seconds(boot):
+    """The time a boot's guest needs whatever it waits for: its vCPU's running time and its
+    halts (beta_from fits beta to it)."""
+    return boot.cpu_seconds + halted_seconds(boot)
+
+
 def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
     """The I/O part an observed boot had at idle: what it took beyond the CPU it needs
     (``beta``, grown with its CPU load by ``beta_growth``) and its wait for a CPU, brought back
@@ -200,14 +219,21 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
     lightly loaded host (a boot's vCPU ran 96 % of its time where ``1 - y`` said 78 %), and
     boots slowed by CPU contention alone then inflate it (the all-in-one's two hosts share two
     cores: a host's alpha_yolo rose to 10.7 s from boots that only waited for the CPU the other
-    host's fio stressors took)."""
+    host's fio stressors took).
+
+    Where the boot's disk requests were timed, its I/O part is at most what they took: what is
+    left beyond its CPU may be its guest's halts (beta holds them, needed_seconds), which the
+    I/O term would otherwise multiply as if they were waits for the disk."""
     need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
                                boot.cpu_pressure, beta_growth)
     if boot.cpu_delay_seconds is not None:
         cpu = need + boot.cpu_delay_seconds
     else:
         cpu = need * max(1.0, (1 + max(0, boot.concurrent_boots)) / cpus)
-    return max(0.0, (boot.seconds - cpu) / io_load_factor(boot, io_exponent))
+    waited = boot.seconds - cpu
+    if boot.disk_seconds is not None:
+        waited = min(waited, boot.disk_seconds)
+    return max(0.0, waited / io_load_factor(boot, io_exponent))
 
 
 def weighted_median(pairs):
@@ -239,19 +265,20 @@ def io_part_from(boots, known):
 
 
 def beta_from(boots, min_boots):
-    """(beta, beta_growth) from the vCPU time of boots served from a boot image against their
-    CPU load ``y``: Theil-Sen's line ``cpu_seconds = beta + slope y`` (the median of the slopes
-    between boots at loads at least MIN_LOAD_SPREAD apart, and the median intercept), robust to
-    odd boots as a median is; ``beta_growth = slope / beta``, within [0, MAX_BETA_GROWTH]. Without
-    ``min_boots`` such slopes, or with a slope below 0: (the median vCPU time, 0)."""
-    points = [(cpu_load_of(b), b.cpu_seconds) for b in boots]
-    median = statistics.median(cpu for _, cpu in points)
-    slopes = [(c2 - c1) / (y2 - y1) for (y1, c1), (y2, c2) in itertools.combinations(points, 2)
+    """(beta, beta_growth) from the time boots served from a boot image needed (their vCPU's
+    running time and halts: needed_seconds) against their CPU load ``y``: Theil-Sen's line
+    ``needed = beta + slope y`` (the median of the slopes between boots at loads at least
+    MIN_LOAD_SPREAD apart, and the median intercept), robust to odd boots as a median is;
+    ``beta_growth = slope / beta``, within [0, MAX_BETA_GROWTH]. Without ``min_boots`` such
+    slopes, or with a slope below 0: (their median, 0)."""
+    points = [(cpu_load_of(b), needed_seconds(b)) for b in boots]
+    median = statistics.median(needed for _, needed in points)
+    slopes = [(n2 - n1) / (y2 - y1) for (y1, n1), (y2, n2) in itertools.combinations(points, 2)
               if abs(y2 - y1) >= MIN_LOAD_SPREAD]
     if len(slopes) < max(1, min_boots):
         return median, 0.0
     slope = statistics.median(slopes)
-    beta = statistics.median(cpu - slope * y for y, cpu in points)
+    beta = statistics.median(needed - slope * y for y, needed in points)
     if slope <= 0 or beta <= 0:
         return median, 0.0
     return beta, min(slope / beta, boot_model.MAX_BETA_GROWTH)
@@ -303,11 +330,11 @@ def cpu_contention_from(boots, cpus, min_boots):
 
 def with_observed_boots(known, boots, min_boots):
     """``known`` with the parameters the host's own boots give, each where at least
-    ``min_boots`` boots measure it: beta and beta_growth, from the vCPU time of boots served
-    from a boot image (the CPU a guest needs: under TCG a normal boot's vCPU also spins while its
-    reads wait, see from_boots; beta_from); alpha_yolo and alpha, what those and normal boots
-    took beyond it (io_part_from); cpu_contention (see cpu_contention_from). ``boots`` are of
-    this host's accelerator."""
+    ``min_boots`` boots measure it: beta and beta_growth, from the vCPU time (and halts) of boots
+    served from a boot image (the CPU a guest needs: under TCG a normal boot's vCPU also spins
+    while its reads wait, see from_boots; beta_from); alpha_yolo and alpha, what those and normal
+    boots took beyond it, at most their disks' requests (io_part_from); cpu_contention (see
+    cpu_contention_from). ``boots`` are of this host's accelerator."""
     if min_boots <= 0:
         return known
     served = [b for b in boots if b.boot_image]

@@ -829,6 +829,20 @@ class TestBootTiming(DriverTestCase):
             self.assertEqual((30.0, None), self.drvr._yolo_vcpu_times(self.instance))
         self.assertEqual(yolo_driver.LIBVIRT_STATS_VCPU, get_stats.call_args.args[1])
 
+    def test_the_disk_seconds_come_from_libvirts_domain_stats(self):
+        connection = self.drvr._host.get_connection()
+        domain = connection.defineXML(self.domain_xml(self.instance_dir / 'disk'))
+        domain.create()
+        self.assertIsNone(self.drvr._yolo_disk_seconds(self.instance))
+        # Every disk's reads, writes and flushes (a config drive's too), in nanoseconds.
+        stats = {'block.count': 2, 'block.0.rd.times': 700 * 10**6,
+                 'block.0.wr.times': 40 * 10**6, 'block.0.fl.times': 10 * 10**6,
+                 'block.1.rd.times': 250 * 10**6}
+        with mock.patch.object(connection, 'domainListGetStats', create=True,
+                               return_value=[(domain, stats)]) as get_stats:
+            self.assertAlmostEqual(1.0, self.drvr._yolo_disk_seconds(self.instance))
+        self.assertEqual(yolo_driver.LIBVIRT_STATS_BLOCK, get_stats.call_args.args[1])
+
     def test_nothing_is_timed_without_yolofs_a_start_or_a_pattern(self):
         self.yolofs_down()
         self.spawn()

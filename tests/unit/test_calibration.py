@@ -56,11 +56,12 @@ def test_io_utilisation_is_throughput_when_capacity_is_known():
 
 
 def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0,
-             idlest=None, delay=None, pressure=None):
+             idlest=None, delay=None, pressure=None, disk=None):
     return calibration.ObservedBoot(
         started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds, boot_image=boot_image,
         io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others,
-        idlest_cpu_utilisation=idlest, cpu_delay_seconds=delay, cpu_pressure=pressure)
+        idlest_cpu_utilisation=idlest, cpu_delay_seconds=delay, cpu_pressure=pressure,
+        disk_seconds=disk)
 
 
 def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
@@ -268,3 +269,23 @@ def test_beta_and_its_growth_are_fitted_to_the_vcpu_time_against_the_cpu_load():
              for p in (0.0, 0.5, 0.9)]
     learned = calibration.with_observed_boots(known, steep, min_boots=3)
     assert learned.beta_growth == boot_model.MAX_BETA_GROWTH
+
+
+def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
+    # Quiet boots served from their boot image: 30 s of vCPU, 2 s halted (the guest waiting for
+    # its timers), 0.5 s of disk requests. Without the disk's count the 2.5 s beyond the vCPU
+    # time would be alpha_yolo, which the I/O term multiplies by 17 at x 0.86.
+    quiet = [observed(32.5, 30.0, True, delay=0.0, disk=0.5) for _ in range(3)]
+    learned = calibration.with_observed_boots(known, quiet, min_boots=3)
+    assert (learned.beta, learned.alpha_yolo) == (32.0, 0.5)
+    assert calibration.halted_seconds(quiet[0]) == 2.0
+    untimed = [dataclasses.replace(boot, disk_seconds=None) for boot in quiet]
+    learned = calibration.with_observed_boots(known, untimed, min_boots=3)
+    assert (learned.beta, learned.alpha_yolo) == (30.0, 2.5)
+    # The requests of a normal boot under load overlap (QEMU reads ahead): their sum is more
+    # than its wait, and what is left beyond its CPU is its I/O part.
+    normal = [observed(32.0 + 40.0, 60.0, False, io=0.8, delay=0.0, disk=90.0)] * 3
+    learned = calibration.with_observed_boots(
+        dataclasses.replace(known, beta=32.0, io_exponent=0.0), normal, min_boots=3)
+    assert learned.alpha == pytest.approx(40.0 * 0.2)

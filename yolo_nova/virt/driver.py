@@ -57,8 +57,9 @@ yolo_conf.register_opts(CONF)
 LOG = logging.getLogger(__name__)
 # Parameters of an uncalibrated host: the emulated HDD of docs/boot-benchmark.md under TCG.
 UNCALIBRATED = calibration.Calibration(alpha=5.9, beta=22.7, alpha_yolo=0.4, cpus=1)
-# libvirt's VIR_DOMAIN_STATS_VCPU: a domain's per-vCPU statistics.
+# libvirt's VIR_DOMAIN_STATS_VCPU and _BLOCK: a domain's per-vCPU and per-disk statistics.
 LIBVIRT_STATS_VCPU = 8
+LIBVIRT_STATS_BLOCK = 32
 
 
 class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
@@ -114,6 +115,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             return boot_timer.BootTimer(
                 CONF.yolo.observed_boots_file, CONF.yolo.boot_ready_pattern,
                 CONF.yolo.boot_ready_timeout, self._yolo_console, self._yolo_vcpu_times,
+                disk_seconds=self._yolo_disk_seconds,
                 accel=calibration.accel_of_virt_type(CONF.libvirt.virt_type) or '')
         except re.error as e:
             LOG.error('[yolo] boot_ready_pattern %r is not a regular expression (%s): boots '
@@ -243,6 +245,21 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             vcpus = [(vcpu.time, None) for vcpu in guest.get_vcpus_info()]
         run, delay = max(vcpus, key=lambda vcpu: vcpu[0], default=(0, None))
         return run / 1e9, None if delay is None else delay / 1e9
+
+    def _yolo_disk_seconds(self, instance):
+        """What the requests of the guest's disks took so far, summed (reads, writes and
+        flushes, as QEMU counts them: libvirt's ``block.N.rd.times`` and the others), in
+        seconds; None where libvirt does not report them."""
+        guest = self._host.get_guest(instance)
+        try:
+            [(_, stats)] = self._host.get_connection().domainListGetStats(
+                [guest._domain], LIBVIRT_STATS_BLOCK)
+            disks = range(stats['block.count'])
+        except Exception as e:
+            LOG.debug('No disk stats from libvirt (%s)', e, instance=instance)
+            return None
+        return sum(stats.get('block.%d.%s.times' % (n, kind), 0)
+                   for n in disks for kind in ('rd', 'wr', 'fl')) / 1e9
 
     # Every path that starts a guest goes through here.
     def _create_guest(self, context, xml, instance, power_on=True, pause=False,
