@@ -166,7 +166,7 @@ While guests boot over a base file being filled, its in-order download from Glan
 stored raw) goes at most this many MiB a second; 0: at the link's rate. The guests need nothing
 from it (their boot image covers their boot; a range a read waits for is fetched at once, not
 paced), and moving the image at the link's rate takes CPU and memory bandwidth from them
-(docs/first-boot.md, "Pacing").
+(docs/first-boot.md, "How it works").
 """),
     cfg.FloatOpt(
         'first_boot_paced_seconds', default=60.0, min=0,
