@@ -157,6 +157,39 @@ def test_a_raw_image_is_read_before_its_download_and_ends_as_an_ordinary_base_fi
     assert failed_fills == []
 
 
+@pytest.mark.parametrize('guest', [True, False], ids=['a guest booting', 'no guest'])
+def test_the_download_is_paced_while_a_guest_boots_over_the_file(
+        host, dirs, image_server, content, monkeypatch, guest):
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        time.sleep(seconds)
+    pacer = first_boot.Pacer
+    monkeypatch.setattr(first_boot, 'Pacer', lambda *args: pacer(*args, sleep=sleep))
+    # 16 MiB/s for an hour after a guest starts; the link (unthrottled) is faster.
+    host.first_boots.paced_rate, host.first_boots.paced_seconds = 16 << 20, 3600.0
+    data = first_boot.GlanceData(ks_session.Session(), image_server.endpoint, IMAGE_ID)
+    disk_made = threading.Event()
+
+    def run(fill):
+        disk_made.wait(30)
+        fill.run_raw(data, sha256(content))
+    fill = host.first_boots.start(NAME, SIZE, IMAGE_ID, 'boot-image-id',
+                                  str(build_boot_image(dirs, content)), run)
+    if guest:
+        fill.add_disk('instances/a-guest/disk')
+    disk_made.set()
+    assert fill.wait(60) and fill.outcome == 'complete', fill.reason
+    assert (host.base_dir / NAME).read_bytes() == content
+    # Each 4 MiB chunk is due a quarter of a second after the one before: the download slept
+    # (unless every chunk came late), and never without a guest.
+    if guest:
+        assert slept and all(0 < seconds <= 0.25 + 1e-6 for seconds in slept)
+    else:
+        assert slept == []
+
+
 def test_a_broken_download_resumes_where_it_broke(host, dirs, image_server, content):
     image_server.break_after = 10 << 20
     fill = host.fill_raw(image_server, build_boot_image(dirs, content), sha256(content))
