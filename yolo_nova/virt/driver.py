@@ -234,8 +234,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         seconds."""
         guest = self._host.get_guest(instance)
         try:
-            [(_, stats)] = self._host.get_connection().domainListGetStats(
-                [guest._domain], LIBVIRT_STATS_VCPU)
+            stats = self._yolo_domain_stats(guest, LIBVIRT_STATS_VCPU)
             vcpus = [(stats['vcpu.%d.time' % n], stats.get('vcpu.%d.delay' % n))
                      for n in range(stats['vcpu.current'])]
         except Exception as e:
@@ -246,14 +245,19 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         run, delay = max(vcpus, key=lambda vcpu: vcpu[0], default=(0, None))
         return run / 1e9, None if delay is None else delay / 1e9
 
+    def _yolo_domain_stats(self, guest, kind):
+        """libvirt's statistics of ``kind`` (LIBVIRT_STATS_*) of the guest's domain; raises
+        where libvirt has none (Nova's fake one)."""
+        [(_, stats)] = self._host.get_connection().domainListGetStats([guest._domain], kind)
+        return stats
+
     def _yolo_disk_seconds(self, instance):
         """What the requests of the guest's disks took so far, summed (reads, writes and
         flushes, as QEMU counts them: libvirt's ``block.N.rd.times`` and the others), in
         seconds; None where libvirt does not report them."""
         guest = self._host.get_guest(instance)
         try:
-            [(_, stats)] = self._host.get_connection().domainListGetStats(
-                [guest._domain], LIBVIRT_STATS_BLOCK)
+            stats = self._yolo_domain_stats(guest, LIBVIRT_STATS_BLOCK)
             disks = range(stats['block.count'])
         except Exception as e:
             LOG.debug('No disk stats from libvirt (%s)', e, instance=instance)
