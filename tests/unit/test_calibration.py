@@ -161,10 +161,17 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
                   observed(53.4, 34.2, True, idlest=0.70, delay=18.8),
                   observed(52.3, 32.0, True, idlest=0.87, delay=19.8)]
     assert calibration.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.417
-    # Quiet boots alone say how little a boot yields to the load they saw (the thesis' c = 1
-    # is a guess): boots that waited 1 % of their time at a CPU pressure of 0.04.
+    # Quiet boots alone fit nothing: boots that waited 1 % of their time at a CPU pressure of
+    # 0.04 (c 0.25) say little of a busy CPU, where the all-in-one's boots waited 35-38 % at
+    # 0.5-0.6. The thesis' 1 stays until a boot met a load of MIN_CONTENDED_CPU_LOAD; then the
+    # quiet boots count too.
     quiet = [observed(30.0, 29.7, True, cpu=0.3, pressure=0.04, delay=0.3)] * 3
-    assert calibration.cpu_contention_from(quiet, cpus=2, min_boots=3) == 0.25
+    assert calibration.cpu_contention_from(quiet, cpus=2, min_boots=3) is None
+    assert calibration.with_observed_boots(
+        calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2), quiet,
+        min_boots=3).params.cpu_contention == 1.0
+    busy = observed(50.0, 31.0, True, cpu=0.9, pressure=0.55, delay=19.0)
+    assert calibration.cpu_contention_from(quiet + [busy], cpus=2, min_boots=3) == 0.684
     # No load at all measures nothing.
     assert calibration.cpu_contention_from(
         [observed(30.0, 29.7, True, delay=0.3)] * 3, cpus=2, min_boots=3) is None

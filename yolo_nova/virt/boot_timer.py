@@ -17,7 +17,6 @@ prints the pattern early or late is one of the last boots the medians are taken 
 docs/scheduling.md for what a tenant can and cannot do with it).
 """
 
-import queue
 import re
 import threading
 import time
@@ -61,28 +60,36 @@ class BootTimer:
         self.vcpu_times = vcpu_times
         self.disk_seconds = disk_seconds
         self.accel = accel
-        self._incoming = queue.Queue()
         self._timing = {}
         self._thread = None
         self._lock = threading.Lock()
+
+    def _under_way(self, younger_than):
+        now = time.monotonic()
+        with self._lock:
+            return [timing for timing in self._timing.values()
+                    if now - timing.started < younger_than]
 
     def in_progress(self, younger_than=float('inf')):
         """Boots being timed (started, not yet ready) that started less than ``younger_than``
         seconds ago: a guest that never prints its ready line is timed until the timeout, but
         is no longer booting long before that."""
-        now = time.monotonic()
-        with self._lock:
-            return self._incoming.qsize() + sum(
-                now - timing.started < younger_than for timing in self._timing.values())
+        return len(self._under_way(younger_than))
+
+    def first_in_progress(self, younger_than=float('inf')):
+        """The conditions the earliest boot in progress (see in_progress) started in, None if
+        there is none."""
+        boots = self._under_way(younger_than)
+        return min(boots, key=lambda timing: timing.started).conditions if boots else None
 
     def watch(self, instance, conditions):
         """Times the boot of ``instance``, whose QEMU runs now."""
         with self._lock:
+            self._timing[instance.uuid] = Timing(instance, time.monotonic(), conditions)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name='yolo-boot-timer',
                                                 daemon=True)
                 self._thread.start()
-        self._incoming.put(Timing(instance, time.monotonic(), conditions))
 
     def observed(self):
         """The boots kept, of this host's accelerator ([] if the file is unreadable)."""
@@ -95,13 +102,10 @@ class BootTimer:
 
     def _run(self):
         while True:
-            try:
-                timing = self._incoming.get(timeout=POLL_SECONDS)
-                with self._lock:
-                    self._timing[timing.instance.uuid] = timing
-            except queue.Empty:
-                pass
-            for uuid, timing in list(self._timing.items()):
+            time.sleep(POLL_SECONDS)
+            with self._lock:
+                timings = list(self._timing.items())
+            for uuid, timing in timings:
                 try:
                     done = self._check(timing)
                 except Exception:
@@ -109,7 +113,9 @@ class BootTimer:
                     done = True
                 if done:
                     with self._lock:
-                        del self._timing[uuid]
+                        # Unless the instance started again meanwhile (a rebuild).
+                        if self._timing.get(uuid) is timing:
+                            del self._timing[uuid]
 
     def _check(self, timing):
         """Records the boot if its guest is ready; whether it is done with (ready, gone or

@@ -89,9 +89,15 @@ def test_boots_under_way_are_those_started_recently(tmp_path, monkeypatch):
     consoles = Consoles()
     consoles.text['old'] = consoles.text['new'] = 'booting\n'
     times = timer(tmp_path, consoles)
+    assert times.first_in_progress() is None
     times.watch(types.SimpleNamespace(uuid='old'), dict(CONDITIONS))
-    wait_for(lambda: times._incoming.empty())
     time.sleep(0.3)
-    times.watch(types.SimpleNamespace(uuid='new'), dict(CONDITIONS))
+    times.watch(types.SimpleNamespace(uuid='new'), dict(CONDITIONS, cpu_utilisation=0.75))
     assert times.in_progress() == 2
     assert times.in_progress(younger_than=0.2) == 1
+    # The conditions the earliest boot under way started in: the load before any of them.
+    assert times.first_in_progress()['cpu_utilisation'] == 0.25
+    assert times.first_in_progress(younger_than=0.2)['cpu_utilisation'] == 0.75
+    del consoles.text['old']
+    wait_for(lambda: times.in_progress() == 1)
+    assert times.first_in_progress()['cpu_utilisation'] == 0.75

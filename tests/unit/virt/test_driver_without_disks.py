@@ -4,6 +4,7 @@ The driver with real disks (``qemu-img``, the yolofs binary, Nova's privileged h
 is tested in tests/functional/test_nova_driver_fakelibvirt.py.
 """
 
+import time
 from unittest import mock
 
 import fixtures
@@ -54,6 +55,39 @@ class TestAvailableResource(nova_base.NoDBTestCase):
         self.assertEqual('true', stats['yolo_active'])
         self.assertEqual('kept', stats['other'])
         self.assertIn('yolo_io_utilisation', stats)
+
+    def test_boots_under_way_are_not_in_the_reported_load(self):
+        # The scheduler counts the boots under way apart (num_io_ops): while guests started
+        # here boot, the host reports the load from before the first of them, so that they
+        # do not count twice, nor linger in the report once they are done.
+        timer = self.drvr.yolo_boot_timer
+        self.assertIsNotNone(timer)
+        quiet = {'io_utilisation': 0.1, 'cpu_utilisation': 0.2, 'cpu_pressure': 0.05}
+        booting = {'io_utilisation': 0.1, 'cpu_utilisation': 0.7, 'cpu_pressure': 0.45}
+
+        def reported(load):
+            with mock.patch.object(self.client, 'host_load', return_value=load):
+                stats = self.drvr.get_available_resource('node')['stats']
+            return stats['yolo_cpu_utilisation'], stats['yolo_cpu_pressure']
+
+        self.assertEqual(('0.7000', '0.4500'), reported(booting))
+        with mock.patch.object(self.client, 'host_load', return_value=quiet):
+            conditions = self.drvr._boot_conditions(mock.Mock(uuid='a'))
+        self.assertEqual((0.2, 0.05, 0), (conditions['cpu_utilisation'],
+                                          conditions['cpu_pressure'],
+                                          conditions['concurrent_boots']))
+        with mock.patch.object(timer, '_run'):
+            timer.watch(mock.Mock(uuid='a'), conditions)
+            self.assertEqual(('0.2000', '0.0500'), reported(booting))
+            # A second boot asked for meanwhile started in that load too, beside the first.
+            with mock.patch.object(self.client, 'host_load', return_value=booting):
+                second = self.drvr._boot_conditions(mock.Mock(uuid='b'))
+            self.assertEqual((0.2, 1), (second['cpu_utilisation'],
+                                        second['concurrent_boots']))
+            # No longer under way once it started longer ago than twice an idle boot's time.
+            with mock.patch.object(time, 'monotonic',
+                                   return_value=time.monotonic() + 1000):
+                self.assertEqual(('0.7000', '0.4500'), reported(booting))
 
     def test_anything_going_wrong_reports_yolo_inactive_and_never_raises(self):
         for failure in ({'return_value': {}},                       # a report without its keys
