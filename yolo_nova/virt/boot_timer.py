@@ -61,6 +61,7 @@ class BootTimer:
         self.disk_seconds = disk_seconds
         self.accel = accel
         self._timing = {}
+        self._last_ended = float('-inf')    # time.monotonic() when a boot last ended
         self._thread = None
         self._lock = threading.Lock()
 
@@ -76,11 +77,11 @@ class BootTimer:
         is no longer booting long before that."""
         return len(self._under_way(younger_than))
 
-    def first_in_progress(self, younger_than=float('inf')):
-        """The conditions the earliest boot in progress (see in_progress) started in, None if
-        there is none."""
-        boots = self._under_way(younger_than)
-        return min(boots, key=lambda timing: timing.started).conditions if boots else None
+    def booting(self, younger_than=float('inf'), ended_within=0.0):
+        """Whether a boot is in progress (see in_progress) or ended (ready, gone or timed out)
+        less than ``ended_within`` seconds ago."""
+        return (self.in_progress(younger_than) > 0
+                or time.monotonic() - self._last_ended < ended_within)
 
     def watch(self, instance, conditions):
         """Times the boot of ``instance``, whose QEMU runs now."""
@@ -116,6 +117,7 @@ class BootTimer:
                         # Unless the instance started again meanwhile (a rebuild).
                         if self._timing.get(uuid) is timing:
                             del self._timing[uuid]
+                        self._last_ended = time.monotonic()
 
     def _check(self, timing):
         """Records the boot if its guest is ready; whether it is done with (ready, gone or

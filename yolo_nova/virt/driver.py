@@ -107,6 +107,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             self.yolo_backing, self._yolo_guest, CONF.yolo.detach_settle_seconds,
             CONF.yolo.detach_max_seconds) if CONF.yolo.detach_after_boot else None
         self.yolo_boot_timer = self._make_boot_timer()
+        # (time.monotonic(), model load) measured last while no guest was booting here.
+        self._yolo_load_before_boots = (float('-inf'), None)
 
     def _make_boot_timer(self):
         if not CONF.yolo.boot_ready_pattern:
@@ -209,19 +211,27 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             return None
 
     def _yolo_model_load(self, known):
-        """The host's load as the model takes it: yolofs' now or, while guests started here
-        are booting, what it was when the earliest of them was asked for. The scheduler counts
-        the boots under way apart (Nova's num_io_ops, current at each request): in the load
-        they would count twice, and stay in the host's report up to a minute after they are
-        done (on the all-in-one, a request made right after the guest before it booted was
-        predicted from a report measured during that boot, at a CPU pressure of 0.68 where the
-        request before, under the same stressors, saw 0.49: +25 %)."""
-        load = calibration.model_load(self.yolo_backing.client.host_load(), known)
-        if self.yolo_boot_timer is not None:
-            before = self.yolo_boot_timer.first_in_progress(younger_than=booting_window(known))
-            if before is not None:
-                return {name: before[name] for name in load}
-        return load
+        """The host's load as the model takes it: yolofs' now or, while guests are booting
+        here, what it was before they started. The scheduler counts the boots under way apart
+        (Nova's num_io_ops, current at each request): in the load they would count twice, and
+        stay in the host's report up to a minute after they are done (on the all-in-one, a
+        request made right after the guest before it booted was predicted from a report
+        measured during that boot, at a CPU pressure of 0.68 where the request before it,
+        under the same stressors, saw 0.49: +25 %). A boot's load leaves yolofs' smoothed
+        figures within three of their time constants of its end; the load from before is kept
+        no longer than a boot is counted as under way after it was measured, so that a host
+        booting guests one after another does not report an ever older load."""
+        host_load = self.yolo_backing.client.host_load()
+        load = calibration.model_load(host_load, known)
+        window = booting_window(known)
+        settling = 3 * float(host_load.get('smoothing_seconds', 10.0))
+        now = time.monotonic()
+        timer = self.yolo_boot_timer
+        if timer is None or not timer.booting(younger_than=window, ended_within=settling):
+            self._yolo_load_before_boots = (now, load)
+            return load
+        measured, before = self._yolo_load_before_boots
+        return before if now - measured < window + settling else load
 
     def _served_from_boot_image(self, instance):
         """Whether the new guest's root disk is served from a verified boot image; None if

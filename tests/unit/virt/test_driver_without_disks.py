@@ -57,37 +57,55 @@ class TestAvailableResource(nova_base.NoDBTestCase):
         self.assertIn('yolo_io_utilisation', stats)
 
     def test_boots_under_way_are_not_in_the_reported_load(self):
-        # The scheduler counts the boots under way apart (num_io_ops): while guests started
-        # here boot, the host reports the load from before the first of them, so that they
-        # do not count twice, nor linger in the report once they are done.
+        # The scheduler counts the boots under way apart (num_io_ops): while guests boot here,
+        # and until their load has left yolofs' smoothed figures, the host reports the load
+        # from before they started, so that they neither count twice nor linger in the report.
         timer = self.drvr.yolo_boot_timer
         self.assertIsNotNone(timer)
-        quiet = {'io_utilisation': 0.1, 'cpu_utilisation': 0.2, 'cpu_pressure': 0.05}
-        booting = {'io_utilisation': 0.1, 'cpu_utilisation': 0.7, 'cpu_pressure': 0.45}
+        quiet = {'io_utilisation': 0.1, 'cpu_utilisation': 0.2, 'cpu_pressure': 0.05,
+                 'smoothing_seconds': 10.0}
+        booting = dict(quiet, cpu_utilisation=0.7, cpu_pressure=0.45)
+        clock = [1000.0]
 
         def reported(load):
             with mock.patch.object(self.client, 'host_load', return_value=load):
                 stats = self.drvr.get_available_resource('node')['stats']
             return stats['yolo_cpu_utilisation'], stats['yolo_cpu_pressure']
 
-        self.assertEqual(('0.7000', '0.4500'), reported(booting))
-        with mock.patch.object(self.client, 'host_load', return_value=quiet):
-            conditions = self.drvr._boot_conditions(mock.Mock(uuid='a'))
-        self.assertEqual((0.2, 0.05, 0), (conditions['cpu_utilisation'],
-                                          conditions['cpu_pressure'],
-                                          conditions['concurrent_boots']))
-        with mock.patch.object(timer, '_run'):
-            timer.watch(mock.Mock(uuid='a'), conditions)
+        def conditions(load, uuid):
+            with mock.patch.object(self.client, 'host_load', return_value=load):
+                return self.drvr._boot_conditions(mock.Mock(uuid=uuid))
+
+        with mock.patch.object(timer, '_run'), \
+                mock.patch.object(time, 'monotonic', side_effect=lambda: clock[0]):
+            self.assertEqual(('0.7000', '0.4500'), reported(booting))   # no boot: as measured
+            first = conditions(quiet, 'a')
+            self.assertEqual((0.2, 0.05, 0), (first['cpu_utilisation'], first['cpu_pressure'],
+                                              first['concurrent_boots']))
+            timer.watch(mock.Mock(uuid='a'), first)
+            clock[0] += 20
             self.assertEqual(('0.2000', '0.0500'), reported(booting))
-            # A second boot asked for meanwhile started in that load too, beside the first.
-            with mock.patch.object(self.client, 'host_load', return_value=booting):
-                second = self.drvr._boot_conditions(mock.Mock(uuid='b'))
-            self.assertEqual((0.2, 1), (second['cpu_utilisation'],
-                                        second['concurrent_boots']))
-            # No longer under way once it started longer ago than twice an idle boot's time.
-            with mock.patch.object(time, 'monotonic',
-                                   return_value=time.monotonic() + 1000):
-                self.assertEqual(('0.7000', '0.4500'), reported(booting))
+            # A boot asked for meanwhile started in that load too, beside the first.
+            second = conditions(booting, 'b')
+            self.assertEqual((0.2, 1), (second['cpu_utilisation'], second['concurrent_boots']))
+            # The guests are ready: their load leaves the smoothed figures within 30 s.
+            timer._timing.clear()
+            timer._last_ended = clock[0]
+            clock[0] += 29
+            self.assertEqual(('0.2000', '0.0500'), reported(booting))
+            clock[0] += 2
+            self.assertEqual(('0.7000', '0.4500'), reported(booting))
+            # Boots one after another: the load from before them is kept no longer than a
+            # boot counts as under way (twice an idle boot's time) plus those 30 s.
+            conditions(quiet, 'c')
+            window = yolo_driver.booting_window(self.drvr._calibration())
+            for _ in range(int(window + 30) // 20):
+                timer.watch(mock.Mock(uuid='c'), first)
+                clock[0] += 20
+                self.assertEqual(('0.2000', '0.0500'), reported(booting))
+            timer.watch(mock.Mock(uuid='c'), first)
+            clock[0] += 20
+            self.assertEqual(('0.7000', '0.4500'), reported(booting))
 
     def test_anything_going_wrong_reports_yolo_inactive_and_never_raises(self):
         for failure in ({'return_value': {}},                       # a report without its keys
