@@ -109,6 +109,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         self.yolo_boot_timer = self._make_boot_timer()
         # (time.monotonic(), model load) measured last while no guest was booting here.
         self._yolo_load_before_boots = (float('-inf'), None)
+        self._yolo_spawning = 0
 
     def _make_boot_timer(self):
         if not CONF.yolo.boot_ready_pattern:
@@ -181,12 +182,19 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
               allocations, network_info=None, block_device_info=None, power_on=True,
               accel_info=None):
         conditions = self._boot_conditions(instance) if power_on else None
-        super().spawn(context, instance, image_meta, injected_files, admin_password,
-                      allocations, network_info=network_info,
-                      block_device_info=block_device_info, power_on=power_on,
-                      accel_info=accel_info)
-        if conditions is None:
-            return
+        # Spawning counts as booting (_yolo_model_load) until the boot timer has the guest.
+        self._yolo_spawning += 1
+        try:
+            super().spawn(context, instance, image_meta, injected_files, admin_password,
+                          allocations, network_info=network_info,
+                          block_device_info=block_device_info, power_on=power_on,
+                          accel_info=accel_info)
+            if conditions is not None:
+                self._time_boot(instance, conditions)
+        finally:
+            self._yolo_spawning -= 1
+
+    def _time_boot(self, instance, conditions):
         # Timing a boot never fails a spawn.
         try:
             conditions['boot_image'] = self._served_from_boot_image(instance)
@@ -227,7 +235,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         settling = 3 * float(host_load.get('smoothing_seconds', 10.0))
         now = time.monotonic()
         timer = self.yolo_boot_timer
-        if timer is None or not timer.booting(younger_than=window, ended_within=settling):
+        if not self._yolo_spawning and (
+                timer is None or not timer.booting(younger_than=window, ended_within=settling)):
             self._yolo_load_before_boots = (now, load)
             return load
         measured, before = self._yolo_load_before_boots

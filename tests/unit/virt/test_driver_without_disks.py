@@ -82,7 +82,11 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             first = conditions(quiet, 'a')
             self.assertEqual((0.2, 0.05, 0), (first['cpu_utilisation'], first['cpu_pressure'],
                                               first['concurrent_boots']))
+            # While Nova spawns it, before the timer has it (its disk, its domain).
+            self.drvr._yolo_spawning += 1
+            self.assertEqual(('0.2000', '0.0500'), reported(booting))
             timer.watch(mock.Mock(uuid='a'), first)
+            self.drvr._yolo_spawning -= 1
             clock[0] += 20
             self.assertEqual(('0.2000', '0.0500'), reported(booting))
             # A boot asked for meanwhile started in that load too, beside the first.
