@@ -223,9 +223,17 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
 
     Where the boot's disk requests were timed, its I/O part is at most what they took: what is
     left beyond its CPU may be its guest's halts (beta holds them, needed_seconds), which the
-    I/O term would otherwise multiply as if they were waits for the disk."""
+    I/O term would otherwise multiply as if they were waits for the disk. A boot served from
+    its boot image whose waits are all known needs its own vCPU time and halts, not beta: the
+    vCPU time of the same image's boots varies by seconds (24-37 s on the all-in-one), and
+    taken against their median the faster half had no I/O at all (alpha_yolo learned 0, which
+    made a host under I/O contention rank as fast as an idle one). A normal boot's vCPU under
+    TCG also runs while its reads wait: for it, beta."""
     need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
                                boot.cpu_pressure, beta_growth)
+    if boot.boot_image and boot.cpu_delay_seconds is not None \
+            and boot.disk_seconds is not None:
+        need = needed_seconds(boot)
     if boot.cpu_delay_seconds is not None:
         cpu = need + boot.cpu_delay_seconds
     else:
