@@ -229,11 +229,12 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
     taken against their median the faster half had no I/O at all (alpha_yolo learned 0, which
     made a host under I/O contention rank as fast as an idle one). A normal boot's vCPU under
     TCG also runs while its reads wait: for it, beta."""
-    need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
-                               boot.cpu_pressure, beta_growth)
     if boot.boot_image and boot.cpu_delay_seconds is not None \
             and boot.disk_seconds is not None:
         need = needed_seconds(boot)
+    else:
+        need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
+                                   boot.cpu_pressure, beta_growth)
     if boot.cpu_delay_seconds is not None:
         cpu = need + boot.cpu_delay_seconds
     else:
