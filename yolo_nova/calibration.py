@@ -132,6 +132,9 @@ def from_boots(normal, yolo, cpus, disk_iops=0.0, disk_bytes_per_second=0.0, acc
 OBSERVED_BOOTS_KEPT = 20
 # Boots on a CPU less busy than this measure a boot's share of an idle CPU (cpu_contention_from).
 MIN_FITTED_CPU_LOAD = 0.1
+# The thesis' c = 1 counts in the fit of c as much as one boot at a CPU load of 0.5
+# (cpu_contention_from): quiet boots barely move it, busy ones soon outweigh it.
+CPU_CONTENTION_PRIOR_WEIGHT = 0.5 ** 2
 # Boots whose CPU loads differ by less than this say nothing of how the CPU a boot needs grows
 # with the load (beta_from).
 MIN_LOAD_SPREAD = 0.1
@@ -305,15 +308,20 @@ def cpu_contention_from(boots, cpus, min_boots):
     utilisation), over every such boot with some load: the boots on busy CPUs, which the
     prediction is for, weigh most (the all-in-one's boots yield nothing to a CPU 20 % busy with
     tasks that mostly sleep, and 40 % of one 70-90 % busy; a median of the ratios, dominated by
-    the former, predicted the latter 40 % too fast), and until there are some, the quiet boots
-    say how little a boot yields to the load they saw, where the thesis' c = 1 is a guess (on
-    the all-in-one, boots at a CPU pressure of 0.04-0.11 waited 1-2 % of their time: c near
-    0.25, not 1).
-    Otherwise a boot's share is its vCPU time over its wall time, taken relative to what such
-    boots got on an idle CPU (their median; 1 without one), since under KVM a vCPU also halts
-    and a boot has moments of I/O; c is then the median of ``(1 - share) / y`` over the boots on
-    a CPU at least MIN_FITTED_CPU_LOAD busy: a guest that halts its vCPU or prints its ready
-    line late is one boot among the median's. Within [0, 1].
+    the former, predicted the latter 40 % too fast). The thesis' c = 1 enters the fit as a
+    prior worth one boot at a load of 0.5 (CPU_CONTENTION_PRIOR_WEIGHT): a quiet boot's wait
+    says next to nothing of c (at a CPU pressure of 0.05 a c of 0.25 or 0.65 changes its share
+    of a CPU by 2 %), yet quiet boots alone fitted c near 0.25 on the all-in-one, where its
+    boots at 0.5-0.6 waited 35-38 % of their time (c near 0.65): a host's first busy boots were
+    predicted 18-39 % too fast from them. Busy boots soon outweigh the prior (two at 0.5 that
+    waited 35 % of their time bring it to 0.8). Measured on the all-in-one's two hosts, with
+    and without the prior, one run each: mean model error 23 % and 30 % with YOLO's scheduler
+    on, 12 % and 14 % with it off, placement the same (docs/scheduling.md).
+    Where the run delay is not known, a boot's share is its vCPU time over its wall time,
+    taken relative to what such boots got on an idle CPU (their median; 1 without one), since
+    under KVM a vCPU also halts and a boot has moments of I/O; c is then the median of
+    ``(1 - share) / y`` over the boots on a CPU at least MIN_FITTED_CPU_LOAD busy: a guest that
+    halts its vCPU or prints its ready line late is one boot among the median's. Within [0, 1].
     """
     idle, loaded, timed = [], [], []
     for boot in boots:
@@ -329,7 +337,8 @@ def cpu_contention_from(boots, cpus, min_boots):
         (loaded if y >= MIN_FITTED_CPU_LOAD else idle).append((y, share))
     idle_share = statistics.median(share for _, share in idle) if idle else 1.0
     if len(timed) >= max(1, min_boots):
-        c = sum(y * (1 - share) for y, share in timed) / sum(y * y for y, _ in timed)
+        c = ((sum(y * (1 - share) for y, share in timed) + CPU_CONTENTION_PRIOR_WEIGHT)
+             / (sum(y * y for y, _ in timed) + CPU_CONTENTION_PRIOR_WEIGHT))
     elif len(loaded) >= max(1, min_boots) and idle_share > 0:
         c = statistics.median((1 - min(1.0, share / idle_share)) / y for y, share in loaded)
     else:

@@ -144,13 +144,16 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
     # The vCPU ran 27 s of the 30 s it was runnable on a CPU 25 % busy, 24 of 30 at 50 %: it
     # yields to 40 % of the load, whatever it halted or waited for I/O meanwhile (the wall time
     # does not enter), and without idle boots to compare with.
+    # The thesis' c = 1 counts as one boot at a load of 0.5: three such boots move c from 1 to
+    # 0.64, twelve to 0.49, on their way to 0.4.
     boots = [observed(40.0, 27.0, True, cpu=0.25, delay=3.0),
              observed(45.0, 24.0, True, cpu=0.5, delay=6.0),
              observed(33.0, 27.0, True, cpu=0.25, delay=3.0)]
-    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.4
+    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.64
+    assert calibration.cpu_contention_from(boots * 4, cpus=2, min_boots=3) == 0.486
     # Idle boots with their delay known are not needed as a reference, nor taken as one.
     assert calibration.cpu_contention_from(
-        boots + [observed(60.0, 20.0, True, delay=0.0)], cpus=2, min_boots=3) == 0.4
+        boots + [observed(60.0, 20.0, True, delay=0.0)], cpus=2, min_boots=3) == 0.64
     # Fitted by least squares: the boots on busy CPUs weigh most. On the all-in-one, boots on
     # CPUs about 20 % busy got all of it, boots on CPUs 70-87 % busy about 63 %: the median of
     # the ratios (0.05) would predict the latter 40 % too fast.
@@ -160,11 +163,14 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
                   observed(27.1, 25.9, True, idlest=0.21, delay=0.2),
                   observed(53.4, 34.2, True, idlest=0.70, delay=18.8),
                   observed(52.3, 32.0, True, idlest=0.87, delay=19.8)]
-    assert calibration.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.417
-    # Quiet boots alone say how little a boot yields to the load they saw (the thesis' c = 1
-    # is a guess): boots that waited 1 % of their time at a CPU pressure of 0.04.
+    assert calibration.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.504
+    # Quiet boots barely move the thesis' 1: boots that waited 1 % of their time at a CPU
+    # pressure of 0.04 (c 0.25 alone) say little of a busy CPU, where the all-in-one's boots
+    # waited 35-38 % at 0.5-0.6; each such boot moves it towards what it measured (0.69).
     quiet = [observed(30.0, 29.7, True, cpu=0.3, pressure=0.04, delay=0.3)] * 3
-    assert calibration.cpu_contention_from(quiet, cpus=2, min_boots=3) == 0.25
+    assert calibration.cpu_contention_from(quiet, cpus=2, min_boots=3) == 0.986
+    busy = observed(50.0, 31.0, True, cpu=0.9, pressure=0.55, delay=19.0)
+    assert calibration.cpu_contention_from(quiet + [busy], cpus=2, min_boots=3) == 0.826
     # No load at all measures nothing.
     assert calibration.cpu_contention_from(
         [observed(30.0, 29.7, True, delay=0.3)] * 3, cpus=2, min_boots=3) is None
@@ -175,12 +181,12 @@ def test_cpu_contention_is_fitted_to_the_cpu_pressure_where_hosts_report_it():
     # a boot's vCPU waited 19 s of 52; with tasks that mostly sleep (fio on a disk), hardly at
     # all. Against utilisation no c fits both; against the pressure their load put on the CPUs,
     # one does.
-    boots = [observed(52.0, 32.0, True, idlest=0.85, delay=19.0, pressure=0.6),
-             observed(51.0, 32.0, True, idlest=0.80, delay=18.5, pressure=0.58),
-             observed(40.0, 31.0, True, idlest=0.85, delay=1.0, pressure=0.05),
-             observed(39.0, 31.0, True, idlest=0.80, delay=0.8, pressure=0.04)]
+    busy = [observed(52.0, 32.0, True, idlest=0.85, delay=19.0, pressure=0.6),
+            observed(51.0, 32.0, True, idlest=0.80, delay=18.5, pressure=0.58)]
+    boots = busy * 2 + [observed(40.0, 31.0, True, idlest=0.85, delay=1.0, pressure=0.05),
+                        observed(39.0, 31.0, True, idlest=0.80, delay=0.8, pressure=0.04)]
     c = calibration.cpu_contention_from(boots, cpus=2, min_boots=2)
-    assert c == pytest.approx(0.62, abs=0.01)
+    assert c == pytest.approx(0.68, abs=0.01)
     for boot in boots:
         share = boot.cpu_seconds / (boot.cpu_seconds + boot.cpu_delay_seconds)
         assert boot_model.cpu_share(boot.cpu_utilisation, idlest_cpu=boot.idlest_cpu_utilisation,
