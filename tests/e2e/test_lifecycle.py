@@ -49,8 +49,17 @@ def test_disk_is_backed_by_the_mount(guest, published_boot_image):
     assert guest.backing_at_start == str(MOUNT_POINT / base_file_name(source['id']))
 
 
-def snapshot_boots(guest, name):
+def take_snapshot(guest, name, status):
+    """The guest's snapshot image, once the server is back to ``status``: the image is active
+    before Nova ends the server's snapshot task (image_uploading), and Nova refuses the next
+    action until then."""
     snapshot = demo('server', 'image', 'create', '--wait', '--name', name, guest.id)
+    wait_for_status(CLOUD, guest.id, status)
+    return snapshot
+
+
+def snapshot_boots(guest, name):
+    snapshot = take_snapshot(guest, name, 'ACTIVE')
     try:
         server = create_server(CLOUD, snapshot['id'], name + '-server')
         try:
@@ -69,8 +78,7 @@ def test_stop_cold_snapshot_and_start(guest, tmp_path):
     # One stop and start for both (each guest boot is one to two minutes of CI's time). The live
     # snapshot's server boots; the cold snapshot holds what the stopped disk holds.
     guest.act('stop', 'SHUTOFF')
-    snapshot = demo('server', 'image', 'create', '--wait', '--name', 'e2e-cold-snapshot',
-                    guest.id)
+    snapshot = take_snapshot(guest, 'e2e-cold-snapshot', 'SHUTOFF')
     try:
         saved = tmp_path / 'cold-snapshot'
         demo('image', 'save', '--file', saved, snapshot['id'], parse=False)
@@ -110,8 +118,7 @@ def test_yolofs_stopped_under_a_guest_on_the_mount(guest, published_boot_image):
     subprocess.run([str(AIO), 'stop-yolofs'], check=True)
     try:
         # A live snapshot's delta and its extraction read the chain: from _base.
-        snapshot = demo('server', 'image', 'create', '--wait', '--name', 'e2e-snapshot-down',
-                        guest.id)
+        snapshot = take_snapshot(guest, 'e2e-snapshot-down', 'ACTIVE')
         try:
             assert demo('image', 'show', snapshot['id'])['status'] == 'active'
         finally:
