@@ -5,8 +5,9 @@ predicted for each host, and how long their guests took to boot.
 
 (``tools/aio/scheduling`` stands the all-in-one cloud up with its second compute host first.)
 For each scheduler setting and each phase (fio stressors on the first host's instance storage,
-then on the second's), servers are created one at a time once both hosts have reported their
-load, each deleted when its guest is ready. Settings: ``on`` is YoloBootFilter and its weigher as
+then on the second's), servers are created one at a time, each once both hosts have reported
+their load after the last server was deleted (and its guest's load left yolofs' average), and
+each deleted when its guest is ready. Settings: ``on`` is YoloBootFilter and its weigher as
 configured; ``off`` makes the filter pass every host and the weigher weigh nothing, so that Nova's
 own weighers choose, while the filter still logs its predictions.
 
@@ -45,7 +46,8 @@ YOLO_OFF = {'max_boot_time_ratio': '0', 'max_predicted_boot_time': '0',
             'boot_time_weight_multiplier': '0'}
 # YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
 PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
-                        r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown).*: (passes|rejected)\b')
+                        r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown), cpu stolen ([\d.]+|unknown)'
+                        r'.*: (passes|rejected)\b')
 # nova-compute reports every 60 s; yolofs' load is a moving average with a time constant of
 # 10 s, which has come 95% of the way to a new load after three.
 REPORT_TIMEOUT = 300
@@ -60,7 +62,8 @@ class Request:
     busy: str               # the host under contention
     number: int
     landed: str
-    # host: (predicted boot seconds, io utilisation, verdict, cpu pressure or None)
+    # host: (predicted boot seconds, io utilisation, verdict, cpu pressure, cpu stolen: None
+    # where not reported)
     predicted: dict
     boot_seconds: float     # ACTIVE to ready
 
@@ -128,12 +131,16 @@ def log_position():
 
 def predictions(since, log=SCHEDULER_LOG):
     """YoloBootFilter's last prediction per host in the scheduler's log after byte ``since``:
-    {host: (predicted seconds, io utilisation, verdict, cpu pressure or None)}."""
+    {host: (predicted seconds, io utilisation, verdict, cpu pressure, cpu stolen)}, None for
+    what the host did not report."""
     with open(log, 'rb') as f:
         f.seek(since)
         text = f.read().decode(errors='replace')
-    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(6),
-                         None if m.group(5) == 'unknown' else float(m.group(5)))
+
+    def known(value):
+        return None if value == 'unknown' else float(value)
+    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(7), known(m.group(5)),
+                         known(m.group(6)))
             for m in PREDICTION.finditer(text)}
 
 
@@ -168,17 +175,17 @@ def request(user, admin, image, flavor, name, timeout):
 
 def summary(requests):
     lines = ['| YOLO in the scheduler | contended host | request | predicted %s (io, cpu '
-             'pressure) | predicted %s (io, cpu pressure) | landed on | boot, ACTIVE to ready '
-             '(s) | model error |' % (
+             'pressure, stolen) | predicted %s (io, cpu pressure, stolen) | landed on | boot, '
+             'ACTIVE to ready (s) | model error |' % (
                  FIRST_HOST, SECOND_HOST),
              '|---|---|---:|---:|---:|---|---:|---:|']
     for r in requests:
         cells = [r.yolo, r.busy, str(r.number)]
         for host in (FIRST_HOST, SECOND_HOST):
-            seconds, io, verdict, pressure = r.predicted.get(
-                host, (float('nan'), float('nan'), '-', None))
-            cells.append('%.1f (%.2f, %s)%s' % (
-                seconds, io, '-' if pressure is None else '%.2f' % pressure,
+            seconds, io, verdict, pressure, stolen = r.predicted.get(
+                host, (float('nan'), float('nan'), '-', None, None))
+            cells.append('%.1f (%.2f, %s, %s)%s' % (
+                seconds, io, *('-' if v is None else '%.2f' % v for v in (pressure, stolen)),
                 ', rejected' if verdict == 'rejected' else ''))
         error = r.error
         cells += [r.landed, '%.1f' % r.boot_seconds,
@@ -249,13 +256,20 @@ def main(argv=None):
                     loads = wait_for_reports(INSTANCES, settled)
                     print('==> YOLO %s, %s under contention: reported I/O %s, parameters %s'
                           % (setting, busy, loads, reported_parameters(INSTANCES)), flush=True)
+                    fresh_after = settled
                     for number in range(1, args.requests + 1):
+                        # Each request is predicted from reports of the hosts as they are: taken
+                        # once the last server's guest has left yolofs' smoothed load, and after
+                        # its host learned from its boot.
+                        wait_for_reports(INSTANCES, fresh_after)
+                        parameters = reported_parameters(INSTANCES)
                         landed, boot, predicted = request(
                             user, admin, image, flavor,
                             'scheduling-%s-%s-%d' % (setting, busy, number), args.timeout)
+                        fresh_after = time.time() + LOAD_SETTLE_SECONDS
                         requests.append(Request(setting, busy, number, landed, predicted, boot))
-                        print('==> %d: landed on %s, boot %.1f s, predicted %s' % (
-                            number, landed, boot, predicted), flush=True)
+                        print('==> %d: landed on %s, boot %.1f s, predicted %s from parameters '
+                              '%s' % (number, landed, boot, predicted, parameters), flush=True)
     finally:
         set_scheduler('on')
     print()
