@@ -40,9 +40,9 @@ reports what it needs:
   softirqs, and on a virtual host what its hypervisor takes, ``/proc/stat``'s steal, see
   :func:`yolo_nova.calibration.cpu_stolen`): however few tasks compete, a boot's vCPU gets
   ``1 - s`` of the share above. The all-in-one is itself a virtual machine whose hypervisor
-  serves its disk: boots beside fio on that disk spent 3-6 s of 42-62 s neither running nor
-  waiting for a CPU or their disks, which their quiet boots did not, and were predicted
-  19-29 % too fast without it.
+  serves its disk: boots beside fio on that disk spent up to 8 s of 42-62 s neither running
+  nor waiting for a CPU or their disks, which their quiet boots did not, their vCPUs ran a
+  third longer, and they were predicted 19-29 % too fast without it.
 * ``cpu_contention`` (c, 0..1): the share of that CPU's load a boot's vCPU actually yields to,
   ``1 - c y`` instead of ``1 - y``. Tasks that mostly sleep (I/O-bound stressors, a guest idling
   after its boot, a guest just deleted whose load is still in the smoothed figure) leave a

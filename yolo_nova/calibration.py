@@ -239,8 +239,8 @@ def needed_seconds(boot):
     """The time a boot's guest needs whatever it waits for: its vCPU's running time and its
     halts, on a CPU that nothing robs (beta_from fits beta to it). Where interrupts and a
     hypervisor took part of the CPUs' time, the boot's running time grows as well as its time
-    off the CPU: on the all-in-one, boots whose hypervisor took a third of a busy CPU ran
-    40-43 s of vCPU and were off their CPU 3-4 s more, where quiet ones ran 31 s."""
+    off the CPU: on the all-in-one, boots whose hypervisor took a quarter of a busy CPU ran
+    36-45 s of vCPU and were off their CPU 1-8 s more, where quiet ones ran 26-34 s."""
     return (boot.cpu_seconds + halted_seconds(boot)) * unrobbed(boot)
 
 
