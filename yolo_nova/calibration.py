@@ -220,8 +220,9 @@ def io_load_factor(boot, io_exponent):
 
 def stolen_seconds(boot):
     """What interrupts and the hypervisor took from a boot's vCPU while it ran, at the share of
-    the CPUs' time they took when it was asked for (boot_model.cpu_time's ``1 - s``): the
-    kernel counts neither in the vCPU's running time nor in its wait for a CPU."""
+    a busy CPU they took when it was asked for (cpu_stolen, boot_model.cpu_time's ``s``): the
+    kernel's steal accounting keeps the hypervisor's part out of the vCPU's running time and
+    out of its wait for a CPU, so it shows as time off the CPU (halted_seconds)."""
     stolen = boot_model.clamp(boot.cpu_stolen)
     return boot.cpu_seconds * stolen / (1 - stolen)
 
