@@ -309,19 +309,22 @@ def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed(
     assert learned.alpha == pytest.approx(40.0 * 0.2)
 
 
-def test_time_stolen_from_a_running_vcpu_is_neither_halts_nor_io():
+def test_a_boot_robbed_of_its_cpu_is_brought_back_to_a_cpu_nothing_robs():
     known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
-    # Boots beside a disk whose hypervisor took a fifth of the CPUs' time: 30 s of vCPU took
-    # 37.5 s on the CPU, 2 s halted, 0.5 s of disk requests. The 7.5 s stolen are the CPU
-    # part's (boot_model's 1 - s), not the guest's halts, which beta holds.
-    robbed = [observed(40.0, 30.0, True, delay=0.0, disk=0.5, stolen=0.2) for _ in range(3)]
-    assert calibration.stolen_seconds(robbed[0]) == pytest.approx(7.5)
-    assert calibration.halted_seconds(robbed[0]) == pytest.approx(2.0)
+    # Boots whose CPU interrupts and the hypervisor robbed of a quarter: a guest that needs
+    # 30 s ran 36 s of vCPU and was off its CPU 4 s more, beside 1 s of disk requests.
+    robbed = [observed(41.0, 36.0, True, delay=0.0, disk=1.0, stolen=0.25) for _ in range(3)]
+    assert calibration.halted_seconds(robbed[0]) == pytest.approx(4.0)
+    assert calibration.needed_seconds(robbed[0]) == pytest.approx(30.0)
     learned = calibration.with_observed_boots(known, robbed, min_boots=3)
-    assert (learned.beta, learned.alpha_yolo) == (32.0, 0.5)
-    # Not reported (an older yolofs): all of it is the guest's.
+    assert (learned.beta, learned.alpha_yolo) == (30.0, 1.0)
+    # The model gives their time back.
+    assert boot_model.predict(learned.params, 0.0, 0.0, boot_image=True, cpu_stolen=0.25) \
+        == pytest.approx(41.0)
+    # Not reported (an older yolofs): all of it is the guest's need.
     blind = [dataclasses.replace(boot, cpu_stolen=None) for boot in robbed]
-    assert calibration.halted_seconds(blind[0]) == pytest.approx(9.5)
+    learned = calibration.with_observed_boots(known, blind, min_boots=3)
+    assert (learned.beta, learned.alpha_yolo) == (40.0, 1.0)
 
 
 def test_a_boot_from_its_boot_image_is_decomposed_with_its_own_cpu_time():
