@@ -46,8 +46,7 @@ YOLO_OFF = {'max_boot_time_ratio': '0', 'max_predicted_boot_time': '0',
             'boot_time_weight_multiplier': '0'}
 # YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
 PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
-                        r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown), cpu stolen ([\d.]+|unknown)'
-                        r'.*: (passes|rejected)\b')
+                        r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown).*: (passes|rejected)\b')
 # nova-compute reports every 60 s; yolofs' load is a moving average with a time constant of
 # 10 s, which has come 95% of the way to a new load after three.
 REPORT_TIMEOUT = 300
@@ -62,8 +61,7 @@ class Request:
     busy: str               # the host under contention
     number: int
     landed: str
-    # host: (predicted boot seconds, io utilisation, verdict, cpu pressure, cpu stolen: None
-    # where not reported)
+    # host: (predicted boot seconds, io utilisation, verdict, cpu pressure or None)
     predicted: dict
     boot_seconds: float     # ACTIVE to ready
 
@@ -131,16 +129,12 @@ def log_position():
 
 def predictions(since, log=SCHEDULER_LOG):
     """YoloBootFilter's last prediction per host in the scheduler's log after byte ``since``:
-    {host: (predicted seconds, io utilisation, verdict, cpu pressure, cpu stolen)}, None for
-    what the host did not report."""
+    {host: (predicted seconds, io utilisation, verdict, cpu pressure or None)}."""
     with open(log, 'rb') as f:
         f.seek(since)
         text = f.read().decode(errors='replace')
-
-    def known(value):
-        return None if value == 'unknown' else float(value)
-    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(7), known(m.group(5)),
-                         known(m.group(6)))
+    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(6),
+                         None if m.group(5) == 'unknown' else float(m.group(5)))
             for m in PREDICTION.finditer(text)}
 
 
@@ -175,17 +169,17 @@ def request(user, admin, image, flavor, name, timeout):
 
 def summary(requests):
     lines = ['| YOLO in the scheduler | contended host | request | predicted %s (io, cpu '
-             'pressure, stolen) | predicted %s (io, cpu pressure, stolen) | landed on | boot, '
-             'ACTIVE to ready (s) | model error |' % (
+             'pressure) | predicted %s (io, cpu pressure) | landed on | boot, ACTIVE to ready '
+             '(s) | model error |' % (
                  FIRST_HOST, SECOND_HOST),
              '|---|---|---:|---:|---:|---|---:|---:|']
     for r in requests:
         cells = [r.yolo, r.busy, str(r.number)]
         for host in (FIRST_HOST, SECOND_HOST):
-            seconds, io, verdict, pressure, stolen = r.predicted.get(
-                host, (float('nan'), float('nan'), '-', None, None))
-            cells.append('%.1f (%.2f, %s, %s)%s' % (
-                seconds, io, *('-' if v is None else '%.2f' % v for v in (pressure, stolen)),
+            seconds, io, verdict, pressure = r.predicted.get(
+                host, (float('nan'), float('nan'), '-', None))
+            cells.append('%.1f (%.2f, %s)%s' % (
+                seconds, io, '-' if pressure is None else '%.2f' % pressure,
                 ', rejected' if verdict == 'rejected' else ''))
         error = r.error
         cells += [r.landed, '%.1f' % r.boot_seconds,

@@ -36,13 +36,6 @@ reports what it needs:
   On the all-in-one a TCG guest's vCPU ran 28.6-31.6 s on a quiet CPU and 34.0-37.0 s at a CPU
   pressure of 0.52-0.62 (g near 0.3). Fitted per host from the vCPU time of the guests it timed
   (:func:`yolo_nova.calibration.with_observed_boots`); 0 until then.
-* ``cpu_stolen`` (s, 0..1: the share of a busy CPU's time that no task gets: interrupts and
-  softirqs, and on a virtual host what its hypervisor takes, ``/proc/stat``'s steal, see
-  :func:`yolo_nova.calibration.cpu_stolen`): however few tasks compete, a boot's vCPU gets
-  ``1 - s`` of the share above. The all-in-one is itself a virtual machine whose hypervisor
-  serves its disk: boots beside fio on that disk spent up to 8 s of 42-62 s neither running
-  nor waiting for a CPU or their disks, which their quiet boots did not, their vCPUs ran a
-  third longer, and they were predicted 19-29 % too fast without it.
 * ``cpu_contention`` (c, 0..1): the share of that CPU's load a boot's vCPU actually yields to,
   ``1 - c y`` instead of ``1 - y``. Tasks that mostly sleep (I/O-bound stressors, a guest idling
   after its boot, a guest just deleted whose load is still in the smoothed figure) leave a
@@ -138,13 +131,13 @@ def cpu_need(beta, cpu_utilisation, idlest_cpu=None, pressure=None, growth=0.0):
 
 
 def cpu_time(beta, cpu_utilisation, runnable=None, idlest_cpu=None, contention=1.0,
-             pressure=None, growth=0.0, stolen=None):
+             pressure=None, growth=0.0):
     return cpu_need(beta, cpu_utilisation, idlest_cpu, pressure, growth) / cpu_share(
-        cpu_utilisation, runnable, idlest_cpu, contention, pressure) / (1 - clamp(stolen))
+        cpu_utilisation, runnable, idlest_cpu, contention, pressure)
 
 
 def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurrent_boots=0,
-            runnable=None, idlest_cpu=None, cpu_pressure=None, cpu_stolen=None):
+            runnable=None, idlest_cpu=None, cpu_pressure=None):
     """Predicted boot time (seconds) of one more VM on a host.
 
     ``boot_image``: a verified boot image of the requested image is on the host.
@@ -152,13 +145,12 @@ def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurren
     ``runnable``: other runnable tasks per CPU (None: unknown).
     ``idlest_cpu``: utilisation of the host's least busy CPU (None: unknown).
     ``cpu_pressure``: share of time runnable tasks waited for a CPU (None: unknown).
-    ``cpu_stolen``: share of CPU time in interrupts, softirqs and steal (None: unknown).
     """
     others = max(0, int(concurrent_boots or 0))
     alpha = params.alpha_yolo if boot_image else params.alpha
     io = io_time(alpha, io_utilisation, params.io_exponent) * (1 + others)
     cpu = cpu_time(params.beta, cpu_utilisation, runnable, idlest_cpu, params.cpu_contention,
-                   cpu_pressure, params.beta_growth, cpu_stolen) \
+                   cpu_pressure, params.beta_growth) \
         * max(1.0, (1 + others) / params.cpus)
     return io + cpu
 

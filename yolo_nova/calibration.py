@@ -98,28 +98,7 @@ def model_load(host_load, known):
                 cpu_utilisation=float(host_load['cpu_utilisation']),
                 runnable=host_load.get('runnable_per_cpu'),
                 idlest_cpu_utilisation=host_load.get('idlest_cpu_utilisation'),
-                cpu_pressure=host_load.get('cpu_pressure'),
-                cpu_stolen=cpu_stolen(host_load))
-
-
-# Below this share of the CPUs' time busy, a few jiffies of steal would say that a busy CPU is
-# all stolen (cpu_stolen).
-MIN_BUSY_FOR_STEAL = 0.1
-
-
-def cpu_stolen(host_load):
-    """s of the model (boot_model.cpu_time) from yolofs' ``host_load`` answer: the share of a
-    busy CPU's time no task gets, None from a yolofs that does not report it. Interrupts and
-    softirqs take their share of the CPUs' time whether or not tasks want it; the hypervisor of
-    a virtual host steals only from CPUs that want to run, so its share of a busy CPU is its
-    steal over the CPUs' busy time (which counts the steal): on the all-in-one, fio on the disk
-    its hypervisor serves took 8 % of all the CPUs' time as steal while they were a third busy,
-    and a boot beside it then ran on a CPU of which the hypervisor took about a quarter."""
-    interrupts, steal = host_load.get('cpu_interrupts'), host_load.get('cpu_steal')
-    if interrupts is None or steal is None:
-        return None
-    busy = max(float(host_load['cpu_utilisation']), MIN_BUSY_FOR_STEAL)
-    return min(1.0, float(interrupts) + float(steal) / busy)
+                cpu_pressure=host_load.get('cpu_pressure'))
 
 
 def accel_of_virt_type(virt_type):
@@ -183,9 +162,6 @@ class ObservedBoot:
     # What its disks' requests took up to its ready line, summed (QEMU's latency counts,
     # through libvirt): None where not known.
     disk_seconds: float = None
-    # The share of the host's CPU time in interrupts, softirqs and steal then (None: not
-    # reported).
-    cpu_stolen: float = None
 
 
 def load_observed(path):
@@ -221,27 +197,17 @@ def io_load_factor(boot, io_exponent):
 def halted_seconds(boot):
     """What a boot spent neither running, nor waiting for a CPU, nor for its disks: its guest
     halted, waiting for its timers (1.2-3.0 s of a TCG boot on the all-in-one, whatever the
-    disk's load), or robbed of its CPU by interrupts and the hypervisor. 0 where its waits are
-    not all known."""
+    disk's load). 0 where its waits are not all known."""
     if boot.cpu_delay_seconds is None or boot.disk_seconds is None:
         return 0.0
     return max(0.0, boot.seconds - boot.cpu_seconds - boot.cpu_delay_seconds
                - boot.disk_seconds)
 
 
-def unrobbed(boot):
-    """The share of its CPU's time that interrupts and the hypervisor left a boot when it was
-    asked for (boot_model.cpu_time's ``1 - s``)."""
-    return 1 - boot_model.clamp(boot.cpu_stolen)
-
-
 def needed_seconds(boot):
     """The time a boot's guest needs whatever it waits for: its vCPU's running time and its
-    halts, on a CPU that nothing robs (beta_from fits beta to it). Where interrupts and a
-    hypervisor took part of the CPUs' time, the boot's running time grows as well as its time
-    off the CPU: on the all-in-one, boots whose hypervisor took a quarter of a busy CPU ran
-    36-45 s of vCPU and were off their CPU 1-8 s more, where quiet ones ran 26-34 s."""
-    return (boot.cpu_seconds + halted_seconds(boot)) * unrobbed(boot)
+    halts (beta_from fits beta to it)."""
+    return boot.cpu_seconds + halted_seconds(boot)
 
 
 def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
@@ -273,9 +239,9 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
         need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
                                    boot.cpu_pressure, beta_growth)
     if boot.cpu_delay_seconds is not None:
-        cpu = need / unrobbed(boot) + boot.cpu_delay_seconds
+        cpu = need + boot.cpu_delay_seconds
     else:
-        cpu = need * max(1.0, (1 + max(0, boot.concurrent_boots)) / cpus) / unrobbed(boot)
+        cpu = need * max(1.0, (1 + max(0, boot.concurrent_boots)) / cpus)
     waited = boot.seconds - cpu
     if boot.disk_seconds is not None:
         waited = min(waited, boot.disk_seconds)

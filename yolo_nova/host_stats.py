@@ -18,7 +18,7 @@ KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpu
         'boot_images', 'updated_at')
 # Reported by newer hosts; a host without them gets the thesis' model.
 OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation', 'cpu_contention',
-                 'cpu_pressure', 'beta_growth', 'cpu_stolen')
+                 'cpu_pressure', 'beta_growth')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,6 @@ class HostBootState:
     runnable: float = None
     idlest_cpu_utilisation: float = None
     cpu_pressure: float = None
-    cpu_stolen: float = None
 
     def to_stats(self):
         optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent,
@@ -44,8 +43,6 @@ class HostBootState:
             optional[PREFIX + 'idlest_cpu_utilisation'] = '%.4f' % self.idlest_cpu_utilisation
         if self.cpu_pressure is not None:
             optional[PREFIX + 'cpu_pressure'] = '%.4f' % self.cpu_pressure
-        if self.cpu_stolen is not None:
-            optional[PREFIX + 'cpu_stolen'] = '%.4f' % self.cpu_stolen
         return {
             **optional,
             PREFIX + 'io_utilisation': '%.4f' % self.io_utilisation,
@@ -63,7 +60,7 @@ class HostBootState:
                                   boot_image=image_id in self.boot_images,
                                   concurrent_boots=concurrent_boots, runnable=self.runnable,
                                   idlest_cpu=self.idlest_cpu_utilisation,
-                                  cpu_pressure=self.cpu_pressure, cpu_stolen=self.cpu_stolen)
+                                  cpu_pressure=self.cpu_pressure)
 
 
 def from_stats(stats, max_age, now=None):
@@ -99,8 +96,7 @@ def _parse(raw):
             updated_at=float(value['updated_at']),
             runnable=_optional_float(value['runnable']),
             idlest_cpu_utilisation=_optional_float(value['idlest_cpu_utilisation']),
-            cpu_pressure=_optional_float(value['cpu_pressure']),
-            cpu_stolen=_optional_float(value['cpu_stolen']))
+            cpu_pressure=_optional_float(value['cpu_pressure']))
     except (TypeError, ValueError, AttributeError):
         return None
 

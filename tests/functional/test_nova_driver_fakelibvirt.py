@@ -796,8 +796,7 @@ class TestBootTiming(DriverTestCase):
         self.watch = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
             self.drvr.yolo_boot_timer, 'watch')).mock
         self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5,
-                                              'runnable_per_cpu': 0.75, 'cpu_pressure': 0.125,
-                                              'cpu_interrupts': 0.0, 'cpu_steal': 0.03125}
+                                              'runnable_per_cpu': 0.75, 'cpu_pressure': 0.125}
 
     def spawn(self, **kwargs):
         self.drvr.spawn(self.context, self.instance, None, [], None, {}, **kwargs)
@@ -807,8 +806,8 @@ class TestBootTiming(DriverTestCase):
         self.spawn()
         self.watch.assert_called_once_with(self.instance, {
             'io_utilisation': 0.25, 'cpu_utilisation': 0.5, 'runnable': 0.75,
-            'idlest_cpu_utilisation': None, 'cpu_pressure': 0.125, 'cpu_stolen': 0.0625,
-            'concurrent_boots': 0, 'boot_image': True})
+            'idlest_cpu_utilisation': None, 'cpu_pressure': 0.125, 'concurrent_boots': 0,
+            'boot_image': True})
 
     def test_a_boot_without_one_is_timed_as_a_normal_boot(self):
         self.spawn()

@@ -411,7 +411,6 @@ def test_host_load_is_reported(mount_factory, base_dir):
     load = mount.client.host_load()
     assert 0.0 <= load['io_utilisation'] <= 1.0
     assert 0.0 <= load['cpu_utilisation'] <= 1.0
-    assert 0.0 <= load['cpu_interrupts'] + load['cpu_steal'] <= load['cpu_utilisation']
     assert load['samples'] >= 2 and load['device']
     # This kernel reports CPU pressure (PSI); a kernel without it would report null.
     if os.path.exists('/proc/pressure/cpu'):

@@ -150,19 +150,18 @@ def test_host_stats_without_the_optional_keys_give_the_thesis_model():
     state = host_stats.HostBootState(0.5, 0.75, boot_model.BootTimeParameters(
         alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0, cpu_contention=0.0,
         beta_growth=0.25),
-        frozenset(), time.time(), runnable=1.0, idlest_cpu_utilisation=0.25, cpu_pressure=0.125,
-        cpu_stolen=0.0625)
+        frozenset(), time.time(), runnable=1.0, idlest_cpu_utilisation=0.25, cpu_pressure=0.125)
     stats = state.to_stats()
     parsed = host_stats.from_stats(stats, max_age=60)
     assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.params.beta_growth,
-            parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure,
-            parsed.cpu_stolen) == (0.0, 0.0, 0.25, 1.0, 0.25, 0.125, 0.0625)
+            parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (
+        0.0, 0.0, 0.25, 1.0, 0.25, 0.125)
     old = {k: v for k, v in stats.items()
            if k[len(host_stats.PREFIX):] not in host_stats.OPTIONAL_KEYS}
     parsed = host_stats.from_stats(old, max_age=60)
     assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.params.beta_growth,
-            parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure,
-            parsed.cpu_stolen) == (1.0, 1.0, 0.0, None, None, None, None)
+            parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (
+        1.0, 1.0, 0.0, None, None, None)
 
 
 def test_the_cpu_a_boot_needs_grows_with_the_load_it_shares_its_cpu_with():
@@ -173,17 +172,3 @@ def test_the_cpu_a_boot_needs_grows_with_the_load_it_shares_its_cpu_with():
     assert boot_model.predict(params, 0.0, 0.0) == 30.0
     with pytest.raises(ValueError, match='beta_growth'):
         dataclasses.replace(params, beta_growth=1.5)
-
-
-def test_cpu_time_stolen_by_interrupts_and_the_hypervisor_slows_the_cpu_part_alone():
-    params = boot_model.BootTimeParameters(alpha=2.0, beta=30.0, alpha_yolo=0.0,
-                                           cpu_contention=0.5)
-    # A fifth of the CPUs' time in interrupts and steal leaves the vCPU 4/5 of the share it
-    # gets from the tasks it competes with (1 - 0.5 * 0.4): the CPU part grows, the I/O part
-    # does not.
-    assert boot_model.predict(params, 0.0, 0.9, cpu_pressure=0.4, cpu_stolen=0.2) \
-        == pytest.approx(2.0 + 30.0 / 0.8 / 0.8)
-    assert boot_model.predict(params, 0.0, 0.9, cpu_pressure=0.4, cpu_stolen=None) \
-        == boot_model.predict(params, 0.0, 0.9, cpu_pressure=0.4, cpu_stolen=0.0)
-    # Clamped like the utilisations: a host that reports it all stolen cannot divide by 0.
-    assert math.isfinite(boot_model.predict(params, 0.0, 0.0, cpu_stolen=1.5))

@@ -56,12 +56,12 @@ def test_io_utilisation_is_throughput_when_capacity_is_known():
 
 
 def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0,
-             idlest=None, delay=None, pressure=None, disk=None, stolen=None):
+             idlest=None, delay=None, pressure=None, disk=None):
     return calibration.ObservedBoot(
         started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds, boot_image=boot_image,
         io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others,
         idlest_cpu_utilisation=idlest, cpu_delay_seconds=delay, cpu_pressure=pressure,
-        disk_seconds=disk, cpu_stolen=stolen)
+        disk_seconds=disk)
 
 
 def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
@@ -202,27 +202,15 @@ def test_cpu_contention_is_fitted_to_the_cpu_pressure_where_hosts_report_it():
 def test_model_load_carries_what_yolofs_reports():
     known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
     load = {'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable_per_cpu': 0.5,
-            'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2, 'cpu_interrupts': 0.05,
-            'cpu_steal': 0.05}
-    # The CPUs a quarter busy, a fifth of which the hypervisor took.
+            'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
     assert calibration.model_load(load, known) == {
         'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable': 0.5,
-        'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2, 'cpu_stolen': 0.25}
+        'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
     # A yolofs that does not know its host's pressure (PSI off) reports null, as older ones
     # report nothing.
     assert calibration.model_load(dict(load, cpu_pressure=None), known)['cpu_pressure'] is None
-    del load['cpu_pressure'], load['cpu_steal']
+    del load['cpu_pressure']
     assert calibration.model_load(load, known)['cpu_pressure'] is None
-    assert calibration.model_load(load, known)['cpu_stolen'] is None
-
-
-def test_steal_is_a_share_of_the_busy_cpus_time_interrupts_of_all_of_it():
-    load = {'cpu_utilisation': 0.5, 'cpu_interrupts': 0.1, 'cpu_steal': 0.25}
-    assert calibration.cpu_stolen(load) == pytest.approx(0.6)
-    # An idle host's few jiffies of steal do not make its CPUs all stolen.
-    assert calibration.cpu_stolen(dict(load, cpu_utilisation=0.01, cpu_steal=0.01)) \
-        == pytest.approx(0.2)
-    assert calibration.cpu_stolen(dict(load, cpu_utilisation=1.0, cpu_steal=1.0)) == 1.0
 
 
 def test_observed_boots_file_keeps_the_last_ones(tmp_path):
@@ -307,24 +295,6 @@ def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed(
     learned = calibration.with_observed_boots(
         dataclasses.replace(known, beta=32.0, io_exponent=0.0), normal, min_boots=3)
     assert learned.alpha == pytest.approx(40.0 * 0.2)
-
-
-def test_a_boot_robbed_of_its_cpu_is_brought_back_to_a_cpu_nothing_robs():
-    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
-    # Boots whose CPU interrupts and the hypervisor robbed of a quarter: a guest that needs
-    # 30 s ran 36 s of vCPU and was off its CPU 4 s more, beside 1 s of disk requests.
-    robbed = [observed(41.0, 36.0, True, delay=0.0, disk=1.0, stolen=0.25) for _ in range(3)]
-    assert calibration.halted_seconds(robbed[0]) == pytest.approx(4.0)
-    assert calibration.needed_seconds(robbed[0]) == pytest.approx(30.0)
-    learned = calibration.with_observed_boots(known, robbed, min_boots=3)
-    assert (learned.beta, learned.alpha_yolo) == (30.0, 1.0)
-    # The model gives their time back.
-    assert boot_model.predict(learned.params, 0.0, 0.0, boot_image=True, cpu_stolen=0.25) \
-        == pytest.approx(41.0)
-    # Not reported (an older yolofs): all of it is the guest's need.
-    blind = [dataclasses.replace(boot, cpu_stolen=None) for boot in robbed]
-    learned = calibration.with_observed_boots(known, blind, min_boots=3)
-    assert (learned.beta, learned.alpha_yolo) == (40.0, 1.0)
 
 
 def test_a_boot_from_its_boot_image_is_decomposed_with_its_own_cpu_time():

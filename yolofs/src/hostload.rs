@@ -8,10 +8,8 @@
 //! fraction of all CPU time in `/proc/stat`, and that of the least busy CPU. CPU pressure is the
 //! fraction of wall time some runnable task waited for a CPU (`some` in `/proc/pressure/cpu`):
 //! utilisation cannot tell load a new guest's vCPU waits behind (runnable tasks) from load that
-//! mostly sleeps, pressure can. The CPU time no task got is that of interrupts and softirqs,
-//! and on a virtual host the time its hypervisor took while the host's CPUs wanted to run
-//! (steal), fractions of all CPU time in `/proc/stat`: a guest's vCPU loses it however few tasks
-//! compete. All are sampled every interval and smoothed with an exponentially weighted moving average, so one busy second does not swing the scheduler.
+//! mostly sleeps, pressure can. All are sampled every interval and smoothed with an
+//! exponentially weighted moving average, so one busy second does not swing the scheduler.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -41,10 +39,6 @@ pub struct HostLoad {
     /// Smoothed fraction of wall time some runnable task waited for a CPU, 0..1; None where the
     /// kernel does not report CPU pressure (before Linux 4.20, or booted with `psi=0`).
     pub cpu_pressure: Option<f64>,
-    /// Smoothed fractions of CPU time spent in interrupts and softirqs, and taken by the
-    /// hypervisor of a virtual host (steal), 0..1: time no task ran, whatever its priority.
-    pub cpu_interrupts: f64,
-    pub cpu_steal: f64,
     /// The block device measured (the one holding the source directory).
     pub device: String,
     /// Smoothing time constant in seconds.
@@ -113,9 +107,6 @@ fn disk_counters(diskstats: &str, device: &str) -> Option<DiskCounters> {
 struct CpuCounters {
     busy_jiffies: u64,
     total_jiffies: u64,
-    /// Interrupts and softirqs.
-    interrupt_jiffies: u64,
-    steal_jiffies: u64,
     runnable_per_cpu: f64,
     /// (busy, total) jiffies of each CPU.
     per_cpu: Vec<(u64, u64)>,
@@ -133,21 +124,8 @@ fn busy_and_total(line: &str) -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
-/// (interrupt and softirq, steal) jiffies of one `cpu` line of /proc/stat; 0 where absent.
-fn interrupts_and_steal(line: &str) -> (u64, u64) {
-    let field = |i: usize| {
-        line.split_whitespace()
-            .nth(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (field(6) + field(7), field(8))
-}
-
 fn cpu_counters(stat: &str) -> Option<CpuCounters> {
-    let all = stat.lines().next()?;
-    let (busy_jiffies, total_jiffies) = busy_and_total(all)?;
-    let (interrupt_jiffies, steal_jiffies) = interrupts_and_steal(all);
+    let (busy_jiffies, total_jiffies) = busy_and_total(stat.lines().next()?)?;
     let per_cpu: Vec<(u64, u64)> = stat
         .lines()
         .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
@@ -161,8 +139,6 @@ fn cpu_counters(stat: &str) -> Option<CpuCounters> {
     Some(CpuCounters {
         busy_jiffies,
         total_jiffies,
-        interrupt_jiffies,
-        steal_jiffies,
         runnable_per_cpu: (running - 1.0).max(0.0) / per_cpu.len().max(1) as f64,
         per_cpu,
     })
@@ -257,18 +233,11 @@ impl HostLoadSampler {
             _ => None,
         };
         let cpu = match (cpu0, cpu1) {
-            (Some(a), Some(b)) if b.total_jiffies > a.total_jiffies => {
-                let share = |x: u64, y: u64| {
-                    (y.saturating_sub(x) as f64 / (b.total_jiffies - a.total_jiffies) as f64).clamp(0.0, 1.0)
-                };
-                Some((
-                    share(a.busy_jiffies, b.busy_jiffies),
-                    b.runnable_per_cpu,
-                    idlest_cpu(a, b),
-                    share(a.interrupt_jiffies, b.interrupt_jiffies),
-                    share(a.steal_jiffies, b.steal_jiffies),
-                ))
-            }
+            (Some(a), Some(b)) if b.total_jiffies > a.total_jiffies => Some((
+                ((b.busy_jiffies - a.busy_jiffies) as f64 / (b.total_jiffies - a.total_jiffies) as f64).clamp(0.0, 1.0),
+                b.runnable_per_cpu,
+                idlest_cpu(a, b),
+            )),
             _ => None,
         };
         let pressure = match (waited0, waited1) {
@@ -288,10 +257,8 @@ impl HostLoadSampler {
             smooth(&mut current.iops, iops);
             smooth(&mut current.bytes_per_second, bytes);
         }
-        if let Some((utilisation, runnable, idlest, interrupts, steal)) = cpu {
+        if let Some((utilisation, runnable, idlest)) = cpu {
             smooth(&mut current.cpu_utilisation, utilisation);
-            smooth(&mut current.cpu_interrupts, interrupts);
-            smooth(&mut current.cpu_steal, steal);
             smooth(&mut current.runnable_per_cpu, runnable);
             smooth(&mut current.idlest_cpu_utilisation, idlest.unwrap_or(utilisation));
         }
@@ -331,14 +298,12 @@ mod tests {
 
     #[test]
     fn cpu_busy_excludes_idle_and_iowait_and_runnable_excludes_the_reader() {
-        let stat = "cpu  100 0 50 770 50 10 15 5 0 0\ncpu0 1 2 3 4\ncpu1 1 2 3 4\nprocs_running 4\n";
+        let stat = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\ncpu1 1 2 3 4\nprocs_running 4\n";
         assert_eq!(
             cpu_counters(stat),
             Some(CpuCounters {
-                busy_jiffies: 180,
+                busy_jiffies: 150,
                 total_jiffies: 1000,
-                interrupt_jiffies: 25,
-                steal_jiffies: 5,
                 runnable_per_cpu: 1.5,
                 per_cpu: vec![(6, 10), (6, 10)],
             })
@@ -375,8 +340,6 @@ mod tests {
             Some(CpuCounters {
                 busy_jiffies,
                 total_jiffies,
-                interrupt_jiffies: busy_jiffies / 10,
-                steal_jiffies: busy_jiffies / 5,
                 runnable_per_cpu: 0.5,
                 per_cpu: vec![(busy_jiffies, total_jiffies / 2), (0, total_jiffies / 2)],
             })
@@ -397,7 +360,6 @@ mod tests {
         let load = sampler.current();
         assert_eq!(load.io_utilisation, 1.0);
         assert_eq!(load.cpu_utilisation, 0.5);
-        assert_eq!((load.cpu_interrupts, load.cpu_steal), (0.05, 0.1));
         assert_eq!(load.iops, 300.0);
         assert_eq!(load.bytes_per_second, 1048576.0);
         assert_eq!(load.runnable_per_cpu, 0.5);

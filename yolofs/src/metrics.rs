@@ -252,18 +252,6 @@ impl Collector for DaemonMetrics {
             "Smoothed runnable tasks per CPU.",
             ConstGauge::new(load.runnable_per_cpu),
         )?;
-        single(
-            e,
-            "yolofs_host_cpu_interrupts",
-            "Smoothed fraction of CPU time in interrupts and softirqs, 0..1.",
-            ConstGauge::new(load.cpu_interrupts),
-        )?;
-        single(
-            e,
-            "yolofs_host_cpu_steal",
-            "Smoothed fraction of CPU time the hypervisor took (steal), 0..1.",
-            ConstGauge::new(load.cpu_steal),
-        )?;
         if let Some(pressure) = load.cpu_pressure {
             single(
                 e,

@@ -16,8 +16,7 @@ class TestPredictionsFromTheLog(NoDBTestCase):
 
     def test_each_hosts_last_prediction_and_verdict(self):
         self.flags(max_boot_time_ratio=2.0, group='yolo')
-        hosts = [host('aio-compute', dict(stats(io=0.97), yolo_cpu_pressure='0.3',
-                                          yolo_cpu_stolen='0.15')),
+        hosts = [host('aio-compute', dict(stats(io=0.97), yolo_cpu_pressure='0.3')),
                  host('aio-compute-2', stats(io=0.02))]
         logger = boot_time_filter.LOG.logger
         with self.assertLogs(logger, 'DEBUG') as logs:
@@ -33,26 +32,26 @@ class TestPredictionsFromTheLog(NoDBTestCase):
         found = scheduling.predictions(since, log)
         self.assertEqual({'aio-compute', 'aio-compute-2'}, set(found))
         busy, idle = found['aio-compute'], found['aio-compute-2']
-        self.assertEqual((0.97, 'rejected', 0.3, 0.15), busy[1:])
-        self.assertEqual((0.02, 'passes', None, None), idle[1:])
+        self.assertEqual((0.97, 'rejected', 0.3), busy[1:])
+        self.assertEqual((0.02, 'passes', None), idle[1:])
         self.assertGreater(busy[0], 2 * idle[0])
 
 
 def test_the_summary_counts_placements_and_the_models_error():
     requests = [
         scheduling.Request('on', 'aio-compute', 1, 'aio-compute-2',
-                           {'aio-compute': (90.0, 0.97, 'rejected', 0.25, 0.1),
-                            'aio-compute-2': (30.0, 0.01, 'passes', None, None)}, 25.0),
+                           {'aio-compute': (90.0, 0.97, 'rejected', 0.25),
+                            'aio-compute-2': (30.0, 0.01, 'passes', None)}, 25.0),
         scheduling.Request('off', 'aio-compute', 1, 'aio-compute',
-                           {'aio-compute': (90.0, 0.97, 'passes', 0.25, 0.1),
-                            'aio-compute-2': (30.0, 0.01, 'passes', 0.0, 0.0)}, 100.0),
+                           {'aio-compute': (90.0, 0.97, 'passes', 0.25),
+                            'aio-compute-2': (30.0, 0.01, 'passes', 0.0)}, 100.0),
     ]
     assert requests[0].error == (30.0 - 25.0) / 25.0
     lines = scheduling.summary(requests).splitlines()
-    assert lines[2] == ('| on | aio-compute | 1 | 90.0 (0.97, 0.25, 0.10), rejected | '
-                        '30.0 (0.01, -, -) | aio-compute-2 | 25.0 | +20% |')
-    assert lines[3] == ('| off | aio-compute | 1 | 90.0 (0.97, 0.25, 0.10) | '
-                        '30.0 (0.01, 0.00, 0.00) | aio-compute | 100.0 | -10% |')
+    assert lines[2] == ('| on | aio-compute | 1 | 90.0 (0.97, 0.25), rejected | 30.0 (0.01, -) | '
+                        'aio-compute-2 | 25.0 | +20% |')
+    assert lines[3] == ('| off | aio-compute | 1 | 90.0 (0.97, 0.25) | 30.0 (0.01, 0.00) | '
+                        'aio-compute | 100.0 | -10% |')
     assert lines[-2] == ('YOLO on: 1 of 1 servers on the host without contention; mean absolute '
                          'model error 20%; boot median 25.0 s')
     assert lines[-1].startswith('YOLO off: 0 of 1 servers on the host without contention')

@@ -50,14 +50,12 @@ class YoloBootFilter(filters.BaseHostFilter):
         if not LOG.isEnabledFor(std_logging.DEBUG):
             return not (too_slow or far_behind)
         LOG.debug("%(host)s: predicted boot %(t).1fs (io %(x).2f, cpu %(y).2f, cpu pressure "
-                  "%(p)s, cpu stolen %(s)s, boot image %(bi)s, boots in progress %(n)s; best "
-                  "%(best).1fs, limit %(limit)s, ratio %(ratio)s): %(verdict)s",
+                  "%(p)s, boot image %(bi)s, boots in progress %(n)s; best %(best).1fs, limit "
+                  "%(limit)s, ratio %(ratio)s): %(verdict)s",
                   {'host': host_state, 't': predicted, 'x': state.io_utilisation,
                    'y': state.cpu_utilisation,
                    'p': 'unknown' if state.cpu_pressure is None
                    else '%.2f' % boot_model.clamp(state.cpu_pressure),
-                   's': 'unknown' if state.cpu_stolen is None
-                   else '%.2f' % boot_model.clamp(state.cpu_stolen),
                    'bi': image_id in state.boot_images,
                    'n': host_state.num_io_ops, 'best': best, 'limit': limit, 'ratio': ratio,
                    'verdict': 'rejected' if too_slow or far_behind else 'passes'})
