@@ -6,10 +6,11 @@ predicted for each host, and how long their guests took to boot.
 (``tools/aio/scheduling`` stands the all-in-one cloud up with its second compute host first.)
 For each scheduler setting and each phase (fio stressors on the first host's instance storage,
 then on the second's), servers are created one at a time, each once both hosts have reported
-their load after the last server was deleted (and its guest's load left yolofs' average), and
-each deleted when its guest is ready. Settings: ``on`` is YoloBootFilter and its weigher as
-configured; ``off`` makes the filter pass every host and the weigher weigh nothing, so that Nova's
-own weighers choose, while the filter still logs its predictions.
+their load after the stressors settled and after the last server was deleted (and its guest's
+load left yolofs' average), and each deleted when its guest is ready. Settings: ``on`` is
+YoloBootFilter and its weigher as configured; ``off`` makes the filter pass every host and the
+weigher weigh nothing, so that Nova's own weighers choose, while the filter still logs its
+predictions.
 
 Per request: every host's predicted boot time and the filter's verdict (from the scheduler's
 debug log), the host the server landed on, and its measured boot: from ACTIVE to the guest's
