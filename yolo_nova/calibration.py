@@ -162,6 +162,8 @@ class ObservedBoot:
     # What its disks' requests took up to its ready line, summed (QEMU's latency counts,
     # through libvirt): None where not known.
     disk_seconds: float = None
+    # Of those, what its writes and flushes took (None: not known).
+    disk_write_seconds: float = None
 
 
 def load_observed(path):

@@ -840,7 +840,9 @@ class TestBootTiming(DriverTestCase):
                  'block.1.rd.times': 250 * 10**6}
         with mock.patch.object(connection, 'domainListGetStats', create=True,
                                return_value=[(domain, stats)]) as get_stats:
-            self.assertAlmostEqual(1.0, self.drvr._yolo_disk_seconds(self.instance))
+            reads, writes = self.drvr._yolo_disk_seconds(self.instance)
+        self.assertAlmostEqual(0.95, reads)
+        self.assertAlmostEqual(0.05, writes)
         self.assertEqual(yolo_driver.LIBVIRT_STATS_BLOCK, get_stats.call_args.args[1])
 
     def test_nothing_is_timed_without_yolofs_a_start_or_a_pattern(self):

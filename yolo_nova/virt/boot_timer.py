@@ -5,8 +5,8 @@ which QEMU makes without libvirt and Nova: not the guests this host runs (their 
 devices, cache mode, image and flavor). Each guest Nova spawns here is timed instead, from the
 moment its QEMU runs to the first line of its console that matches ``[yolo] boot_ready_pattern``
 (a login prompt by default), with its busiest vCPU's running time then and the time that vCPU
-waited for a host CPU (the kernel's schedstat, through libvirt), what its disks' requests took
-(QEMU's counts, through libvirt), whether its disk was
+waited for a host CPU (the kernel's schedstat, through libvirt), what its disks' requests took,
+its writes apart (QEMU's counts, through libvirt), whether its disk was
 served from a boot image, and the host's load and boots under way when it was asked for. The last
 boots are kept in ``[yolo] observed_boots_file`` and the driver reports the parameters they give
 (:func:`yolo_nova.calibration.with_observed_boots`).
@@ -48,7 +48,7 @@ class BootTimer:
     ``read_console(instance)``: the guest's console output (bytes or str; raises once the guest
     is gone); ``vcpu_times(instance)``: its busiest vCPU's running time and the time it waited
     for a host CPU (None: not known), in seconds; ``disk_seconds(instance)``: the summed latency
-    of its disks' requests so far (None: not known).
+    of its disks' reads and that of their writes and flushes so far (None: not known).
     """
 
     def __init__(self, path, ready_pattern, timeout, read_console, vcpu_times, accel='',
@@ -138,15 +138,18 @@ class BootTimer:
             return False
         cpu_seconds, cpu_delay = self.vcpu_times(timing.instance)
         disk = self.disk_seconds(timing.instance) if self.disk_seconds else None
+        reads, writes = (None, None) if disk is None else disk
         boot = calibration.ObservedBoot(
             started_at=timing.started_at, seconds=round(elapsed, 2),
             cpu_seconds=round(cpu_seconds, 2),
             cpu_delay_seconds=None if cpu_delay is None else round(cpu_delay, 2),
-            disk_seconds=None if disk is None else round(disk, 2),
+            disk_seconds=None if disk is None else round(reads + writes, 2),
+            disk_write_seconds=None if disk is None else round(writes, 2),
             accel=self.accel, **timing.conditions)
         LOG.info('Guest ready %.1f s after its start (vCPU %.1f s, waited for a CPU %s s, '
-                 'for its disks %s s, %s)', boot.seconds, boot.cpu_seconds,
-                 boot.cpu_delay_seconds, boot.disk_seconds,
+                 'for its disks %s s, of which writes %s s, %s)', boot.seconds,
+                 boot.cpu_seconds, boot.cpu_delay_seconds, boot.disk_seconds,
+                 boot.disk_write_seconds,
                  'from its boot image' if boot.boot_image else 'normal',
                  instance=timing.instance)
         try:

@@ -284,8 +284,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         return stats
 
     def _yolo_disk_seconds(self, instance):
-        """What the requests of the guest's disks took so far, summed (reads, writes and
-        flushes, as QEMU counts them: libvirt's ``block.N.rd.times`` and the others), in
+        """What the requests of the guest's disks took so far, summed: (reads, writes and
+        flushes), as QEMU counts them (libvirt's ``block.N.rd.times`` and the others), in
         seconds; None where libvirt does not report them."""
         guest = self._host.get_guest(instance)
         try:
@@ -294,8 +294,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         except Exception as e:
             LOG.debug('No disk stats from libvirt (%s)', e, instance=instance)
             return None
-        return sum(stats.get('block.%d.%s.times' % (n, kind), 0)
-                   for n in disks for kind in ('rd', 'wr', 'fl')) / 1e9
+
+        def seconds(*kinds):
+            return sum(stats.get('block.%d.%s.times' % (n, kind), 0)
+                       for n in disks for kind in kinds) / 1e9
+        return seconds('rd'), seconds('wr', 'fl')
 
     # Every path that starts a guest goes through here.
     def _create_guest(self, context, xml, instance, power_on=True, pause=False,
