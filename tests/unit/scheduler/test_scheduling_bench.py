@@ -1,6 +1,9 @@
 """The scheduling benchmark reads YoloBootFilter's predictions from the scheduler's log: here, from
 lines the filter itself logged, as oslo.log writes them at debug level."""
 
+import contextlib
+import types
+
 import fixtures
 
 from yolo_bench import scheduling
@@ -60,3 +63,45 @@ def test_the_summary_counts_placements_and_the_models_error():
 def test_a_request_without_a_prediction_for_its_host_has_no_error():
     request = scheduling.Request('on', 'a', 1, 'b', {}, 20.0)
     assert request.error is None
+
+
+def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it_was_gone(
+        monkeypatch, capsys):
+    clock = iter(range(1000, 100000, 100))
+    events = []
+
+    @contextlib.contextmanager
+    def contention(host, stressors):
+        events.append(('contention', host, stressors))
+        yield 'settled on %s' % host
+
+    def request(user, admin, image, flavor, name, timeout):
+        events.append(('request', name))
+        return 'aio-compute-2', 30.0, {}
+
+    monkeypatch.setattr(scheduling.cloud, 'public_image', lambda admin, name: name)
+    monkeypatch.setattr(scheduling.cloud, 'wait_for_boot_image', lambda *args: None)
+    monkeypatch.setattr(scheduling, 'set_scheduler', lambda setting: events.append(setting))
+    monkeypatch.setattr(scheduling, 'contention', contention)
+    monkeypatch.setattr(scheduling, 'wait_for_reports',
+                        lambda hosts, after: events.append(('reports', after)) or {})
+    monkeypatch.setattr(scheduling, 'reported_parameters', lambda hosts: {})
+    monkeypatch.setattr(scheduling, 'request', request)
+    monkeypatch.setattr(scheduling.time, 'time', lambda: next(clock))
+    monkeypatch.setattr(scheduling.cloud, 'boot_servers', None)  # no warm-ups
+    flavors = types.SimpleNamespace(find_flavor=lambda name: name)
+    monkeypatch.setattr(scheduling.openstack, 'connect',
+                        lambda cloud: types.SimpleNamespace(compute=flavors))
+    assert scheduling.main(['--requests', '2', '--warm-ups', '0', '--yolo', 'on']) == 0
+    settle = scheduling.LOAD_SETTLE_SECONDS
+    assert events == [
+        'on',
+        ('contention', 'aio-compute', 2), ('reports', 'settled on aio-compute'),
+        ('reports', 'settled on aio-compute'), ('request', 'scheduling-on-aio-compute-1'),
+        ('reports', 1000 + settle), ('request', 'scheduling-on-aio-compute-2'),
+        ('contention', 'aio-compute-2', 2), ('reports', 'settled on aio-compute-2'),
+        ('reports', 'settled on aio-compute-2'), ('request', 'scheduling-on-aio-compute-2-1'),
+        ('reports', 1200 + settle), ('request', 'scheduling-on-aio-compute-2-2'),
+        'on']
+    # Every server landed on aio-compute-2, contended in the second phase.
+    assert '2 of 4 servers on the host without contention' in capsys.readouterr().out
