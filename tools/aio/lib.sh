@@ -441,7 +441,11 @@ setup_nova() {
     progress "nova"
     create_database nova nova_api nova nova_cell0
     create_rabbit_user nova
-    install -d -o nova -g nova -m 0755 "$NOVA_STATE" "$NOVA_INSTANCES" "$YOLOFS_SOURCE"
+    install -d -o nova -g nova -m 0755 "$NOVA_STATE" "$NOVA_INSTANCES"
+    if [[ $AIO_COMPUTE_OWN_DISK == yes ]]; then
+        own_disk "$NOVA_INSTANCES" "$NOVA_STATE/memory"
+    fi
+    install -d -o nova -g nova -m 0755 "$NOVA_INSTANCES" "$YOLOFS_SOURCE"
     install -d -o nova -g nova -m 0750 "$NOVA_STATE/tmp"
     config_file /etc/nova/nova.conf nova <<EOF
 [DEFAULT]
@@ -661,7 +665,7 @@ add_compute() {
     mountpoint -q "$COMPUTE2_STATE" || mount --rbind "$COMPUTE2_STATE" "$COMPUTE2_STATE"
     mount --make-rshared "$COMPUTE2_STATE"
     install -d -o nova -g nova -m 0755 "$COMPUTE2_INSTANCES"
-    compute2_own_disk
+    own_disk "$COMPUTE2_INSTANCES" "$COMPUTE2_STATE/memory"
     install -d -o nova -g nova -m 0755 "$COMPUTE2_INSTANCES" "$COMPUTE2_INSTANCES/_base"
     install -d -o nova -g nova -m 0750 "$COMPUTE2_STATE/tmp"
     install -d -m 0755 "$(dirname "$COMPUTE2_YOLOFS_BOOT_IMAGES")"
@@ -693,21 +697,25 @@ EOF
     as_user nova nova-manage cell_v2 discover_hosts >/dev/null
 }
 
-compute2_own_disk() {
-    # The host's instances directory on a block device of its own: ext4 on a loop device over a
-    # file in memory (a tmpfs), so that none of its I/O reaches the machine's disk, the first
-    # host's. yolofs measures the load of the device under its source directory: the two hosts'
-    # I/O loads are told apart. 16 GiB: room for the base file of an 8 GiB image as Nova
-    # downloads it (raw, not sparse) beside a guest's disk; memory is taken only as it is written.
-    local loop memory=$COMPUTE2_STATE/memory
-    mountpoint -q "$COMPUTE2_INSTANCES" && return 0
+own_disk() {  # INSTANCES MEMORY
+    # A host's instances directory on a block device of its own: ext4 on a loop device over a
+    # file in memory (a tmpfs at MEMORY), so that none of its I/O reaches the machine's disk.
+    # yolofs measures the load of the device under its source directory: two hosts' I/O loads
+    # are told apart. 16 GiB: room for the base file of an 8 GiB image as Nova downloads it
+    # (raw, not sparse) beside a guest's disk; memory is taken only as it is written.
+    local instances=$1 memory=$2 loop
+    mountpoint -q "$instances" && return 0
+    if [[ -n $(ls -A "$instances" 2>/dev/null) ]]; then
+        echo "aio: $instances is not empty: clean the cloud first (tools/aio/aio clean)" >&2
+        return 1
+    fi
     install -d -m 0700 "$memory"
     mountpoint -q "$memory" || mount -t tmpfs -o size=17G,mode=0700 tmpfs "$memory"
     truncate -s 16G "$memory/disk.img"
     loop=$(losetup --find --show "$memory/disk.img")
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
     # discard: blocks ext4 frees (a deleted base file) give their memory back.
-    mount -o discard "$loop" "$COMPUTE2_INSTANCES"
+    mount -o discard "$loop" "$instances"
 }
 
 start_compute2_yolofs() {
