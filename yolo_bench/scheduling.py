@@ -31,6 +31,7 @@ import sys
 import time
 
 import openstack
+import psutil
 
 from yolo_bench import cloud
 from yolo_bench import runner
@@ -40,6 +41,9 @@ FIRST_HOST = 'aio-compute'
 SECOND_HOST = 'aio-compute-2'
 INSTANCES = {FIRST_HOST: cloud.INSTANCES,
              SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/instances')}
+# Where each host's nova-compute keeps the boots it timed ($state_path/yolo/observed-boots.json).
+OBSERVED_BOOTS = {FIRST_HOST: pathlib.Path('/var/lib/nova/yolo/observed-boots.json'),
+                  SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/yolo/observed-boots.json')}
 SCHEDULER_CONF = pathlib.Path('/etc/nova/nova-scheduler.conf')
 SCHEDULER_LOG = pathlib.Path('/var/log/yolo-aio/nova-scheduler.log')
 # What setting "off" writes into [yolo] of the scheduler's configuration.
@@ -122,6 +126,39 @@ def reported_parameters(hosts):
                         for name in ('alpha', 'beta', 'alpha_yolo', 'cpu_contention',
                                      'beta_growth'))
             for host in hosts}
+
+
+def observed_boots(host, since=0.0):
+    """The boots ``host``'s nova-compute timed, started after Unix time ``since``."""
+    path = OBSERVED_BOOTS[host]
+    boots = json.loads(path.read_text()) if path.exists() else []
+    return [boot for boot in boots if boot['started_at'] >= since]
+
+
+def described(boot):
+    """Where a timed boot's time went, as its host recorded it (calibration.ObservedBoot)."""
+    if boot is None:
+        return 'not timed'
+    parts = ['%.1f s from its start to ready: vCPU %.1f s' % (
+        boot['seconds'], boot['cpu_seconds'])]
+    if boot.get('cpu_delay_seconds') is not None:
+        parts.append('waited for a CPU %.1f s' % boot['cpu_delay_seconds'])
+    if boot.get('disk_seconds') is not None:
+        writes = boot.get('disk_write_seconds')
+        parts.append('for its disks %.2f s' % boot['disk_seconds'] if writes is None else
+                     'for its reads %.2f s, its writes %.2f s' % (
+                         boot['disk_seconds'] - writes, writes))
+    return ', '.join(parts)
+
+
+def stolen_share(before, after):
+    """The hypervisor's steal between two psutil.cpu_times(), as a share of the CPUs' busy time
+    (which counts it): of a virtual machine's CPUs, what its hypervisor took while they wanted
+    to run."""
+    delta = {name: getattr(after, name) - getattr(before, name) for name in after._fields}
+    busy = sum(delta.values()) - delta['idle'] - delta.get('iowait', 0.0) \
+        - delta.get('guest', 0.0) - delta.get('guest_nice', 0.0)
+    return delta.get('steal', 0.0) / busy if busy > 0 else 0.0
 
 
 def log_position():
@@ -258,13 +295,19 @@ def main(argv=None):
                         # its host learned from its boot.
                         wait_for_reports(INSTANCES, fresh_after)
                         parameters = reported_parameters(INSTANCES)
+                        asked, cpu_before = time.time(), psutil.cpu_times()
                         landed, boot, predicted = request(
                             user, admin, image, flavor,
                             'scheduling-%s-%s-%d' % (setting, busy, number), args.timeout)
+                        stolen = stolen_share(cpu_before, psutil.cpu_times())
                         fresh_after = time.time() + LOAD_SETTLE_SECONDS
                         requests.append(Request(setting, busy, number, landed, predicted, boot))
+                        timed = observed_boots(landed, since=asked)
                         print('==> %d: landed on %s, boot %.1f s, predicted %s from parameters '
                               '%s' % (number, landed, boot, predicted, parameters), flush=True)
+                        print('    its guest: %s; steal %.0f%% of the CPUs\' busy time meanwhile'
+                              % (described(timed[-1] if timed else None), 100 * stolen),
+                              flush=True)
     finally:
         set_scheduler('on')
     print()

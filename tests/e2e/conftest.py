@@ -151,19 +151,6 @@ def wait_for_ready(cloud, server_id, previous='', timeout=BOOT_TIMEOUT):
     return wait_until('guest of %s ready' % server_id, timeout, probe, interval=3.0)
 
 
-# Where each compute host's nova-compute keeps the boots it timed ([yolo] observed_boots_file:
-# $state_path/yolo/observed-boots.json).
-OBSERVED_BOOTS = {'aio-compute': pathlib.Path('/var/lib/nova/yolo/observed-boots.json'),
-                  'aio-compute-2': pathlib.Path('/var/lib/nova-compute-2/yolo/observed-boots.json')}
-
-
-def observed_boots(host, since=0.0):
-    """The boots ``host``'s nova-compute timed, started after Unix time ``since``."""
-    path = OBSERVED_BOOTS[host]
-    boots = json.loads(path.read_text()) if path.exists() else []
-    return [boot for boot in boots if boot['started_at'] >= since]
-
-
 def instance_disk(server_id, instances=INSTANCES):
     return instances / server_id / 'disk'
 

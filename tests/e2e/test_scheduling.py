@@ -18,7 +18,6 @@ from tests.e2e.conftest import base_file_name
 from tests.e2e.conftest import create_server
 from tests.e2e.conftest import delete_server
 from tests.e2e.conftest import FLAVOR
-from tests.e2e.conftest import observed_boots
 from tests.e2e.conftest import on_its_mount
 from tests.e2e.conftest import wait_for_ready
 from tests.e2e.conftest import wait_for_status
@@ -27,6 +26,7 @@ from yolo_bench.scheduling import contention
 from yolo_bench.scheduling import FIRST_HOST
 from yolo_bench.scheduling import INSTANCES
 from yolo_bench.scheduling import log_position
+from yolo_bench.scheduling import observed_boots
 from yolo_bench.scheduling import predictions
 from yolo_bench.scheduling import SECOND_HOST
 from yolo_bench.scheduling import wait_for_reports
