@@ -284,9 +284,9 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         return stats
 
     def _yolo_disk_seconds(self, instance):
-        """What the requests of the guest's disks took so far, summed: (reads, writes and
-        flushes), as QEMU counts them (libvirt's ``block.N.rd.times`` and the others), in
-        seconds; None where libvirt does not report them."""
+        """What the requests of the guest's disks took so far, summed over its disks, as
+        (reads, writes and flushes) in seconds, as QEMU counts them (libvirt's
+        ``block.N.rd.times`` and the others); None where libvirt does not report them."""
         guest = self._host.get_guest(instance)
         try:
             stats = self._yolo_domain_stats(guest, LIBVIRT_STATS_BLOCK)
