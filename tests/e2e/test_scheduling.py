@@ -26,6 +26,7 @@ from yolo_bench.scheduling import contention
 from yolo_bench.scheduling import FIRST_HOST
 from yolo_bench.scheduling import INSTANCES
 from yolo_bench.scheduling import log_position
+from yolo_bench.scheduling import OBSERVED_BOOTS
 from yolo_bench.scheduling import observed_boots
 from yolo_bench.scheduling import predictions
 from yolo_bench.scheduling import SECOND_HOST
@@ -39,8 +40,13 @@ def warm_hosts(second_host, published_boot_image):
     """Both compute hosts with the image cached, its boot image installed, and boot-time
     parameters learned from their own boots of it (docs/scheduling.md: [yolo]
     learn_from_boots, 3 boots from a boot image), booting it where needed, placed by the admin:
-    they then differ only in their load."""
+    they then differ only in their load. Each host forgets the boots it timed before: those of
+    the tests before this one (a boot while yolofs restarted, under a load of its own) taught
+    the first host an alpha_yolo of 0, and a host under I/O contention then ranks as fast as an
+    idle one (docs/scheduling.md, "Learning from the host's own boots")."""
     image, _ = published_boot_image
+    for host in (FIRST_HOST, SECOND_HOST):
+        OBSERVED_BOOTS[host].unlink(missing_ok=True)
 
     def learned(host):
         return len([b for b in observed_boots(host) if b['boot_image']]) >= 3
