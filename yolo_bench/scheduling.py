@@ -36,6 +36,7 @@ import psutil
 from yolo_bench import cloud
 from yolo_bench import runner
 from yolo_bench import storage
+from yolo_nova import calibration
 
 FIRST_HOST = 'aio-compute'
 SECOND_HOST = 'aio-compute-2'
@@ -129,25 +130,24 @@ def reported_parameters(hosts):
 
 
 def observed_boots(host, since=0.0):
-    """The boots ``host``'s nova-compute timed, started after Unix time ``since``."""
-    path = OBSERVED_BOOTS[host]
-    boots = json.loads(path.read_text()) if path.exists() else []
-    return [boot for boot in boots if boot['started_at'] >= since]
+    """The boots ``host``'s nova-compute timed (calibration.ObservedBoot), started after Unix
+    time ``since``."""
+    return [boot for boot in calibration.load_observed(OBSERVED_BOOTS[host])
+            if boot.started_at >= since]
 
 
 def described(boot):
-    """Where a timed boot's time went, as its host recorded it (calibration.ObservedBoot)."""
+    """Where a timed boot's time went, as its host recorded it."""
     if boot is None:
         return 'not timed'
-    parts = ['%.1f s from its start to ready: vCPU %.1f s' % (
-        boot['seconds'], boot['cpu_seconds'])]
-    if boot.get('cpu_delay_seconds') is not None:
-        parts.append('waited for a CPU %.1f s' % boot['cpu_delay_seconds'])
-    if boot.get('disk_seconds') is not None:
-        writes = boot.get('disk_write_seconds')
-        parts.append('for its disks %.2f s' % boot['disk_seconds'] if writes is None else
+    parts = ['%.1f s from its start to ready: vCPU %.1f s' % (boot.seconds, boot.cpu_seconds)]
+    if boot.cpu_delay_seconds is not None:
+        parts.append('waited for a CPU %.1f s' % boot.cpu_delay_seconds)
+    if boot.disk_seconds is not None:
+        writes = boot.disk_write_seconds
+        parts.append('for its disks %.2f s' % boot.disk_seconds if writes is None else
                      'for its reads %.2f s, its writes %.2f s' % (
-                         boot['disk_seconds'] - writes, writes))
+                         boot.disk_seconds - writes, writes))
     return ', '.join(parts)
 
 

@@ -49,7 +49,7 @@ def warm_hosts(second_host, published_boot_image):
         OBSERVED_BOOTS[host].unlink(missing_ok=True)
 
     def learned(host):
-        return len([b for b in observed_boots(host) if b['boot_image']]) >= 3
+        return len([b for b in observed_boots(host) if b.boot_image]) >= 3
     for host in (FIRST_HOST, SECOND_HOST):
         cached = (INSTANCES[host] / '_base' / base_file_name(image['id'])).exists()
         for _ in range(5):

@@ -8,6 +8,7 @@ import fixtures
 import psutil
 
 from yolo_bench import scheduling
+from yolo_nova import calibration
 from yolo_nova.scheduler.filters import boot_time_filter
 
 from tests.unit.nova_base import NoDBTestCase
@@ -90,8 +91,8 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
     monkeypatch.setattr(scheduling, 'request', request)
     monkeypatch.setattr(scheduling.time, 'time', lambda: next(clock))
     monkeypatch.setattr(scheduling.cloud, 'boot_servers', None)  # no warm-ups
-    timed = {'started_at': 1100.0, 'seconds': 41.0, 'cpu_seconds': 30.0,
-             'cpu_delay_seconds': 2.5, 'disk_seconds': 0.75, 'disk_write_seconds': 0.25}
+    timed = observed(seconds=41.0, cpu_seconds=30.0, cpu_delay_seconds=2.5, disk_seconds=0.75,
+                     disk_write_seconds=0.25)
     monkeypatch.setattr(scheduling, 'observed_boots',
                         lambda host, since: [timed] if host == 'aio-compute-2' else [])
     times = iter([cpu(busy=100.0, steal=0.0), cpu(busy=150.0, steal=10.0)] * 4)
@@ -119,10 +120,16 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
                      'CPUs\' busy time meanwhile\n') == 4
 
 
+def observed(**fields):
+    return calibration.ObservedBoot(**dict(
+        dict(started_at=1100.0, boot_image=True, io_utilisation=0.0, cpu_utilisation=0.0),
+        **fields))
+
+
 def cpu(busy, steal, idle=1000.0):
     """psutil.cpu_times() of a machine whose CPUs were busy for ``busy`` seconds, ``steal`` of
     them taken by its hypervisor."""
-    return psutil._pslinux.scputimes(
+    return psutil.cpu_times()._replace(
         user=busy - steal, nice=0.0, system=0.0, idle=idle, iowait=5.0, irq=0.0, softirq=0.0,
         steal=steal, guest=0.0, guest_nice=0.0)
 
@@ -133,8 +140,7 @@ def test_the_steal_is_a_share_of_the_busy_time():
 
 
 def test_a_boot_is_described_with_what_its_host_knew_of_it():
-    boot = {'seconds': 33.0, 'cpu_seconds': 32.0, 'cpu_delay_seconds': None,
-            'disk_seconds': 0.5}
+    boot = observed(seconds=33.0, cpu_seconds=32.0, disk_seconds=0.5)
     assert scheduling.described(boot) == ('33.0 s from its start to ready: vCPU 32.0 s, for its '
                                           'disks 0.50 s')
     assert scheduling.described(None) == 'not timed'
