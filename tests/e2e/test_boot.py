@@ -61,7 +61,7 @@ def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(publishe
         boots = wait_until('the boot timed by nova-compute', 60,
                            lambda: observed_boots('aio-compute', since=started))
         assert boots[0].boot_image is True and boots[0].accel == 'tcg', boots
-        assert 0 < boots[0]['cpu_seconds'] <= boots[0]['seconds'] + 5, boots
+        assert 0 < boots[0].cpu_seconds <= boots[0].seconds + 5, boots
         # The compute node fetched the published boot image and installed it through yolofs.
         log = subprocess.run(['grep', '-c', 'Installed verified boot image %s' % boot_image_id,
                               '/var/log/yolo-aio/nova-compute.log'],
