@@ -53,8 +53,8 @@ POLICIES = ('off', 'on', 'warm')
 IMAGE_KINDS = ('same', 'distinct')
 INSTANCES = pathlib.Path('/var/lib/nova/instances')
 AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
-# Read by tools/aio/libvirt-qemu-hook: the cgroup guests join as they start.
-GUESTS_CGROUP_FILE = AIO_RUN_DIR / 'guests-blkio-cgroup'
+# Read by tools/aio/libvirt-qemu-hook: the cgroup the first host's guests join as they start.
+GUESTS_CGROUP_FILE = pathlib.Path('/run/libvirt/yolo-guests-blkio-cgroup')
 YOLOFS_CONTROL_SOCKET = '/run/yolofs/control.sock'
 
 
@@ -148,6 +148,8 @@ class ComputeNode:
         from yolo_bench import runner
         from yolo_bench import storage
         self.set_policy('off')      # yolofs reads _base: it starts again on the new one
+        # The host's own emulated HDD (AIO_COMPUTE_DISK=hdd), if any, comes back afterwards.
+        host_cgroup = GUESTS_CGROUP_FILE.read_text() if GUESTS_CGROUP_FILE.exists() else None
         disk = storage.ThrottledDisk(INSTANCES)
         disk.setup()
         try:
@@ -161,7 +163,10 @@ class ComputeNode:
             GUESTS_CGROUP_FILE.write_text(str(disk.cgroup))
             yield disk
         finally:
-            GUESTS_CGROUP_FILE.unlink(missing_ok=True)
+            if host_cgroup is None:
+                GUESTS_CGROUP_FILE.unlink(missing_ok=True)
+            else:
+                GUESTS_CGROUP_FILE.write_text(host_cgroup)
             self.set_policy('off')
             self.disk = None
             disk.teardown()

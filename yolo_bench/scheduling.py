@@ -42,6 +42,11 @@ FIRST_HOST = 'aio-compute'
 SECOND_HOST = 'aio-compute-2'
 INSTANCES = {FIRST_HOST: cloud.INSTANCES,
              SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/instances')}
+# Where a host on an emulated HDD of its own (the all-in-one's AIO_COMPUTE_DISK=hdd) names its
+# throttle, for its libvirt hook: its libvirtd's /run/libvirt.
+GUESTS_CGROUP_FILES = {FIRST_HOST: cloud.GUESTS_CGROUP_FILE,
+                       SECOND_HOST: pathlib.Path('/var/lib/libvirt-compute-2/run/'
+                                                 'yolo-guests-blkio-cgroup')}
 # Where each host's nova-compute keeps the boots it timed ($state_path/yolo/observed-boots.json).
 OBSERVED_BOOTS = {FIRST_HOST: pathlib.Path('/var/lib/nova/yolo/observed-boots.json'),
                   SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/yolo/observed-boots.json')}
@@ -103,12 +108,21 @@ def wait_for_reports(hosts, after, accept=None, timeout=REPORT_TIMEOUT):
                       reported, interval=5.0)
 
 
+def instance_storage(host):
+    """The host's instance storage as its stressors use it: in its throttle, with its guests and
+    its yolofs, where the host is on an emulated HDD of its own."""
+    cgroup_file = GUESTS_CGROUP_FILES[host]
+    if cgroup_file.exists():
+        return storage.ThrottledDirectory(INSTANCES[host], cgroup_file.read_text().strip())
+    return storage.LocalDisk(INSTANCES[host])
+
+
 @contextlib.contextmanager
 def contention(host, stressors):
     """``stressors`` fio processes reading and writing the host's instance storage at random
     (the boot benchmark's stressors), for the duration; yields the Unix time from which yolofs'
     smoothed load has taken them in."""
-    disk = storage.LocalDisk(INSTANCES[host])
+    disk = instance_storage(host)
     files = [runner.stressor_file(disk, i) for i in range(stressors)]
     try:
         for path in files:
@@ -279,6 +293,13 @@ def main(argv=None):
                 keep_seconds=KEEP_SECONDS, availability_zone='nova:%s' % host)
             print('==> warm-up boot %d on %s: ACTIVE to ready %.1f s' % (
                 number, host, ready - active), flush=True)
+    for host, path in INSTANCES.items():
+        device = subprocess.run(['findmnt', '-n', '-o', 'SOURCE', '--target', str(path)],
+                                capture_output=True, text=True).stdout.strip()
+        disk = instance_storage(host)
+        print('==> %s: instances on %s, %s' % (
+            host, device, 'blkio cgroup %s' % disk.cgroup if disk.name == 'hdd'
+            else 'unthrottled'), flush=True)
     requests = []
     try:
         for setting in args.yolo:

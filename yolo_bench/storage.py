@@ -47,6 +47,25 @@ class LocalDisk:
         return 'the machine\'s own disk, unthrottled (%s)' % self.root
 
 
+class ThrottledDirectory(LocalDisk):
+    """A directory on a disk that a blkio cgroup set up elsewhere throttles (the all-in-one's
+    emulated HDDs, ``AIO_COMPUTE_DISK=hdd``): processes doing its I/O join that cgroup, sharing
+    the disk's budget with the host's guests and yolofs."""
+
+    name = 'hdd'
+
+    def __init__(self, root, cgroup):
+        super().__init__(root)
+        self.cgroup = pathlib.Path(cgroup)
+
+    def join_cgroup(self):
+        """preexec_fn: moves the starting child process into the throttled cgroup."""
+        (self.cgroup / 'cgroup.procs').write_text(str(os.getpid()))
+
+    def describe(self):
+        return '%s, on a disk throttled by blkio cgroup %s' % (self.root, self.cgroup)
+
+
 class ThrottledDisk:
     """An emulated HDD: ext4 on a loop device throttled by a blkio cgroup."""
 

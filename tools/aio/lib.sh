@@ -442,9 +442,15 @@ setup_nova() {
     create_database nova nova_api nova nova_cell0
     create_rabbit_user nova
     install -d -o nova -g nova -m 0755 "$NOVA_STATE" "$NOVA_INSTANCES"
-    if [[ $AIO_COMPUTE_OWN_DISK == yes ]]; then
-        own_disk "$NOVA_INSTANCES" "$NOVA_STATE/memory"
+    if [[ -e $NOVA_STATE/compute-disk && $(cat "$NOVA_STATE/compute-disk") != "$AIO_COMPUTE_DISK" ]]; then
+        die "AIO_COMPUTE_DISK=$AIO_COMPUTE_DISK: the cloud was set up with $(cat "$NOVA_STATE/compute-disk"): clean it first (tools/aio/aio clean)"
     fi
+    echo "$AIO_COMPUTE_DISK" >"$NOVA_STATE/compute-disk"
+    case $AIO_COMPUTE_DISK in
+        machine) ;;
+        memory|hdd) own_disk "$NOVA_INSTANCES" "$NOVA_STATE/memory" "$AIO_COMPUTE_HOST" /run/libvirt ;;
+        *) die "AIO_COMPUTE_DISK=$AIO_COMPUTE_DISK: machine, memory or hdd" ;;
+    esac
     install -d -o nova -g nova -m 0755 "$NOVA_INSTANCES" "$YOLOFS_SOURCE"
     install -d -o nova -g nova -m 0750 "$NOVA_STATE/tmp"
     config_file /etc/nova/nova.conf nova <<EOF
@@ -496,6 +502,7 @@ boot_ready_pattern = YOLO-GUEST-READY
 # Nova's own download on the first host, the first boot before the download on the second
 # (docs/first-boot.md; tests/e2e/test_first_boot.py): both paths are tested.
 first_boot_before_download = false
+$(hdd_capacity)
 EOF
     install -m 0644 "$AIO_VENV/etc/nova/api-paste.ini" /etc/nova/api-paste.ini
     install_nova_rootwrap
@@ -562,24 +569,31 @@ admin_openstack() {
 
 start_yolofs() {
     start_yolofs_service yolofs "$YOLOFS_SOURCE" "$YOLOFS_MOUNTPOINT" "$YOLOFS_BOOT_IMAGES" \
-        "$YOLOFS_CONTROL_SOCKET" "$YOLOFS_OPTIONS"
+        "$YOLOFS_CONTROL_SOCKET" "$YOLOFS_OPTIONS" "$(hdd_cgroup "$AIO_COMPUTE_HOST")"
 }
 
 stop_yolofs() {
     stop_yolofs_service yolofs "$YOLOFS_MOUNTPOINT"
 }
 
-start_yolofs_service() {  # NAME SOURCE MOUNTPOINT BOOT-IMAGES CONTROL-SOCKET OPTIONS
+start_yolofs_service() {  # NAME SOURCE MOUNTPOINT BOOT-IMAGES CONTROL-SOCKET OPTIONS [CGROUP]
     # yolofs mounts a FUSE filesystem and locks memory: it runs as root. nova-compute (group
     # nova) uses its control socket.
+    local join=()
     if ! service_running "$1"; then
         # A mount left by a yolofs that was killed answers ENOTCONN: detach it first.
         fusermount3 -uz "$3" 2>/dev/null || true
         install -d -m 0755 "$3"
     fi
+    if [[ -n ${7:-} ]]; then
+        # Into its host's emulated HDD throttle before it starts (a yolofs the keeper starts
+        # again is its child: it stays in).
+        # shellcheck disable=SC2016 # expanded by that shell
+        join=(/bin/sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$7")
+    fi
     # shellcheck disable=SC2086 # the options are word-split on purpose
     # The keeper starts yolofs again on the same mount if it dies (docs/operations.md).
-    start_service "$1" root "$YOLOFS_BIN" keep -- "$YOLOFS_BIN" mount --source "$2" \
+    start_service "$1" root "${join[@]}" "$YOLOFS_BIN" keep -- "$YOLOFS_BIN" mount --source "$2" \
         --mountpoint "$3" --boot-images "$4" --control-socket "$5" --control-socket-group nova \
         --control-socket-mode 0660 $6
     wait_for "$1" 30 "$YOLOFS_BIN" ctl --socket "$5" status
@@ -665,7 +679,7 @@ add_compute() {
     mountpoint -q "$COMPUTE2_STATE" || mount --rbind "$COMPUTE2_STATE" "$COMPUTE2_STATE"
     mount --make-rshared "$COMPUTE2_STATE"
     install -d -o nova -g nova -m 0755 "$COMPUTE2_INSTANCES"
-    own_disk "$COMPUTE2_INSTANCES" "$COMPUTE2_STATE/memory"
+    own_disk "$COMPUTE2_INSTANCES" "$COMPUTE2_STATE/memory" "$AIO_COMPUTE2_HOST" "$COMPUTE2_LIBVIRT/run"
     install -d -o nova -g nova -m 0755 "$COMPUTE2_INSTANCES" "$COMPUTE2_INSTANCES/_base"
     install -d -o nova -g nova -m 0750 "$COMPUTE2_STATE/tmp"
     install -d -m 0755 "$(dirname "$COMPUTE2_YOLOFS_BOOT_IMAGES")"
@@ -697,12 +711,13 @@ EOF
     as_user nova nova-manage cell_v2 discover_hosts >/dev/null
 }
 
-own_disk() {  # INSTANCES MEMORY
+own_disk() {  # INSTANCES MEMORY HOST LIBVIRT-RUN
     # A host's instances directory on a block device of its own: ext4 on a loop device over a
     # file in memory (a tmpfs at MEMORY), so that none of its I/O reaches the machine's disk.
     # yolofs measures the load of the device under its source directory: two hosts' I/O loads
     # are told apart. 16 GiB: room for the base file of an 8 GiB image as Nova downloads it
     # (raw, not sparse) beside a guest's disk; memory is taken only as it is written.
+    # AIO_COMPUTE_DISK=hdd: throttled as an emulated HDD (throttle_disk).
     local instances=$1 memory=$2 loop
     mountpoint -q "$instances" && return 0
     if [[ -n $(ls -A "$instances" 2>/dev/null) ]]; then
@@ -716,12 +731,63 @@ own_disk() {  # INSTANCES MEMORY
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
     # discard: blocks ext4 frees (a deleted base file) give their memory back.
     mount -o discard "$loop" "$instances"
+    if [[ $AIO_COMPUTE_DISK == hdd ]]; then
+        throttle_disk "$loop" "$3" "$4"
+    fi
+}
+
+hdd_cgroup() {  # HOST: the blkio cgroup of the host's emulated HDD (nothing: no such disk)
+    [[ $AIO_COMPUTE_DISK == hdd ]] && echo "/sys/fs/cgroup/blkio/yolo-aio-$1"
+    return 0
+}
+
+throttle_disk() {  # DEVICE HOST LIBVIRT-RUN
+    # The boot benchmark's emulated HDD (yolo_bench.storage.ThrottledDisk) as a host's own: a
+    # blkio cgroup limits what its processes do on the device, all of them sharing one budget as
+    # they would share one disk. The host's libvirtd (whose /run/libvirt is LIBVIRT-RUN) puts its
+    # guests' QEMU into it through the hook (tools/aio/libvirt-qemu-hook), yolofs starts in it,
+    # and the scheduling benchmark's stressors join it. cgroup v1 throttles neither nova-compute's
+    # buffered writes of a downloaded base file nor any write-back: a guest's writes are direct
+    # (Nova's cache mode none).
+    local cgroup device kind
+    cgroup=$(hdd_cgroup "$2")
+    [[ -e /sys/fs/cgroup/blkio/blkio.throttle.read_iops_device ]] ||
+        die "AIO_COMPUTE_DISK=hdd needs the cgroup-v1 blkio controller at /sys/fs/cgroup/blkio"
+    install -d "$cgroup"
+    device=$(lsblk -dno MAJ:MIN "$1" | tr -d ' ')
+    for kind in read write; do
+        echo "$device $AIO_HDD_IOPS" >"$cgroup/blkio.throttle.${kind}_iops_device"
+        echo "$device $AIO_HDD_BYTES_PER_SECOND" >"$cgroup/blkio.throttle.${kind}_bps_device"
+    done
+    install -d -m 0755 "$3"
+    echo "$cgroup" >"$3/yolo-guests-blkio-cgroup"
+}
+
+hdd_capacity() {  # [yolo] options for nova.conf: the emulated HDDs' capacity (none without)
+    [[ $AIO_COMPUTE_DISK == hdd ]] || return 0
+    # Reads and writes have a limit each: a mix of both saturates the disk at their sum.
+    echo "disk_iops = $((2 * AIO_HDD_IOPS))"
+    echo "disk_bytes_per_second = $((2 * AIO_HDD_BYTES_PER_SECOND))"
+}
+
+remove_hdd_cgroups() {
+    # After the hosts' processes have stopped: a cgroup with processes cannot be removed.
+    local cgroup pid
+    rm -f /run/libvirt/yolo-guests-blkio-cgroup
+    for cgroup in /sys/fs/cgroup/blkio/yolo-aio-*; do
+        [[ -d $cgroup ]] || continue
+        while read -r pid; do
+            echo "$pid" >/sys/fs/cgroup/blkio/cgroup.procs 2>/dev/null || true
+        done <"$cgroup/cgroup.procs"
+        rmdir "$cgroup"
+    done
 }
 
 start_compute2_yolofs() {
     start_yolofs_service yolofs-compute-2 "$COMPUTE2_INSTANCES/_base" \
         "$COMPUTE2_YOLOFS_MOUNTPOINT" "$COMPUTE2_YOLOFS_BOOT_IMAGES" \
-        "$COMPUTE2_YOLOFS_CONTROL_SOCKET" "${YOLOFS_OPTIONS/127.0.0.1:9466/$COMPUTE2_YOLOFS_METRICS}"
+        "$COMPUTE2_YOLOFS_CONTROL_SOCKET" "${YOLOFS_OPTIONS/127.0.0.1:9466/$COMPUTE2_YOLOFS_METRICS}" \
+        "$(hdd_cgroup "$AIO_COMPUTE2_HOST")"
 }
 
 start_compute2_libvirtd() {

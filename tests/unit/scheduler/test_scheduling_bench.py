@@ -2,6 +2,7 @@
 lines the filter itself logged, as oslo.log writes them at debug level."""
 
 import contextlib
+import os
 import types
 
 import fixtures
@@ -144,3 +145,18 @@ def test_a_boot_is_described_with_what_its_host_knew_of_it():
     assert scheduling.described(boot) == ('33.0 s from its start to ready: vCPU 32.0 s, for its '
                                           'disks 0.50 s')
     assert scheduling.described(None) == 'not timed'
+
+
+def test_a_hosts_stressors_join_the_throttle_its_libvirt_hook_names(tmp_path, monkeypatch):
+    cgroup = tmp_path / 'yolo-aio-aio-compute'
+    cgroup.mkdir()
+    named = tmp_path / 'yolo-guests-blkio-cgroup'
+    named.write_text('%s\n' % cgroup)
+    monkeypatch.setitem(scheduling.GUESTS_CGROUP_FILES, 'aio-compute', named)
+    monkeypatch.setitem(scheduling.GUESTS_CGROUP_FILES, 'aio-compute-2', tmp_path / 'absent')
+    throttled = scheduling.instance_storage('aio-compute')
+    assert throttled.root == scheduling.INSTANCES['aio-compute'] and throttled.name == 'hdd'
+    throttled.join_cgroup()
+    assert (cgroup / 'cgroup.procs').read_text() == str(os.getpid())
+    unthrottled = scheduling.instance_storage('aio-compute-2')
+    assert unthrottled.name == 'local' and not hasattr(unthrottled, 'cgroup')
