@@ -75,6 +75,8 @@ class Request:
     # host: (predicted boot seconds, io utilisation, verdict, cpu pressure or None)
     predicted: dict
     boot_seconds: float     # ACTIVE to ready
+    # Asked onto the contended host by name (--on-contended): the model against a loaded boot.
+    asked: bool = False
 
     @property
     def error(self):
@@ -207,15 +209,17 @@ def set_scheduler(setting):
     subprocess.run([str(cloud.AIO), 'restart-scheduler'], check=True, stdout=subprocess.DEVNULL)
 
 
-def request(user, admin, image, flavor, name, timeout):
-    """One server: (the host it landed on, its boot from ACTIVE to ready, the predictions)."""
+def request(conn, admin, image, flavor, name, timeout, **placement):
+    """One server: (the host it landed on, its boot from ACTIVE to ready, the predictions);
+    ``placement``: an admin's ``host=HOST`` (the scheduler's filters weigh that host alone)."""
     since = log_position()
     landed = {}
 
     def on_active(servers):
         landed['host'] = admin.compute.get_server(servers[0].id).compute_host
-    active, ready, _ = cloud.boot_servers(user, admin, image, flavor, name, 1, timeout,
-                                          on_active=on_active, keep_seconds=KEEP_SECONDS)
+    active, ready, _ = cloud.boot_servers(conn, admin, image, flavor, name, 1, timeout,
+                                          on_active=on_active, keep_seconds=KEEP_SECONDS,
+                                          **placement)
     return landed['host'], ready - active, predictions(since)
 
 
@@ -234,20 +238,27 @@ def summary(requests):
                 seconds, io, '-' if pressure is None else '%.2f' % pressure,
                 ', rejected' if verdict == 'rejected' else ''))
         error = r.error
-        cells += [r.landed, '%.1f' % r.boot_seconds,
+        cells += [r.landed + (' (asked)' if r.asked else ''), '%.1f' % r.boot_seconds,
                   '-' if error is None else '%+.0f%%' % (100 * error)]
         lines.append('| ' + ' | '.join(cells) + ' |')
     lines.append('')
     for setting in dict.fromkeys(r.yolo for r in requests):
-        mine = [r for r in requests if r.yolo == setting]
+        mine = [r for r in requests if r.yolo == setting and not r.asked]
         away = sum(r.landed != r.busy for r in mine)
-        errors = [abs(r.error) for r in mine if r.error is not None]
-        lines.append('YOLO %s: %d of %d servers on the host without contention; mean absolute '
-                     'model error %s; boot median %.1f s' % (
-                         setting, away, len(mine),
-                         '%.0f%%' % (100 * statistics.mean(errors)) if errors else '-',
-                         statistics.median(r.boot_seconds for r in mine)))
+        lines.append('YOLO %s: %d of %d servers on the host without contention; %s' % (
+            setting, away, len(mine), error_summary(mine)))
+        asked = [r for r in requests if r.yolo == setting and r.asked]
+        if asked:
+            lines.append('YOLO %s, servers asked onto the contended host: %s' % (
+                setting, error_summary(asked)))
     return '\n'.join(lines)
+
+
+def error_summary(requests):
+    errors = [abs(r.error) for r in requests if r.error is not None]
+    return 'mean absolute model error %s; boot median %.1f s' % (
+        '%.0f%%' % (100 * statistics.mean(errors)) if errors else '-',
+        statistics.median(r.boot_seconds for r in requests))
 
 
 def parse_args(argv):
@@ -260,6 +271,11 @@ def parse_args(argv):
     parser.add_argument('--stressors', type=int, default=2,
                         help='fio stressors on the contended host\'s instance storage '
                              '(default: %(default)s)')
+    parser.add_argument('--on-contended', type=int, default=0, metavar='N',
+                        help='after each phase\'s requests, N servers the admin asks onto the '
+                             'contended host by name (the scheduler weighs that host alone): '
+                             'the model against boots under contention, which placement '
+                             'otherwise avoids (default: %(default)s)')
     parser.add_argument('--yolo', type=cloud.comma_separated(('on', 'off'), 'setting'),
                         default=['on', 'off'],
                         help='scheduler settings, comma-separated: on, off (default: on,off)')
@@ -310,19 +326,26 @@ def main(argv=None):
                     print('==> YOLO %s, %s under contention: reported I/O %s, parameters %s'
                           % (setting, busy, loads, reported_parameters(INSTANCES)), flush=True)
                     fresh_after = settled
-                    for number in range(1, args.requests + 1):
+                    for number in range(1, args.requests + args.on_contended + 1):
                         # Each request is predicted from reports of the hosts as they are: taken
                         # once the last server's guest has left yolofs' smoothed load, and after
                         # its host learned from its boot.
                         wait_for_reports(INSTANCES, fresh_after)
                         parameters = reported_parameters(INSTANCES)
+                        onto_busy = number > args.requests
+                        name = 'scheduling-%s-%s-%d' % (setting, busy, number)
                         asked, cpu_before = time.time(), psutil.cpu_times()
-                        landed, boot, predicted = request(
-                            user, admin, image, flavor,
-                            'scheduling-%s-%s-%d' % (setting, busy, number), args.timeout)
+                        if onto_busy:
+                            landed, boot, predicted = request(
+                                admin, admin, image, admin_flavor, name, args.timeout,
+                                host=busy)
+                        else:
+                            landed, boot, predicted = request(
+                                user, admin, image, flavor, name, args.timeout)
                         stolen = stolen_share(cpu_before, psutil.cpu_times())
                         fresh_after = time.time() + LOAD_SETTLE_SECONDS
-                        requests.append(Request(setting, busy, number, landed, predicted, boot))
+                        requests.append(Request(setting, busy, number, landed, predicted, boot,
+                                                asked=onto_busy))
                         timed = observed_boots(landed, since=asked)
                         print('==> %d: landed on %s, boot %.1f s, predicted %s from parameters '
                               '%s' % (number, landed, boot, predicted, parameters), flush=True)
