@@ -1,7 +1,8 @@
 """Two compute hosts, one under I/O contention: where new servers land, what YoloBootFilter
 predicted for each host, and how long their guests took to boot.
 
-    python -m yolo_bench.scheduling [--requests 3] [--stressors 2] [--yolo on,off]
+    python -m yolo_bench.scheduling [--requests 3] [--on-contended 1] [--stressors 2]
+                                    [--yolo on,off]
 
 (``tools/aio/scheduling`` stands the all-in-one cloud up with its second compute host first.)
 For each scheduler setting and each phase (fio stressors on the first host's instance storage,
@@ -15,7 +16,9 @@ predictions.
 Per request: every host's predicted boot time and the filter's verdict (from the scheduler's
 debug log), the host the server landed on, and its measured boot: from ACTIVE to the guest's
 ready marker (QEMU starts about a second before Nova reports ACTIVE; the model predicts QEMU's
-boot). The model's error is the prediction for the chosen host against the measured boot.
+boot). The model's error is the prediction for the chosen host against the measured boot. With
+``--on-contended``, each phase ends with servers the admin asks onto the contended host by name,
+whose boots (which placement otherwise avoids) measure the model under contention.
 """
 
 import argparse
