@@ -55,6 +55,12 @@ INSTANCES = pathlib.Path('/var/lib/nova/instances')
 AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
 # Read by tools/aio/libvirt-qemu-hook: the cgroup the first host's guests join as they start.
 GUESTS_CGROUP_FILE = pathlib.Path('/run/libvirt/yolo-guests-blkio-cgroup')
+# Where the all-in-one's compute hosts keep their instances (tools/aio/settings
+# AIO_COMPUTE_DISK): this benchmark mounts its emulated HDD over the first host's directory on
+# the machine's disk, not over a disk of the host's own.
+COMPUTE_DISK_FILE = pathlib.Path('/var/lib/nova/compute-disk')
+# The second compute host's libvirt (its /run/libvirt is run/ in there).
+COMPUTE2_LIBVIRT = pathlib.Path('/var/lib/libvirt-compute-2')
 YOLOFS_CONTROL_SOCKET = '/run/yolofs/control.sock'
 
 
@@ -148,8 +154,6 @@ class ComputeNode:
         from yolo_bench import runner
         from yolo_bench import storage
         self.set_policy('off')      # yolofs reads _base: it starts again on the new one
-        # The host's own emulated HDD (AIO_COMPUTE_DISK=hdd), if any, comes back afterwards.
-        host_cgroup = GUESTS_CGROUP_FILE.read_text() if GUESTS_CGROUP_FILE.exists() else None
         disk = storage.ThrottledDisk(INSTANCES)
         disk.setup()
         try:
@@ -163,10 +167,7 @@ class ComputeNode:
             GUESTS_CGROUP_FILE.write_text(str(disk.cgroup))
             yield disk
         finally:
-            if host_cgroup is None:
-                GUESTS_CGROUP_FILE.unlink(missing_ok=True)
-            else:
-                GUESTS_CGROUP_FILE.write_text(host_cgroup)
+            GUESTS_CGROUP_FILE.unlink(missing_ok=True)
             self.set_policy('off')
             self.disk = None
             disk.teardown()
@@ -175,7 +176,7 @@ class ComputeNode:
 # libvirt of the all-in-one's second compute host (tools/aio/settings); the first host's is the
 # machine's.
 LIBVIRT_URIS = {'aio-compute-2':
-                'qemu+unix:///system?socket=/var/lib/libvirt-compute-2/run/libvirt-sock'}
+                'qemu+unix:///system?socket=%s' % (COMPUTE2_LIBVIRT / 'run' / 'libvirt-sock')}
 
 
 def virsh(admin, server_id, *args):
@@ -454,6 +455,10 @@ def main(argv=None):
     if len(computes) != 1:
         sys.exit('this benchmark times boots on one compute host; these are up: %s (the '
                  'second host is for python -m yolo_bench.scheduling)' % ', '.join(computes))
+    kept = COMPUTE_DISK_FILE.read_text().strip() if COMPUTE_DISK_FILE.exists() else 'machine'
+    if kept != 'machine':
+        sys.exit('this benchmark chooses the compute host\'s storage (--storage); this cloud was '
+                 'set up with AIO_COMPUTE_DISK=%s: clean it first (tools/aio/aio clean)' % kept)
     image = public_image(admin, args.image, args.image_file)
     # Distinct images: copies of the image, each its own Glance image, base file, boot image and
     # page cache.

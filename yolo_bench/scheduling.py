@@ -48,8 +48,7 @@ INSTANCES = {FIRST_HOST: cloud.INSTANCES,
 # Where a host on an emulated HDD of its own (the all-in-one's AIO_COMPUTE_DISK=hdd) names its
 # throttle, for its libvirt hook: its libvirtd's /run/libvirt.
 GUESTS_CGROUP_FILES = {FIRST_HOST: cloud.GUESTS_CGROUP_FILE,
-                       SECOND_HOST: pathlib.Path('/var/lib/libvirt-compute-2/run/'
-                                                 'yolo-guests-blkio-cgroup')}
+                       SECOND_HOST: cloud.COMPUTE2_LIBVIRT / 'run' / cloud.GUESTS_CGROUP_FILE.name}
 # Where each host's nova-compute keeps the boots it timed ($state_path/yolo/observed-boots.json).
 OBSERVED_BOOTS = {FIRST_HOST: pathlib.Path('/var/lib/nova/yolo/observed-boots.json'),
                   SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/yolo/observed-boots.json')}
@@ -118,8 +117,16 @@ def instance_storage(host):
     its yolofs, where the host is on an emulated HDD of its own."""
     cgroup_file = GUESTS_CGROUP_FILES[host]
     if cgroup_file.exists():
-        return storage.ThrottledDirectory(INSTANCES[host], cgroup_file.read_text().strip())
+        cgroup = pathlib.Path(cgroup_file.read_text().strip())
+        if cgroup.is_dir():     # not one a benchmark that was killed left named
+            return storage.ThrottledDirectory(INSTANCES[host], cgroup)
     return storage.LocalDisk(INSTANCES[host])
+
+
+def device_of(path):
+    """The device of the filesystem that holds ``path``."""
+    return subprocess.run(['findmnt', '-n', '-o', 'SOURCE', '--target', str(path)],
+                          capture_output=True, text=True).stdout.strip()
 
 
 @contextlib.contextmanager
@@ -248,8 +255,9 @@ def summary(requests):
     for setting in dict.fromkeys(r.yolo for r in requests):
         mine = [r for r in requests if r.yolo == setting and not r.asked]
         away = sum(r.landed != r.busy for r in mine)
-        lines.append('YOLO %s: %d of %d servers on the host without contention; %s' % (
-            setting, away, len(mine), error_summary(mine)))
+        if mine:
+            lines.append('YOLO %s: %d of %d servers on the host without contention; %s' % (
+                setting, away, len(mine), error_summary(mine)))
         asked = [r for r in requests if r.yolo == setting and r.asked]
         if asked:
             lines.append('YOLO %s, servers asked onto the contended host: %s' % (
@@ -290,7 +298,10 @@ def parse_args(argv):
     parser.add_argument('--flavor', default='m1.yolo', help='(default: %(default)s)')
     parser.add_argument('--timeout', type=float, default=1800.0,
                         help='seconds one boot may take (default: %(default)s)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.requests < 0 or args.on_contended < 0:
+        parser.error('--requests and --on-contended take a number of servers (0 or more)')
+    return args
 
 
 def main(argv=None):
@@ -313,11 +324,9 @@ def main(argv=None):
             print('==> warm-up boot %d on %s: ACTIVE to ready %.1f s' % (
                 number, host, ready - active), flush=True)
     for host, path in INSTANCES.items():
-        device = subprocess.run(['findmnt', '-n', '-o', 'SOURCE', '--target', str(path)],
-                                capture_output=True, text=True).stdout.strip()
         disk = instance_storage(host)
         print('==> %s: instances on %s, %s' % (
-            host, device, 'blkio cgroup %s' % disk.cgroup if disk.name == 'hdd'
+            host, device_of(path), 'blkio cgroup %s' % disk.cgroup if disk.name == 'hdd'
             else 'unthrottled'), flush=True)
     requests = []
     try:

@@ -66,8 +66,8 @@ class ThrottledDirectory(LocalDisk):
         return '%s, on a disk throttled by blkio cgroup %s' % (self.root, self.cgroup)
 
 
-class ThrottledDisk:
-    """An emulated HDD: ext4 on a loop device throttled by a blkio cgroup."""
+class ThrottledDisk(ThrottledDirectory):
+    """An emulated HDD: ext4 on a loop device throttled by a blkio cgroup, both of its own."""
 
     name = 'hdd'
 
@@ -101,10 +101,6 @@ class ThrottledDisk:
             (self.cgroup / ('blkio.throttle.%s_device' % name)).write_text(
                 '%s %d\n' % (device, value))
         return self
-
-    def join_cgroup(self):
-        """preexec_fn: moves the starting child process into the throttled cgroup."""
-        (self.cgroup / 'cgroup.procs').write_text(str(os.getpid()))
 
     def teardown(self):
         if _is_mountpoint(self.root):

@@ -442,15 +442,10 @@ setup_nova() {
     create_database nova nova_api nova nova_cell0
     create_rabbit_user nova
     install -d -o nova -g nova -m 0755 "$NOVA_STATE" "$NOVA_INSTANCES"
-    if [[ -e $NOVA_STATE/compute-disk && $(cat "$NOVA_STATE/compute-disk") != "$AIO_COMPUTE_DISK" ]]; then
-        die "AIO_COMPUTE_DISK=$AIO_COMPUTE_DISK: the cloud was set up with $(cat "$NOVA_STATE/compute-disk"): clean it first (tools/aio/aio clean)"
+    echo "$AIO_COMPUTE_DISK" >"$NOVA_STATE/compute-disk"    # checked: check_compute_disk
+    if [[ $AIO_COMPUTE_DISK != machine ]]; then
+        own_disk "$NOVA_INSTANCES" "$NOVA_STATE/memory" "$AIO_COMPUTE_HOST" /run/libvirt
     fi
-    echo "$AIO_COMPUTE_DISK" >"$NOVA_STATE/compute-disk"
-    case $AIO_COMPUTE_DISK in
-        machine) ;;
-        memory|hdd) own_disk "$NOVA_INSTANCES" "$NOVA_STATE/memory" "$AIO_COMPUTE_HOST" /run/libvirt ;;
-        *) die "AIO_COMPUTE_DISK=$AIO_COMPUTE_DISK: machine, memory or hdd" ;;
-    esac
     install -d -o nova -g nova -m 0755 "$NOVA_INSTANCES" "$YOLOFS_SOURCE"
     install -d -o nova -g nova -m 0750 "$NOVA_STATE/tmp"
     config_file /etc/nova/nova.conf nova <<EOF
@@ -719,21 +714,35 @@ own_disk() {  # INSTANCES MEMORY HOST LIBVIRT-RUN
     # (raw, not sparse) beside a guest's disk; memory is taken only as it is written.
     # AIO_COMPUTE_DISK=hdd: throttled as an emulated HDD (throttle_disk).
     local instances=$1 memory=$2 loop
-    mountpoint -q "$instances" && return 0
-    if [[ -n $(ls -A "$instances" 2>/dev/null) ]]; then
-        echo "aio: $instances is not empty: clean the cloud first (tools/aio/aio clean)" >&2
-        return 1
+    if ! mountpoint -q "$instances"; then
+        if [[ -n $(ls -A "$instances" 2>/dev/null) ]]; then
+            die "$instances is not empty: clean the cloud first (tools/aio/aio clean)"
+        fi
+        install -d -m 0700 "$memory"
+        mountpoint -q "$memory" || mount -t tmpfs -o size=17G,mode=0700 tmpfs "$memory"
+        truncate -s 16G "$memory/disk.img"
+        loop=$(losetup --find --show "$memory/disk.img")
+        mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
+        # discard: blocks ext4 frees (a deleted base file) give their memory back.
+        mount -o discard "$loop" "$instances"
     fi
-    install -d -m 0700 "$memory"
-    mountpoint -q "$memory" || mount -t tmpfs -o size=17G,mode=0700 tmpfs "$memory"
-    truncate -s 16G "$memory/disk.img"
-    loop=$(losetup --find --show "$memory/disk.img")
-    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loop"
-    # discard: blocks ext4 frees (a deleted base file) give their memory back.
-    mount -o discard "$loop" "$instances"
     if [[ $AIO_COMPUTE_DISK == hdd ]]; then
-        throttle_disk "$loop" "$3" "$4"
+        throttle_disk "$(findmnt -n -o SOURCE --mountpoint "$instances")" "$3" "$4"
     fi
+}
+
+check_compute_disk() {
+    # Before anything is set up: a cloud keeps the storage it was set up with.
+    local kept
+    kept=$(cat "$NOVA_STATE/compute-disk" 2>/dev/null) || kept=$AIO_COMPUTE_DISK
+    [[ $kept == "$AIO_COMPUTE_DISK" ]] ||
+        die "AIO_COMPUTE_DISK=$AIO_COMPUTE_DISK: the cloud was set up with $kept: clean it first (tools/aio/aio clean)"
+    case $AIO_COMPUTE_DISK in
+        machine|memory) ;;
+        hdd) [[ -e /sys/fs/cgroup/blkio/blkio.throttle.read_iops_device ]] ||
+                 die "AIO_COMPUTE_DISK=hdd needs the cgroup-v1 blkio controller at /sys/fs/cgroup/blkio" ;;
+        *) die "AIO_COMPUTE_DISK=$AIO_COMPUTE_DISK: machine, memory or hdd" ;;
+    esac
 }
 
 hdd_cgroup() {  # HOST: the blkio cgroup of the host's emulated HDD (nothing: no such disk)
@@ -746,13 +755,10 @@ throttle_disk() {  # DEVICE HOST LIBVIRT-RUN
     # blkio cgroup limits what its processes do on the device, all of them sharing one budget as
     # they would share one disk. The host's libvirtd (whose /run/libvirt is LIBVIRT-RUN) puts its
     # guests' QEMU into it through the hook (tools/aio/libvirt-qemu-hook), yolofs starts in it,
-    # and the scheduling benchmark's stressors join it. cgroup v1 throttles neither nova-compute's
-    # buffered writes of a downloaded base file nor any write-back: a guest's writes are direct
-    # (Nova's cache mode none).
+    # and the scheduling benchmark's stressors join it. nova-compute and the qemu-img it runs stay
+    # out: its download of a base file is not slowed. Idempotent.
     local cgroup device kind
     cgroup=$(hdd_cgroup "$2")
-    [[ -e /sys/fs/cgroup/blkio/blkio.throttle.read_iops_device ]] ||
-        die "AIO_COMPUTE_DISK=hdd needs the cgroup-v1 blkio controller at /sys/fs/cgroup/blkio"
     install -d "$cgroup"
     device=$(lsblk -dno MAJ:MIN "$1" | tr -d ' ')
     for kind in read write; do
@@ -779,7 +785,7 @@ remove_hdd_cgroups() {
         while read -r pid; do
             echo "$pid" >/sys/fs/cgroup/blkio/cgroup.procs 2>/dev/null || true
         done <"$cgroup/cgroup.procs"
-        rmdir "$cgroup"
+        rmdir "$cgroup" || echo "aio: $cgroup not removed" >&2
     done
 }
 

@@ -92,6 +92,7 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
     monkeypatch.setattr(scheduling, 'request', request)
     monkeypatch.setattr(scheduling, 'GUESTS_CGROUP_FILES', {
         'aio-compute': tmp_path / 'absent', 'aio-compute-2': tmp_path / 'absent'})
+    monkeypatch.setattr(scheduling, 'device_of', lambda path: '/dev/loop9')
     monkeypatch.setattr(scheduling.time, 'time', lambda: next(clock))
     monkeypatch.setattr(scheduling.cloud, 'boot_servers', None)  # no warm-ups
     timed = observed(seconds=41.0, cpu_seconds=30.0, cpu_delay_seconds=2.5, disk_seconds=0.75,
@@ -170,3 +171,7 @@ def test_a_hosts_stressors_join_the_throttle_its_libvirt_hook_names(tmp_path, mo
     assert (cgroup / 'cgroup.procs').read_text() == str(os.getpid())
     unthrottled = scheduling.instance_storage('aio-compute-2')
     assert unthrottled.name == 'local' and not hasattr(unthrottled, 'cgroup')
+    # A file a killed benchmark left, naming its cgroup, now gone.
+    cgroup.joinpath('cgroup.procs').unlink()
+    cgroup.rmdir()
+    assert scheduling.instance_storage('aio-compute').name == 'local'
