@@ -228,18 +228,22 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
 
     Where the boot's disk requests were timed, its I/O part is at most what they took: what is
     left beyond its CPU may be its guest's halts (beta holds them, needed_seconds), which the
-    I/O term would otherwise multiply as if they were waits for the disk. A boot served from
-    its boot image whose waits are all known needs its own vCPU time and halts, not beta: the
-    vCPU time of the same image's boots varies by seconds (24-37 s on the all-in-one), and
-    taken against their median the faster half had no I/O at all (alpha_yolo learned 0, which
-    made a host under I/O contention rank as fast as an idle one). A normal boot's vCPU under
-    TCG also runs while its reads wait: for it, beta."""
+    I/O term would otherwise multiply as if they were waits for the disk. A normal boot's vCPU
+    under TCG also runs while its reads wait: for it, beta. A boot served from its boot image
+    whose waits are all known had the I/O part its requests took, whatever ran meanwhile: its
+    few reads and writes overlap its vCPU's running, so that what was left beyond its own vCPU
+    time and halts was within that time's noise, 0 for some quiet boots and for some under
+    contention. Taken against beta (the median vCPU time of the same image's boots, which
+    varies by seconds: 24-37 s on the all-in-one), the faster half had no I/O at all; taken
+    against its own vCPU time, two quiet boots of four still had none (alpha_yolo learned 0
+    on the emulated HDD, and a host under I/O contention then ranked as fast as an idle one,
+    where its boots' requests took three times as long). The prediction counts the overlap
+    twice: at most its requests' time, a few percent of a boot at idle."""
     if boot.boot_image and boot.cpu_delay_seconds is not None \
             and boot.disk_seconds is not None:
-        need = needed_seconds(boot)
-    else:
-        need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
-                                   boot.cpu_pressure, beta_growth)
+        return boot.disk_seconds / io_load_factor(boot, io_exponent)
+    need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
+                               boot.cpu_pressure, beta_growth)
     if boot.cpu_delay_seconds is not None:
         cpu = need + boot.cpu_delay_seconds
     else:

@@ -308,6 +308,22 @@ def test_a_boot_from_its_boot_image_is_decomposed_with_its_own_cpu_time():
                 observed(34.3, 31.9, True, delay=0.8, disk=0.88)]
     learned = calibration.with_observed_boots(known, warm_ups, min_boots=3)
     assert learned.alpha_yolo == 0.47
+    # Warm-ups on the emulated HDD whose requests overlapped their vCPU's running: two of four
+    # left nothing beyond their vCPU time and wait, yet their requests took 0.4-0.5 s. Under
+    # contention (x 0.99) the same boot's requests took 2.5 s: the I/O part is what they took,
+    # so that the contended host ranks behind an idle one, by what its disk costs.
+    overlapped = [observed(26.5, 26.2, True, delay=0.3, disk=0.45),
+                  observed(30.1, 29.7, True, delay=0.4, disk=0.43),
+                  observed(25.1, 24.0, True, delay=0.3, disk=0.46),
+                  observed(28.3, 27.6, True, delay=0.3, disk=0.42)]
+    learned = calibration.with_observed_boots(known, overlapped, min_boots=3)
+    assert learned.alpha_yolo == 0.43
+    loaded = observed(27.2, 25.7, True, io=0.99, delay=0.4, disk=2.46)
+    learned = calibration.with_observed_boots(known, overlapped + [loaded], min_boots=3)
+    factor = calibration.io_load_factor(loaded, known.io_exponent)
+    assert learned.alpha_yolo == pytest.approx(2.46 / factor, abs=1e-3)
+    assert boot_model.io_time(learned.alpha_yolo, 0.99) > boot_model.io_time(learned.alpha_yolo,
+                                                                             0.0) + 2.0
     # Without its waits all known, a boot is still taken against beta.
     unknown = [dataclasses.replace(boot, disk_seconds=None) for boot in warm_ups]
     assert calibration.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 0.0
