@@ -297,25 +297,27 @@ def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed(
     assert learned.alpha == pytest.approx(40.0 * 0.2)
 
 
-def test_a_boot_from_its_boot_image_is_decomposed_with_its_own_cpu_time():
+def served_boots(*timings):
+    """Quiet boots served from their boot image, from (seconds, vCPU, run delay, disk)."""
+    return [observed(seconds, vcpu, True, delay=delay, disk=disk)
+            for seconds, vcpu, delay, disk in timings]
+
+
+def test_a_boot_from_its_boot_image_has_the_io_part_its_requests_took():
     known = calibration.Calibration(alpha=5.0, beta=30.0, alpha_yolo=0.5, cpus=2)
     # The all-in-one's warm-ups of one image: vCPU 23.5-31.9 s, their disks 0.47-0.88 s. Taken
     # against the median vCPU time (beta), the faster half left nothing for I/O and alpha_yolo
     # came out 0: a host under I/O contention then ranked as fast as an idle one.
-    warm_ups = [observed(24.6, 23.5, True, delay=0.3, disk=0.47),
-                observed(28.0, 26.7, True, delay=0.36, disk=0.58),
-                observed(25.2, 24.1, True, delay=0.32, disk=0.47),
-                observed(34.3, 31.9, True, delay=0.8, disk=0.88)]
+    warm_ups = served_boots((24.6, 23.5, 0.3, 0.47), (28.0, 26.7, 0.36, 0.58),
+                            (25.2, 24.1, 0.32, 0.47), (34.3, 31.9, 0.8, 0.88))
     learned = calibration.with_observed_boots(known, warm_ups, min_boots=3)
     assert learned.alpha_yolo == 0.47
     # Warm-ups on the emulated HDD whose requests overlapped their vCPU's running: two of four
     # left nothing beyond their vCPU time and wait, yet their requests took 0.4-0.5 s. Under
     # contention (x 0.99) the same boot's requests took 2.5 s: the I/O part is what they took,
     # so that the contended host ranks behind an idle one, by what its disk costs.
-    overlapped = [observed(26.5, 26.2, True, delay=0.3, disk=0.45),
-                  observed(30.1, 29.7, True, delay=0.4, disk=0.43),
-                  observed(25.1, 24.0, True, delay=0.3, disk=0.46),
-                  observed(28.3, 27.6, True, delay=0.3, disk=0.42)]
+    overlapped = served_boots((26.5, 26.2, 0.3, 0.45), (30.1, 29.7, 0.4, 0.43),
+                              (25.1, 24.0, 0.3, 0.46), (28.3, 27.6, 0.3, 0.42))
     learned = calibration.with_observed_boots(known, overlapped, min_boots=3)
     assert learned.alpha_yolo == 0.43
     loaded = observed(27.2, 25.7, True, io=0.99, delay=0.4, disk=2.46)
