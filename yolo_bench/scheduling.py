@@ -347,13 +347,11 @@ def main(argv=None):
                         onto_busy = number > args.requests
                         name = 'scheduling-%s-%s-%d' % (setting, busy, number)
                         asked, cpu_before = time.time(), psutil.cpu_times()
-                        if onto_busy:
-                            landed, boot, predicted = request(
-                                admin, admin, image, admin_flavor, name, args.timeout,
-                                host=busy)
-                        else:
-                            landed, boot, predicted = request(
-                                user, admin, image, flavor, name, args.timeout)
+                        conn, flavor_of_conn, placement = (
+                            (admin, admin_flavor, {'host': busy}) if onto_busy
+                            else (user, flavor, {}))
+                        landed, boot, predicted = request(conn, admin, image, flavor_of_conn,
+                                                          name, args.timeout, **placement)
                         stolen = stolen_share(cpu_before, psutil.cpu_times())
                         fresh_after = time.time() + LOAD_SETTLE_SECONDS
                         requests.append(Request(setting, busy, number, landed, predicted, boot,

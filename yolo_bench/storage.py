@@ -69,8 +69,6 @@ class ThrottledDirectory(LocalDisk):
 class ThrottledDisk(ThrottledDirectory):
     """An emulated HDD: ext4 on a loop device throttled by a blkio cgroup, both of its own."""
 
-    name = 'hdd'
-
     def __init__(self, root, size_gib=24, limits=DiskLimits(), cgroup=None):
         self.root = pathlib.Path(root)
         self.image = self.root.parent / (self.root.name + '.img')
