@@ -37,6 +37,7 @@ import openstack
 import psutil
 
 from yolo_bench import cloud
+from yolo_bench import replay
 from yolo_bench import runner
 from yolo_bench import storage
 from yolo_nova import calibration
@@ -52,6 +53,9 @@ GUESTS_CGROUP_FILES = {FIRST_HOST: cloud.GUESTS_CGROUP_FILE,
 # Where each host's nova-compute keeps the boots it timed ($state_path/yolo/observed-boots.json).
 OBSERVED_BOOTS = {FIRST_HOST: pathlib.Path('/var/lib/nova/yolo/observed-boots.json'),
                   SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/yolo/observed-boots.json')}
+# Both hosts share this machine's CPUs and learn from their boots as configured by default.
+HOST_CPUS = psutil.cpu_count()
+LEARN_FROM_BOOTS = 3
 SCHEDULER_CONF = pathlib.Path('/etc/nova/nova-scheduler.conf')
 SCHEDULER_LOG = pathlib.Path('/var/log/yolo-aio/nova-scheduler.log')
 # What setting "off" writes into [yolo] of the scheduler's configuration.
@@ -366,6 +370,11 @@ def main(argv=None):
         set_scheduler('on')
     print()
     print(summary(requests))
+    for host, path in OBSERVED_BOOTS.items():
+        print('\n==> the model on the boots %s timed, each predicted from those before it '
+              '(python -m yolo_bench.replay %s --cpus %d):' % (host, path, HOST_CPUS))
+        base = dataclasses.replace(calibration.UNCALIBRATED, cpus=HOST_CPUS)
+        print('\n'.join(replay.report(base, observed_boots(host), LEARN_FROM_BOOTS)))
     return 0
 
 

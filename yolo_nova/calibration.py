@@ -44,6 +44,10 @@ class Calibration:
                                              beta_growth=self.beta_growth)
 
 
+# Parameters of an uncalibrated host: the emulated HDD of docs/boot-benchmark.md under TCG.
+UNCALIBRATED = Calibration(alpha=5.9, beta=22.7, alpha_yolo=0.4, cpus=1)
+
+
 def load(path):
     """The calibration in ``path``, or None if there is none; a broken file raises ValueError."""
     try:
@@ -138,6 +142,9 @@ CPU_CONTENTION_PRIOR_WEIGHT = 0.5 ** 2
 # Boots whose CPU loads differ by less than this say nothing of how the CPU a boot needs grows
 # with the load (beta_from).
 MIN_LOAD_SPREAD = 0.1
+# beta follows the host's last boots: a boot's weight halves with every so many newer ones
+# (beta_from).
+BETA_HALF_LIFE_BOOTS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,23 +289,47 @@ def io_part_from(boots, known):
          io_load_factor(b, known.io_exponent)) for b in boots)
 
 
-def beta_from(boots, min_boots):
+def recency_weights(boots, half_life):
+    """Each boot's weight, halving with every ``half_life`` boots started after it (the list's
+    order among boots started at once): 1 for the newest. ``half_life`` None: 1 for all."""
+    if half_life is None:
+        return [1.0] * len(boots)
+    newest_first = sorted(range(len(boots)), key=lambda i: (boots[i].started_at, i),
+                          reverse=True)
+    weights = [0.0] * len(boots)
+    for age, i in enumerate(newest_first):
+        weights[i] = 0.5 ** (age / half_life)
+    return weights
+
+
+def beta_from(boots, min_boots, half_life=BETA_HALF_LIFE_BOOTS):
     """(beta, beta_growth) from the time boots served from a boot image needed (their vCPU's
     running time and halts: needed_seconds) against their CPU load ``y``: Theil-Sen's line
     ``needed = beta + slope y`` (the median of the slopes between boots at loads at least
-    MIN_LOAD_SPREAD apart, and the median intercept), robust to odd boots as a median is;
+    MIN_LOAD_SPREAD apart, then the intercept), robust to odd boots as a median is;
     ``beta_growth = slope / beta``, within [0, MAX_BETA_GROWTH]. Without ``min_boots`` such
-    slopes, or with a slope below 0: (their median, 0)."""
+    slopes, or with a slope below 0: (their needed time, 0).
+
+    The intercept (or, without a slope, the needed time) is the median of the boots weighted by
+    their recency, halving every ``half_life`` boots (recency_weights): the CPU time one image's
+    boot needs follows the host's speed, which drifts (on the all-in-one, a virtual machine on
+    shared hardware, by a quarter within a quarter of an hour: warm-ups of 24-30 s of vCPU,
+    then boots of 17-23 s, each predicted from the warm-ups too slow), and the last boots say
+    more of the next one than older ones. Weighted so, the last four boots weigh as much as all
+    those before them: a single odd boot, the newest included, still moves it no further than
+    a median's neighbour. The slope needs boots at loads apart, which may be old: all count
+    alike."""
     points = [(cpu_load_of(b), needed_seconds(b)) for b in boots]
-    median = statistics.median(needed for _, needed in points)
+    weights = recency_weights(boots, half_life)
     slopes = [(n2 - n1) / (y2 - y1) for (y1, n1), (y2, n2) in itertools.combinations(points, 2)
               if abs(y2 - y1) >= MIN_LOAD_SPREAD]
+    level = weighted_median(zip((needed for _, needed in points), weights))
     if len(slopes) < max(1, min_boots):
-        return median, 0.0
+        return level, 0.0
     slope = statistics.median(slopes)
-    beta = statistics.median(needed - slope * y for y, needed in points)
+    beta = weighted_median(zip((needed - slope * y for y, needed in points), weights))
     if slope <= 0 or beta <= 0:
-        return median, 0.0
+        return level, 0.0
     return beta, min(slope / beta, boot_model.MAX_BETA_GROWTH)
 
 
@@ -352,20 +383,21 @@ def cpu_contention_from(boots, cpus, min_boots):
     return round(min(max(c, 0.0), 1.0), 3)
 
 
-def with_observed_boots(known, boots, min_boots):
+def with_observed_boots(known, boots, min_boots, beta_half_life=BETA_HALF_LIFE_BOOTS):
     """``known`` with the parameters the host's own boots give, each where at least
     ``min_boots`` boots measure it: beta and beta_growth, from the vCPU time (and halts) of boots
     served from a boot image (the CPU a guest needs: under TCG a normal boot's vCPU also spins
     while its reads wait, see from_boots; beta_from); alpha_yolo and alpha, what those and normal
     boots took beyond it, at most their disks' requests (io_part_from); cpu_contention (see
-    cpu_contention_from). ``boots`` are of this host's accelerator."""
+    cpu_contention_from). ``boots`` are of this host's accelerator; ``beta_half_life``: see
+    beta_from."""
     if min_boots <= 0:
         return known
     served = [b for b in boots if b.boot_image]
     normal = [b for b in boots if not b.boot_image]
     fields = {}
     if len(served) >= min_boots:
-        beta, growth = beta_from(served, min_boots)
+        beta, growth = beta_from(served, min_boots, beta_half_life)
         fields['beta'] = round(beta, 3)
         if growth > 0:
             fields['beta_growth'] = round(growth, 3)

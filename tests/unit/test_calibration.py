@@ -277,6 +277,24 @@ def test_beta_and_its_growth_are_fitted_to_the_vcpu_time_against_the_cpu_load():
     assert learned.beta_growth == boot_model.MAX_BETA_GROWTH
 
 
+def test_beta_follows_the_hosts_last_boots():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
+
+    def boots(*needed):
+        return [dataclasses.replace(observed(vcpu + 1.0, vcpu, True, delay=0.5, disk=0.5),
+                                    started_at=float(i)) for i, vcpu in enumerate(needed)]
+    # The host sped up: four boots of 30 s of vCPU, then three of 24 s. All alike, the median is
+    # the old speed; halving every four boots, the new one.
+    drifted = boots(30.0, 30.0, 30.0, 30.0, 24.0, 24.0, 24.0)
+    assert calibration.with_observed_boots(known, drifted, 3).beta == 24.0
+    assert calibration.with_observed_boots(known, drifted, 3, beta_half_life=None).beta == 30.0
+    # One odd boot, the newest, does not move it; the order is the boots' start, not the list's.
+    odd = boots(30.0, 31.0, 29.0, 30.0, 80.0)
+    assert calibration.with_observed_boots(known, odd, 3).beta == 30.0
+    assert calibration.with_observed_boots(known, odd[::-1], 3).beta == 30.0
+    assert calibration.recency_weights(odd[::-1], 4)[0] == 1.0
+
+
 def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed():
     known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
     # Quiet boots served from their boot image: 30 s of vCPU, 2 s halted (the guest waiting for

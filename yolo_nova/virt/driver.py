@@ -55,8 +55,7 @@ from yolo_nova.virt import imagebackend
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
 LOG = logging.getLogger(__name__)
-# Parameters of an uncalibrated host: the emulated HDD of docs/boot-benchmark.md under TCG.
-UNCALIBRATED = calibration.Calibration(alpha=5.9, beta=22.7, alpha_yolo=0.4, cpus=1)
+UNCALIBRATED = calibration.UNCALIBRATED
 # libvirt's VIR_DOMAIN_STATS_VCPU and _BLOCK: a domain's per-vCPU and per-disk statistics.
 LIBVIRT_STATS_VCPU = 8
 LIBVIRT_STATS_BLOCK = 32
