@@ -1,16 +1,21 @@
 """The boot-time model against a compute host's own timed boots, each predicted from the ones
-before it, as the host would have reported its parameters then, for the load it recorded.
+it could have learned from, for the load recorded with it.
 
-    python -m yolo_bench.replay /var/lib/nova/yolo/observed-boots.json [--cpus 2]
+    python -m yolo_bench.replay /var/lib/nova/yolo/observed-boots.json [--cpus 2] [--accel tcg]
 
-Each boot that had at least ``--learn-from-boots`` boots served from a boot image before it is
-predicted from the host's parameters learned from those boots only (with the uncalibrated
-host's as the base, or ``--calibration``'s), and from the load recorded with it: what the host
-reported when the boot was asked for. It does so twice, side by side: beta from the last boots
-(as built, calibration.BETA_HALF_LIFE_BOOTS) and from all the boots kept alike. Boots under I/O
-load (x at least 0.5) are reported apart: their error is the I/O term's, the others' the CPU
-part's. The scheduler predicts from the host's last report, up to a minute older than the load
-recorded here.
+Each boot is predicted from the parameters its host learns (calibration.with_observed_boots,
+on the uncalibrated host's or ``--calibration``'s) from the boots that were over (ready) when
+it started, once at least ``--learn-from-boots`` of them were served from a boot image, and
+from the load recorded with it: what the host measured when the boot was asked for. It does so
+twice, side by side: beta from the last boots (as built, calibration.BETA_HALF_LIFE_BOOTS) and
+from all the boots kept alike. Boots under I/O load (x at least 0.5) are reported apart: their
+error is the I/O term's, the others' the CPU part's.
+
+What the scheduler predicted differs in what it had: the host's last report (parameters and
+load up to a minute older), Nova's count of the builds under way (``num_io_ops``: until ACTIVE,
+where the host counts its timed boots until ready), and nova.conf's or an aggregate's
+``boot_time_*`` where set (not read here). The host's file keeps its last 20 boots: the first
+ones replayed were learned, in service, from older boots as well.
 """
 
 import argparse
@@ -19,34 +24,37 @@ import os
 import statistics
 import sys
 
-from yolo_nova import boot_model
 from yolo_nova import calibration
+from yolo_nova import host_stats
 
 # Boots at this I/O utilisation or more are "under I/O load" in the report.
 LOADED = 0.5
 HALF_LIVES = {'beta from the last boots': calibration.BETA_HALF_LIFE_BOOTS,
               'all boots alike': None}
+# The image the replayed boots are of, for the scheduler's own prediction (host_stats).
+IMAGE = 'replayed'
 
 
 def predicted(known, boot):
-    """The model's boot time for ``boot``'s load and kind from the parameters ``known``."""
-    return boot_model.predict(known.params, boot.io_utilisation, boot.cpu_utilisation,
-                              boot_image=boot.boot_image,
-                              concurrent_boots=boot.concurrent_boots, runnable=boot.runnable,
-                              idlest_cpu=boot.idlest_cpu_utilisation,
-                              cpu_pressure=boot.cpu_pressure)
+    """What the scheduler predicts for ``boot``'s image, load and boots under way from a host
+    with the parameters ``known`` (host_stats.HostBootState.predict)."""
+    state = host_stats.HostBootState(
+        io_utilisation=boot.io_utilisation, cpu_utilisation=boot.cpu_utilisation,
+        params=known.params, boot_images=frozenset([IMAGE] if boot.boot_image else []),
+        updated_at=boot.started_at, runnable=boot.runnable,
+        idlest_cpu_utilisation=boot.idlest_cpu_utilisation, cpu_pressure=boot.cpu_pressure)
+    return state.predict(IMAGE, boot.concurrent_boots)
 
 
 def replay(base, boots, min_boots, beta_half_life):
-    """[(boot, prediction)] for each of ``boots`` with ``min_boots`` boots served from a boot
-    image before it (by start), each predicted from those before it."""
-    boots = sorted(boots, key=lambda boot: boot.started_at)
+    """[(boot, prediction)], by start, for each of ``boots`` that started after ``min_boots``
+    boots served from a boot image were over, each predicted from the boots over by then."""
     replayed = []
-    for i, boot in enumerate(boots):
-        before = boots[:i]
-        if sum(b.boot_image for b in before) < max(1, min_boots):
+    for boot in sorted(boots, key=lambda b: b.started_at):
+        over = [b for b in boots if b.started_at + b.seconds <= boot.started_at]
+        if sum(b.boot_image for b in over) < max(1, min_boots):
             continue
-        known = calibration.with_observed_boots(base, before, min_boots, beta_half_life)
+        known = calibration.with_observed_boots(base, over, min_boots, beta_half_life)
         replayed.append((boot, predicted(known, boot)))
     return replayed
 
@@ -59,15 +67,15 @@ def report(base, boots, min_boots):
     """Lines: every replayed boot with its predictions, then the mean absolute errors."""
     runs = {label: replay(base, boots, min_boots, half_life)
             for label, half_life in HALF_LIVES.items()}
-    first = next(iter(runs.values()))
-    if not first:
+    recent_run = runs['beta from the last boots']
+    if not recent_run:
         return ['no boot to replay: fewer than %d served from a boot image before any'
                 % min_boots]
     lines = ['| boot | served from its boot image | io | cpu load | took (s) | %s |' % (
         ' | '.join('predicted, %s' % label for label in runs)),
              '|---:|---|---:|---:|---:|%s' % ('---:|' * len(runs))]
-    start = first[0][0].started_at
-    for i, (boot, _) in enumerate(first):
+    start = recent_run[0][0].started_at
+    for i, (boot, _) in enumerate(recent_run):
         cells = ['%+.0f s' % (boot.started_at - start), 'yes' if boot.boot_image else 'no',
                  '%.2f' % boot.io_utilisation, '%.2f' % calibration.cpu_load_of(boot),
                  '%.1f' % boot.seconds]
@@ -82,7 +90,7 @@ def report(base, boots, min_boots):
             if errors:
                 means.append('%.0f%% (%s)' % (100 * statistics.mean(errors), label))
         if means:
-            count = sum(chosen(b) for b, _ in first)
+            count = sum(chosen(b) for b, _ in recent_run)
             lines.append('%d boot%s %s: mean model error %s' % (
                 count, '' if count == 1 else 's', group, ', '.join(means)))
     return lines
@@ -96,6 +104,9 @@ def parse_args(argv):
                         help="the host's CPUs (default: this machine's, %(default)s)")
     parser.add_argument('--learn-from-boots', type=int, default=3,
                         help="the host's [yolo] learn_from_boots (default: %(default)s)")
+    parser.add_argument('--accel', choices=('kvm', 'tcg'),
+                        help="only the boots under the host's accelerator, as the host learns "
+                             "(default: every boot)")
     parser.add_argument('--calibration',
                         help="the host's [yolo] calibration_file (default: uncalibrated)")
     args = parser.parse_args(argv)
@@ -114,6 +125,11 @@ def main(argv=None):
         sys.exit(str(e))
     if base is None:
         sys.exit('%s: no such file' % args.calibration)
+    if args.accel:
+        if base.accel and base.accel != args.accel:
+            sys.exit('%s: its boots ran under %s, not %s: the host ignores it' % (
+                args.calibration, base.accel, args.accel))
+        boots = [boot for boot in boots if boot.accel == args.accel]
     base = dataclasses.replace(base, cpus=args.cpus)
     print('\n'.join(report(base, boots, args.learn_from_boots)))
     return 0

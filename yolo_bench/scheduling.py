@@ -53,7 +53,8 @@ GUESTS_CGROUP_FILES = {FIRST_HOST: cloud.GUESTS_CGROUP_FILE,
 # Where each host's nova-compute keeps the boots it timed ($state_path/yolo/observed-boots.json).
 OBSERVED_BOOTS = {FIRST_HOST: pathlib.Path('/var/lib/nova/yolo/observed-boots.json'),
                   SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/yolo/observed-boots.json')}
-# Both hosts share this machine's CPUs and learn from their boots as configured by default.
+# Both hosts share this machine's CPUs, run their guests under TCG and learn from their boots
+# as configured by default.
 HOST_CPUS = psutil.cpu_count()
 LEARN_FROM_BOOTS = 3
 SCHEDULER_CONF = pathlib.Path('/etc/nova/nova-scheduler.conf')
@@ -372,9 +373,10 @@ def main(argv=None):
     print(summary(requests))
     for host, path in OBSERVED_BOOTS.items():
         print('\n==> the model on the boots %s timed, each predicted from those before it '
-              '(python -m yolo_bench.replay %s --cpus %d):' % (host, path, HOST_CPUS))
+              '(python -m yolo_bench.replay %s --cpus %d --accel tcg):' % (host, path, HOST_CPUS))
         base = dataclasses.replace(calibration.UNCALIBRATED, cpus=HOST_CPUS)
-        print('\n'.join(replay.report(base, observed_boots(host), LEARN_FROM_BOOTS)))
+        boots = [boot for boot in observed_boots(host) if boot.accel == 'tcg']
+        print('\n'.join(replay.report(base, boots, LEARN_FROM_BOOTS)))
     return 0
 
 

@@ -291,9 +291,9 @@ def io_part_from(boots, known):
 
 def recency_weights(boots, half_life):
     """Each boot's weight, halving with every ``half_life`` boots started after it (the list's
-    order among boots started at once): 1 for the newest. ``half_life`` None: 1 for all."""
-    if half_life is None:
-        return [1.0] * len(boots)
+    order among boots started at once): 1 for the newest."""
+    if not half_life > 0:
+        raise ValueError('a half-life is a number of boots above 0, not %r' % (half_life,))
     newest_first = sorted(range(len(boots)), key=lambda i: (boots[i].started_at, i),
                           reverse=True)
     weights = [0.0] * len(boots)
@@ -306,28 +306,37 @@ def beta_from(boots, min_boots, half_life=BETA_HALF_LIFE_BOOTS):
     """(beta, beta_growth) from the time boots served from a boot image needed (their vCPU's
     running time and halts: needed_seconds) against their CPU load ``y``: Theil-Sen's line
     ``needed = beta + slope y`` (the median of the slopes between boots at loads at least
-    MIN_LOAD_SPREAD apart, then the intercept), robust to odd boots as a median is;
+    MIN_LOAD_SPREAD apart, then the median intercept), robust to odd boots as a median is;
     ``beta_growth = slope / beta``, within [0, MAX_BETA_GROWTH]. Without ``min_boots`` such
-    slopes, or with a slope below 0: (their needed time, 0).
+    slopes, or with a slope below 0: (their median needed time, 0).
 
-    The intercept (or, without a slope, the needed time) is the median of the boots weighted by
-    their recency, halving every ``half_life`` boots (recency_weights): the CPU time one image's
-    boot needs follows the host's speed, which drifts (on the all-in-one, a virtual machine on
-    shared hardware, by a quarter within a quarter of an hour: warm-ups of 24-30 s of vCPU,
-    then boots of 17-23 s, each predicted from the warm-ups too slow), and the last boots say
-    more of the next one than older ones. Weighted so, the last four boots weigh as much as all
-    those before them: a single odd boot, the newest included, still moves it no further than
-    a median's neighbour. The slope needs boots at loads apart, which may be old: all count
-    alike."""
+    Both medians, the intercept's and the needed time's, weigh each boot by its recency, halving
+    with every ``half_life`` boots started after it (recency_weights; None: all alike): the CPU
+    time one image's boot needs follows the host's speed, which drifts (on the all-in-one, a
+    virtual machine on shared hardware, by a quarter within a quarter of an hour: warm-ups of
+    24-30 s of vCPU, then boots of 17-23 s, each predicted from the warm-ups too slow), and the
+    last boots say more of the next one than older ones. Halving every four boots, the last four
+    weigh at least as much as all those before them: beta stays within the range of their
+    times, and a tenant's guests must make about that many of the host's last boots to put it
+    where they want (with all alike, half of the boots kept); one odd boot among them moves it
+    within the range of the others. The slope needs boots at loads apart, which may be old: all
+    count alike there."""
     points = [(cpu_load_of(b), needed_seconds(b)) for b in boots]
-    weights = recency_weights(boots, half_life)
+    if half_life is None:
+        def median(values):
+            return statistics.median(values)
+    else:
+        weights = recency_weights(boots, half_life)
+
+        def median(values):
+            return weighted_median(zip(values, weights))
     slopes = [(n2 - n1) / (y2 - y1) for (y1, n1), (y2, n2) in itertools.combinations(points, 2)
               if abs(y2 - y1) >= MIN_LOAD_SPREAD]
-    level = weighted_median(zip((needed for _, needed in points), weights))
+    level = median([needed for _, needed in points])
     if len(slopes) < max(1, min_boots):
         return level, 0.0
     slope = statistics.median(slopes)
-    beta = weighted_median(zip((needed - slope * y for y, needed in points), weights))
+    beta = median([needed - slope * y for y, needed in points])
     if slope <= 0 or beta <= 0:
         return level, 0.0
     return beta, min(slope / beta, boot_model.MAX_BETA_GROWTH)

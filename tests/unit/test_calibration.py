@@ -288,11 +288,26 @@ def test_beta_follows_the_hosts_last_boots():
     drifted = boots(30.0, 30.0, 30.0, 30.0, 24.0, 24.0, 24.0)
     assert calibration.with_observed_boots(known, drifted, 3).beta == 24.0
     assert calibration.with_observed_boots(known, drifted, 3, beta_half_life=None).beta == 30.0
-    # One odd boot, the newest, does not move it; the order is the boots' start, not the list's.
-    odd = boots(30.0, 31.0, 29.0, 30.0, 80.0)
-    assert calibration.with_observed_boots(known, odd, 3).beta == 30.0
-    assert calibration.with_observed_boots(known, odd[::-1], 3).beta == 30.0
+    # One odd boot among the last four moves it within the range of the others' times, where
+    # the boots' order is their start, not the list's.
+    odd = drifted + [dataclasses.replace(b, started_at=7.0 + i)
+                     for i, b in enumerate(boots(24.0, 80.0))]
+    for order in (odd, odd[::-1]):
+        assert calibration.with_observed_boots(known, order, 3).beta == 24.0
+    # With three of them, the oldest of its last four boots is the old speed's.
+    assert calibration.with_observed_boots(known, odd[:7] + odd[8:], 3).beta == 30.0
     assert calibration.recency_weights(odd[::-1], 4)[0] == 1.0
+    # The intercept of beta's line is weighed alike: boots at two loads, the last ones faster.
+    sloped = [dataclasses.replace(b, cpu_pressure=load, cpu_utilisation=0.9)
+              for b, load in zip(drifted, (0.0, 0.5, 0.0, 0.5, 0.0, 0.5, 0.0))]
+    sloped = [dataclasses.replace(b, cpu_seconds=b.cpu_seconds + 6.0 * b.cpu_pressure)
+              for b in sloped]
+    learned = calibration.with_observed_boots(known, sloped, 3)
+    assert (learned.beta, learned.beta_growth) == (24.0, pytest.approx(6.0 / 24.0))
+    learned = calibration.with_observed_boots(known, sloped, 3, beta_half_life=None)
+    assert learned.beta == 30.0
+    with pytest.raises(ValueError):
+        calibration.recency_weights(odd, 0)
 
 
 def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed():

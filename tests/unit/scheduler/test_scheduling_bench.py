@@ -96,9 +96,9 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
     monkeypatch.setattr(scheduling.time, 'time', lambda: next(clock))
     monkeypatch.setattr(scheduling.cloud, 'boot_servers', None)  # no warm-ups
     timed = observed(seconds=41.0, cpu_seconds=30.0, cpu_delay_seconds=2.5, disk_seconds=0.75,
-                     disk_write_seconds=0.25)
+                     disk_write_seconds=0.25, accel='tcg')
     monkeypatch.setattr(scheduling, 'observed_boots',
-                        lambda host, since: [timed] if host == 'aio-compute-2' else [])
+                        lambda host, since=0.0: [timed] if host == 'aio-compute-2' else [])
     times = iter([cpu(busy=100.0, steal=0.0), cpu(busy=150.0, steal=10.0)] * 6)
     monkeypatch.setattr(scheduling.psutil, 'cpu_times', lambda: next(times))
     flavors = types.SimpleNamespace(find_flavor=lambda name: name)
@@ -130,6 +130,11 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
     assert out.count('    its guest: 41.0 s from its start to ready: vCPU 30.0 s, waited for a '
                      'CPU 2.5 s, for its reads 0.50 s, its writes 0.25 s; steal 20% of the '
                      'CPUs\' busy time meanwhile\n') == 5   # not the one on aio-compute
+    # Then the model on each host's own boots, as it learned (too few here to replay).
+    for name in ('aio-compute', 'aio-compute-2'):
+        assert '==> the model on the boots %s timed, each predicted from those before it' % name \
+            in out
+    assert out.count('no boot to replay: fewer than 3 served from a boot image before any') == 2
 
 
 def observed(**fields):
