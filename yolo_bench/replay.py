@@ -9,7 +9,9 @@ it started, once at least ``--learn-from-boots`` of them were served from a boot
 from the load recorded with it: what the host measured when the boot was asked for. It does so
 twice, side by side: beta from the last boots (as built, calibration.BETA_HALF_LIFE_BOOTS) and
 from all the boots kept alike. Boots under I/O load (x at least 0.5) are reported apart: their
-error is the I/O term's, the others' the CPU part's.
+error is the I/O term's, the others' the CPU part's. Beside them, the error of predicting every
+boot of a group the group's median time, known only afterwards: what the boots' own spread
+costs a model whose inputs do not foretell it.
 
 What the scheduler predicted differs in what it had: the host's last report (parameters and
 load up to a minute older), Nova's count of the builds under way (``num_io_ops``: until ACTIVE,
@@ -91,9 +93,17 @@ def report(base, boots, min_boots):
                 means.append('%.0f%% (%s)' % (100 * statistics.mean(errors), label))
         if means:
             count = sum(chosen(b) for b, _ in recent_run)
-            lines.append('%d boot%s %s: mean model error %s' % (
-                count, '' if count == 1 else 's', group, ', '.join(means)))
+            lines.append('%d boot%s %s: mean model error %s; %s' % (
+                count, '' if count == 1 else 's', group, ', '.join(means),
+                spread([b for b, _ in recent_run if chosen(b)])))
     return lines
+
+
+def spread(boots):
+    """The error of predicting each of ``boots`` their median time, known only afterwards."""
+    median = statistics.median(b.seconds for b in boots)
+    return 'their own median (%.1f s) as the prediction: %.0f%%' % (
+        median, 100 * statistics.mean(abs(median / b.seconds - 1) for b in boots))
 
 
 def parse_args(argv):

@@ -42,8 +42,11 @@ def test_the_report_sets_recent_and_old_boots_side_by_side():
     without, under = lines[-2:]
     assert without.startswith('5 boots without I/O load: mean model error ')
     assert under.startswith('1 boot under I/O load: ')
+    assert under.endswith('; their own median (27.2 s) as the prediction: 0%')
+    assert without.endswith('; their own median (25.3 s) as the prediction: 4%')
     # The host sped up: beta from the last boots follows it sooner than all boots alike.
-    recent, alike = (float(part.split('%')[0]) for part in without.split('error ')[1].split(', '))
+    recent, alike = (float(part.split('%')[0])
+                     for part in without.split('error ')[1].split(';')[0].split(', '))
     assert recent < alike
     assert replay.report(BASE, BOOTS[:3], 3) == [
         'no boot to replay: fewer than 3 served from a boot image before any']
