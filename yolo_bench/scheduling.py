@@ -152,11 +152,11 @@ def contention(host, stressors):
 
 
 def reported_parameters(hosts):
-    """{host: (alpha, beta, alpha_yolo, cpu_contention, beta_growth)} as the hosts last reported
-    them."""
+    """{host: (alpha, beta, alpha_yolo, io_pole_yolo, cpu_contention, beta_growth)} as the
+    hosts last reported them."""
     return {host: tuple(float(reported_stats(host).get('yolo_' + name, 'nan'))
-                        for name in ('alpha', 'beta', 'alpha_yolo', 'cpu_contention',
-                                     'beta_growth'))
+                        for name in ('alpha', 'beta', 'alpha_yolo', 'io_pole_yolo',
+                                     'cpu_contention', 'beta_growth'))
             for host in hosts}
 
 

@@ -18,6 +18,12 @@ reports what it needs:
 * ``io_exponent`` (k): the I/O part grows as ``e^(k x) / (1 - x)``. The thesis' k = 1 comes
   from its HDD's seeks; a disk that shares its rate without seeking (an SSD, a throttled volume)
   has k near 0. ``yolo-calibrate`` measures k from one boot under a known I/O load.
+* ``io_pole`` and ``io_pole_yolo`` (q, 0..1, for normal boots and for boots served from a boot
+  image): the I/O part grows as ``e^(k x) / (1 - x)^q``. The thesis' q = 1 is a queue that
+  grows without bound as the disk fills; a boot served from its boot image reads from memory
+  and writes its overlay, and on the all-in-one's emulated HDD its requests took 3-8 times as
+  long at x 0.99, where ``1 / (1 - x)`` is 100. Fitted per host from its boots under I/O load
+  (:func:`yolo_nova.calibration.with_observed_boots`); 1 until then.
 * ``runnable`` (tasks per CPU waiting or running, besides the boot): Linux gives a CPU-bound
   thread at least a fair share ``1 / (1 + runnable)`` of a CPU however busy the CPU is, so the
   CPU part is ``beta / max(1 - y, 1 / (1 + runnable))``. Without it, ``beta / (1 - y)``.
@@ -76,11 +82,14 @@ class BootTimeParameters:
     io_exponent: float = 1.0
     cpu_contention: float = 1.0
     beta_growth: float = 0.0
+    io_pole: float = 1.0
+    io_pole_yolo: float = 1.0
 
     def __post_init__(self):
         for name, most in (('alpha', MAX_SECONDS), ('beta', MAX_SECONDS),
                            ('alpha_yolo', MAX_SECONDS), ('io_exponent', MAX_IO_EXPONENT),
-                           ('cpu_contention', 1.0), ('beta_growth', MAX_BETA_GROWTH)):
+                           ('cpu_contention', 1.0), ('beta_growth', MAX_BETA_GROWTH),
+                           ('io_pole', 1.0), ('io_pole_yolo', 1.0)):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value <= most):
                 raise ValueError('%s must be a number from 0 to %g, not %r' % (name, most, value))
@@ -95,9 +104,9 @@ def clamp(utilisation):
     return min(max(float(utilisation), 0.0), MAX_UTILISATION)
 
 
-def io_time(alpha, io_utilisation, exponent=1.0):
+def io_time(alpha, io_utilisation, exponent=1.0, pole=1.0):
     x = clamp(io_utilisation)
-    return math.exp(exponent * x) * alpha / (1 - x)
+    return math.exp(exponent * x) * alpha / (1 - x) ** pole
 
 
 def _known(value):
@@ -147,8 +156,9 @@ def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurren
     ``cpu_pressure``: share of time runnable tasks waited for a CPU (None: unknown).
     """
     others = max(0, int(concurrent_boots or 0))
-    alpha = params.alpha_yolo if boot_image else params.alpha
-    io = io_time(alpha, io_utilisation, params.io_exponent) * (1 + others)
+    alpha, pole = ((params.alpha_yolo, params.io_pole_yolo) if boot_image
+                   else (params.alpha, params.io_pole))
+    io = io_time(alpha, io_utilisation, params.io_exponent, pole) * (1 + others)
     cpu = cpu_time(params.beta, cpu_utilisation, runnable, idlest_cpu, params.cpu_contention,
                    cpu_pressure, params.beta_growth) \
         * max(1.0, (1 + others) / params.cpus)

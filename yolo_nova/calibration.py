@@ -31,6 +31,8 @@ class Calibration:
     io_exponent: float = 1.0            # k of e^(k x); the thesis' 1 until measured
     cpu_contention: float = 1.0         # c of 1 - c y; the thesis' 1 until fitted from boots
     beta_growth: float = 0.0            # g of beta (1 + g y); 0 until fitted from boots
+    io_pole: float = 1.0                # q of (1 - x)^q, normal boots; 1 until fitted from boots
+    io_pole_yolo: float = 1.0           # the same, boots served from a boot image
     accel: str = ''                     # QEMU's accelerator in the boots: 'kvm', 'tcg', '' unknown
     measured_at: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
@@ -41,7 +43,8 @@ class Calibration:
                                              alpha_yolo=self.alpha_yolo, cpus=self.cpus,
                                              io_exponent=self.io_exponent,
                                              cpu_contention=self.cpu_contention,
-                                             beta_growth=self.beta_growth)
+                                             beta_growth=self.beta_growth, io_pole=self.io_pole,
+                                             io_pole_yolo=self.io_pole_yolo)
 
 
 # Parameters of an uncalibrated host: the emulated HDD of docs/boot-benchmark.md under TCG.
@@ -142,6 +145,10 @@ CPU_CONTENTION_PRIOR_WEIGHT = 0.5 ** 2
 # Boots whose CPU loads differ by less than this say nothing of how the CPU a boot needs grows
 # with the load (beta_from).
 MIN_LOAD_SPREAD = 0.1
+# Boots at this I/O utilisation or more measure the pole of the I/O term (io_term_from), tried
+# from the thesis' 1 down to 0, the first of equal fits kept.
+MIN_FITTED_IO_LOAD = 0.5
+IO_POLES = tuple(i / 20 for i in range(20, -1, -1))
 # beta follows the host's last boots: a boot's weight halves with every so many newer ones
 # (beta_from).
 BETA_HALF_LIFE_BOOTS = 4
@@ -196,11 +203,11 @@ def cpu_load_of(boot):
                                boot.cpu_pressure)
 
 
-def io_load_factor(boot, io_exponent):
+def io_load_factor(boot, io_exponent, pole=1.0):
     """How much the model's I/O term grows an idle boot's I/O part at the boot's load: the
     disk's, and the boots under way beside it sharing it."""
     others = max(0, boot.concurrent_boots)
-    return boot_model.io_time(1.0, boot.io_utilisation, io_exponent) * (1 + others)
+    return boot_model.io_time(1.0, boot.io_utilisation, io_exponent, pole) * (1 + others)
 
 
 def halted_seconds(boot):
@@ -219,10 +226,15 @@ def needed_seconds(boot):
     return boot.cpu_seconds + halted_seconds(boot)
 
 
-def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
-    """The I/O part an observed boot had at idle: what it took beyond the CPU it needs
-    (``beta``, grown with its CPU load by ``beta_growth``) and its wait for a CPU, brought back
-    to an idle disk through the model's I/O term; at least 0.
+def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0, pole=1.0):
+    """The I/O part an observed boot had at idle: its I/O seconds (io_seconds) brought back to
+    an idle disk through the model's I/O term."""
+    return io_seconds(boot, beta, cpus, beta_growth) / io_load_factor(boot, io_exponent, pole)
+
+
+def io_seconds(boot, beta, cpus, beta_growth=0.0):
+    """What an observed boot took for its I/O: what it took beyond the CPU it needs (``beta``,
+    grown with its CPU load by ``beta_growth``) and its wait for a CPU; at least 0.
 
     The wait for a CPU is the vCPU's own (schedstat's run delay) where it is known. Where it is
     not, the boot's CPU is taken as ``beta`` shared with the boots under way beyond the CPUs,
@@ -248,7 +260,7 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
     twice: at most its requests' time, a few percent of a boot at idle."""
     if boot.boot_image and boot.cpu_delay_seconds is not None \
             and boot.disk_seconds is not None:
-        return boot.disk_seconds / io_load_factor(boot, io_exponent)
+        return boot.disk_seconds
     need = boot_model.cpu_need(beta, boot.cpu_utilisation, boot.idlest_cpu_utilisation,
                                boot.cpu_pressure, beta_growth)
     if boot.cpu_delay_seconds is not None:
@@ -258,7 +270,7 @@ def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0):
     waited = boot.seconds - cpu
     if boot.disk_seconds is not None:
         waited = min(waited, boot.disk_seconds)
-    return max(0.0, waited / io_load_factor(boot, io_exponent))
+    return max(0.0, waited)
 
 
 def weighted_median(pairs):
@@ -274,19 +286,40 @@ def weighted_median(pairs):
     raise ValueError('no values')
 
 
-def io_part_from(boots, known):
-    """alpha (or alpha_yolo) from ``boots`` and the calibration ``known`` (its beta, growth,
-    CPUs and k): the least-absolute-deviation fit of what each took for its I/O to the model's
-    ``alpha * L``, ``L`` the I/O term's growth at its load (io_load_factor); that is the median
-    of the boots' idle I/O parts (io_part_at_idle), each weighted by its ``L``. A plain median
-    let the quiet boots decide: their I/O part is the noise of a boot's CPU time (a second or
-    so), which the I/O term then multiplied by 17 at a utilisation of 0.86, where boots served
-    from their boot image under that contention took no longer than on the idle host. Like a
-    median, and unlike least squares, one odd boot (a tenant's guest printing its ready line
-    late) moves it no further than its weight."""
-    return weighted_median(
-        (io_part_at_idle(b, known.beta, known.cpus, known.io_exponent, known.beta_growth),
-         io_load_factor(b, known.io_exponent)) for b in boots)
+def io_term_from(boots, known):
+    """(alpha, pole) for ``boots`` of one kind (alpha_yolo and io_pole_yolo for boots served
+    from a boot image, alpha and io_pole for the others) and the calibration ``known`` (its
+    beta, growth, CPUs and k): the least-absolute-deviation fit of what each boot took for its
+    I/O (io_seconds) to the model's ``alpha * L``, ``L`` the I/O term's growth at its load
+    (io_load_factor) with the pole ``q`` of ``(1 - x)^q``.
+
+    For a pole, that alpha is the median of the boots' idle I/O parts (io_part_at_idle), each
+    weighted by its ``L``. A plain median let the quiet boots decide: their I/O part is the
+    noise of a boot's CPU time (a second or so), which the I/O term then multiplied by 17 at a
+    utilisation of 0.86, where boots served from their boot image under that contention took no
+    longer than on the idle host. Like a median, and unlike least squares, one odd boot (a
+    tenant's guest printing its ready line late) moves it no further than its weight.
+
+    The pole is the thesis' 1 unless boots under I/O load (at least MIN_FITTED_IO_LOAD) are
+    among them; then it is the one of IO_POLES whose fit deviates least, 1 on a tie. With the
+    thesis' pole alone, the fit followed the one loaded boot that outweighed the quiet ones
+    (its weight is its ``L``, 270 at x 0.99): on the all-in-one's emulated HDD, whose boots from
+    their boot image took 3-8 times as long for their requests there, alpha_yolo fell from
+    0.45 s to 0.005 s, and a host at x 0.9 then had 0.1 s of I/O predicted, next to none. Fitted
+    together, alpha stays what quiet boots take and the pole what the disk's load does to them.
+    A tenant's guest that makes fewer requests under load lowers the pole of its host's kind
+    down to 0 at most (the I/O part then grows only by ``e^(k x)``): it changes how that host
+    ranks, nothing else."""
+    seconds = [io_seconds(b, known.beta, known.cpus, known.beta_growth) for b in boots]
+    poles = IO_POLES if any(b.io_utilisation >= MIN_FITTED_IO_LOAD for b in boots) else (1.0,)
+    best = None
+    for pole in poles:
+        factors = [io_load_factor(b, known.io_exponent, pole) for b in boots]
+        alpha = weighted_median((s / f, f) for s, f in zip(seconds, factors))
+        deviation = sum(abs(alpha * f - s) for s, f in zip(seconds, factors))
+        if best is None or deviation < best[0] - 1e-9:
+            best = (deviation, alpha, pole)
+    return best[1], best[2]
 
 
 def recency_weights(boots, half_life):
@@ -397,7 +430,8 @@ def with_observed_boots(known, boots, min_boots, beta_half_life=BETA_HALF_LIFE_B
     ``min_boots`` boots measure it: beta and beta_growth, from the vCPU time (and halts) of boots
     served from a boot image (the CPU a guest needs: under TCG a normal boot's vCPU also spins
     while its reads wait, see from_boots; beta_from); alpha_yolo and alpha, what those and normal
-    boots took beyond it, at most their disks' requests (io_part_from); cpu_contention (see
+    boots took beyond it, at most their disks' requests, and the I/O term's pole for each kind
+    (io_term_from); cpu_contention (see
     cpu_contention_from). ``boots`` are of this host's accelerator; ``beta_half_life``: see
     beta_from."""
     if min_boots <= 0:
@@ -411,9 +445,13 @@ def with_observed_boots(known, boots, min_boots, beta_half_life=BETA_HALF_LIFE_B
         if growth > 0:
             fields['beta_growth'] = round(growth, 3)
     learned = dataclasses.replace(known, **fields)
-    for name, kind in (('alpha_yolo', served), ('alpha', normal)):
+    for name, pole_name, kind in (('alpha_yolo', 'io_pole_yolo', served),
+                                  ('alpha', 'io_pole', normal)):
         if len(kind) >= min_boots:
-            fields[name] = round(io_part_from(kind, learned), 3)
+            alpha, pole = io_term_from(kind, learned)
+            fields[name] = round(alpha, 3)
+            if pole != 1.0:
+                fields[pole_name] = pole
     contention = cpu_contention_from(boots, known.cpus, min_boots)
     if contention is not None:
         fields['cpu_contention'] = contention

@@ -18,7 +18,7 @@ KEYS = ('io_utilisation', 'cpu_utilisation', 'alpha', 'beta', 'alpha_yolo', 'cpu
         'boot_images', 'updated_at')
 # Reported by newer hosts; a host without them gets the thesis' model.
 OPTIONAL_KEYS = ('io_exponent', 'runnable', 'idlest_cpu_utilisation', 'cpu_contention',
-                 'cpu_pressure', 'beta_growth')
+                 'cpu_pressure', 'beta_growth', 'io_pole', 'io_pole_yolo')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,9 @@ class HostBootState:
     def to_stats(self):
         optional = {PREFIX + 'io_exponent': '%.3f' % self.params.io_exponent,
                     PREFIX + 'cpu_contention': '%.3f' % self.params.cpu_contention,
-                    PREFIX + 'beta_growth': '%.3f' % self.params.beta_growth}
+                    PREFIX + 'beta_growth': '%.3f' % self.params.beta_growth,
+                    PREFIX + 'io_pole': '%.3f' % self.params.io_pole,
+                    PREFIX + 'io_pole_yolo': '%.3f' % self.params.io_pole_yolo}
         if self.runnable is not None:
             optional[PREFIX + 'runnable'] = '%.3f' % self.runnable
         if self.idlest_cpu_utilisation is not None:
@@ -91,7 +93,9 @@ def _parse(raw):
                 alpha_yolo=float(value['alpha_yolo']), cpus=int(value['cpus']),
                 io_exponent=float(value['io_exponent'] or 1.0),
                 cpu_contention=float(value['cpu_contention'] or 1.0),
-                beta_growth=float(value['beta_growth'] or 0.0)),
+                beta_growth=float(value['beta_growth'] or 0.0),
+                io_pole=float(value['io_pole'] or 1.0),
+                io_pole_yolo=float(value['io_pole_yolo'] or 1.0)),
             boot_images=frozenset(i for i in value['boot_images'].split(',') if i),
             updated_at=float(value['updated_at']),
             runnable=_optional_float(value['runnable']),

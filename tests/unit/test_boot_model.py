@@ -68,7 +68,7 @@ def test_calibration_from_idle_boots():
 
 @pytest.mark.parametrize('kwargs', [
     dict(alpha=-1.0), dict(beta=float('nan')), dict(alpha_yolo='3'), dict(cpus=0),
-    dict(cpus=1.5)])
+    dict(cpus=1.5), dict(io_pole=1.5), dict(io_pole_yolo=-0.1)])
 def test_bad_parameters_are_refused(kwargs):
     values = dict(alpha=1.0, beta=1.0, alpha_yolo=0.0, cpus=1)
     values.update(kwargs)
@@ -146,22 +146,36 @@ def test_io_exponent_shapes_the_io_part_and_is_measured_back():
     assert boot_model.io_exponent_from(thesis, 500.0, 0.5) == boot_model.MAX_IO_EXPONENT
 
 
+def test_the_pole_of_the_io_term_is_each_boot_kinds_own():
+    thesis = boot_model.BootTimeParameters(alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0)
+    assert boot_model.io_time(0.5, 0.99, 0.0, pole=0.5) == pytest.approx(0.5 * 10.0)
+    learned = dataclasses.replace(thesis, io_pole_yolo=0.5)
+    assert boot_model.predict(learned, 0.99, 0, boot_image=True) == pytest.approx(5.0 + 20.0)
+    assert boot_model.predict(learned, 0.99, 0) == boot_model.predict(thesis, 0.99, 0)
+    normal = dataclasses.replace(thesis, io_pole=0.0)
+    assert boot_model.predict(normal, 0.99, 0) == pytest.approx(5.0 + 20.0)
+
+
 def test_host_stats_without_the_optional_keys_give_the_thesis_model():
     state = host_stats.HostBootState(0.5, 0.75, boot_model.BootTimeParameters(
         alpha=5.0, beta=20.0, alpha_yolo=0.5, io_exponent=0.0, cpu_contention=0.0,
-        beta_growth=0.25),
+        beta_growth=0.25, io_pole=0.5, io_pole_yolo=0.25),
         frozenset(), time.time(), runnable=1.0, idlest_cpu_utilisation=0.25, cpu_pressure=0.125)
     stats = state.to_stats()
     parsed = host_stats.from_stats(stats, max_age=60)
     assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.params.beta_growth,
+            parsed.params.io_pole, parsed.params.io_pole_yolo,
             parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (
-        0.0, 0.0, 0.25, 1.0, 0.25, 0.125)
+        0.0, 0.0, 0.25, 0.5, 0.25, 1.0, 0.25, 0.125)
     old = {k: v for k, v in stats.items()
            if k[len(host_stats.PREFIX):] not in host_stats.OPTIONAL_KEYS}
     parsed = host_stats.from_stats(old, max_age=60)
     assert (parsed.params.io_exponent, parsed.params.cpu_contention, parsed.params.beta_growth,
+            parsed.params.io_pole, parsed.params.io_pole_yolo,
             parsed.runnable, parsed.idlest_cpu_utilisation, parsed.cpu_pressure) == (
-        1.0, 1.0, 0.0, None, None, None)
+        1.0, 1.0, 0.0, 1.0, 1.0, None, None, None)
+    # A pole out of bounds is no report at all.
+    assert host_stats.from_stats(dict(stats, yolo_io_pole_yolo='2.0'), max_age=60) is None
 
 
 def test_the_cpu_a_boot_needs_grows_with_the_load_it_shares_its_cpu_with():

@@ -231,16 +231,22 @@ def test_alpha_yolo_follows_the_boots_under_io_load_that_it_is_multiplied_for():
     # I/O part does not grow with the contention.
     quiet = [observed(30.0 + extra, 30.0, True, delay=0.0) for extra in (1.0, 1.5, 2.0, 1.2)]
     loaded = [observed(31.0, 30.0, True, io=0.86, delay=0.0) for _ in range(2)]
+
+    def io_at(learned, x):
+        return boot_model.io_time(learned.alpha_yolo, x, learned.io_exponent,
+                                  learned.io_pole_yolo)
     learned = calibration.with_observed_boots(known, quiet + loaded, min_boots=3)
-    assert learned.alpha_yolo == pytest.approx(1.0 / boot_model.io_time(1.0, 0.86), abs=1e-3)
-    # Quiet boots alone: their median.
-    assert calibration.with_observed_boots(known, quiet, min_boots=3).alpha_yolo == 1.2
+    assert io_at(learned, 0.86) == pytest.approx(1.0, abs=1e-3)
+    assert learned.io_pole_yolo == 0.0      # no growth but k's e^x
+    # Quiet boots alone: their median, and the thesis' pole.
+    learned = calibration.with_observed_boots(known, quiet, min_boots=3)
+    assert (learned.alpha_yolo, learned.io_pole_yolo) == (1.2, 1.0)
     # One odd boot under load (its guest printed its ready line 60 s late) among four: the fit
     # keeps to the boots that agree, where least squares would add a quarter of its excess.
     odd = observed(91.0, 30.0, True, io=0.86, delay=0.0)
     learned = calibration.with_observed_boots(known, quiet + loaded + [loaded[0], odd],
                                               min_boots=3)
-    assert learned.alpha_yolo == pytest.approx(1.0 / boot_model.io_time(1.0, 0.86), abs=1e-3)
+    assert io_at(learned, 0.86) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_weighted_median():
@@ -355,10 +361,20 @@ def test_a_boot_from_its_boot_image_has_the_io_part_its_requests_took():
     assert learned.alpha_yolo == 0.43
     loaded = observed(27.2, 25.7, True, io=0.99, delay=0.4, disk=2.46)
     learned = calibration.with_observed_boots(known, overlapped + [loaded], min_boots=3)
-    factor = calibration.io_load_factor(loaded, known.io_exponent)
-    assert learned.alpha_yolo == pytest.approx(2.46 / factor, abs=1e-3)
-    assert boot_model.io_time(learned.alpha_yolo, 0.99) > boot_model.io_time(learned.alpha_yolo,
-                                                                             0.0) + 2.0
+    # Fitted with the pole of its I/O term: alpha_yolo stays what the quiet boots' requests
+    # took, and the I/O part at x 0.99 is the loaded boot's, where the thesis' pole alone took
+    # alpha_yolo down to 0.009 s and left a host at x 0.9 next to no I/O (0.2 s).
+
+    def io_at(x):
+        return boot_model.io_time(learned.alpha_yolo, x, learned.io_exponent,
+                                  learned.io_pole_yolo)
+    assert 0.43 <= learned.alpha_yolo <= 0.46 and learned.io_pole_yolo == 0.15
+    assert io_at(0.99) == pytest.approx(2.46, rel=0.03)
+    assert io_at(0.99) > io_at(0.0) + 2.0 and io_at(0.9) > 1.5
+    thesis = calibration.io_load_factor(loaded, known.io_exponent)
+    assert boot_model.io_time(2.46 / thesis, 0.9) < 0.25
+    # Normal boots keep a pole of their own (no loaded boot among these: the thesis').
+    assert learned.io_pole == 1.0
     # Without its waits all known, a boot is still taken against beta.
     unknown = [dataclasses.replace(boot, disk_seconds=None) for boot in warm_ups]
     assert calibration.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 0.0

@@ -167,6 +167,23 @@ class TestCalibration(nova_base.NoDBTestCase):
         self.flags(learn_from_boots=0, boot_time_beta=None, group='yolo')
         self.assertEqual((6.5, 3.5, 0.5), self._parameters())
 
+    def test_a_pole_learned_from_boots_under_load_goes_with_its_alpha(self):
+        def boot(seconds, disk, io):
+            return calibration.ObservedBoot(
+                started_at=0.0, seconds=seconds, cpu_seconds=30.0, boot_image=True,
+                io_utilisation=io, cpu_utilisation=0.0, accel='tcg', cpu_delay_seconds=0.5,
+                disk_seconds=disk)
+        # Quiet boots' requests took 0.5 s, a boot's at x 0.99 5 s: ten times, not 100 e^k.
+        calibration.save_observed([boot(31.0, 0.5, 0.0)] * 3 + [boot(35.5, 5.0, 0.99)],
+                                  self.tmp.join('observed-boots.json'))
+        self.flags(io_exponent=0.0, group='yolo')      # k is used to learn, not only after
+        known = self.drvr._calibration()
+        self.assertEqual((0.5, 0.5, 0.0), (known.alpha_yolo, known.io_pole_yolo,
+                                           known.io_exponent))
+        self.flags(boot_time_alpha_yolo=0.8, group='yolo')
+        known = self.drvr._calibration()
+        self.assertEqual((0.8, 1.0), (known.alpha_yolo, known.io_pole_yolo))
+
     def _parameters(self):
         known = self.drvr._calibration()
         return known.alpha, known.beta, known.alpha_yolo
