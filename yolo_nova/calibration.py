@@ -145,8 +145,8 @@ CPU_CONTENTION_PRIOR_WEIGHT = 0.5 ** 2
 # Boots whose CPU loads differ by less than this say nothing of how the CPU a boot needs grows
 # with the load (beta_from).
 MIN_LOAD_SPREAD = 0.1
-# Boots at this I/O utilisation or more measure the pole of the I/O term (io_term_from), tried
-# from the thesis' 1 down to 0, the first of equal fits kept.
+# Boots at this I/O utilisation or more, beside quieter ones, measure the pole of the I/O term
+# (io_term_from), tried from the thesis' 1 down to 0, the first of equal fits kept.
 MIN_FITTED_IO_LOAD = 0.5
 IO_POLES = tuple(i / 20 for i in range(20, -1, -1))
 # beta follows the host's last boots: a boot's weight halves with every so many newer ones
@@ -286,7 +286,7 @@ def weighted_median(pairs):
     raise ValueError('no values')
 
 
-def io_term_from(boots, known):
+def io_term_from(boots, known, pole):
     """(alpha, pole) for ``boots`` of one kind (alpha_yolo and io_pole_yolo for boots served
     from a boot image, alpha and io_pole for the others) and the calibration ``known`` (its
     beta, growth, CPUs and k): the least-absolute-deviation fit of what each boot took for its
@@ -300,18 +300,22 @@ def io_term_from(boots, known):
     longer than on the idle host. Like a median, and unlike least squares, one odd boot (a
     tenant's guest printing its ready line late) moves it no further than its weight.
 
-    The pole is the thesis' 1 unless boots under I/O load (at least MIN_FITTED_IO_LOAD) are
-    among them; then it is the one of IO_POLES whose fit deviates least, 1 on a tie. With the
-    thesis' pole alone, the fit followed the one loaded boot that outweighed the quiet ones
-    (its weight is its ``L``, 270 at x 0.99): on the all-in-one's emulated HDD, whose boots from
-    their boot image took 3-8 times as long for their requests there, alpha_yolo fell from
-    0.45 s to 0.005 s, and a host at x 0.9 then had 0.1 s of I/O predicted, next to none. Fitted
-    together, alpha stays what quiet boots take and the pole what the disk's load does to them.
-    A tenant's guest that makes fewer requests under load lowers the pole of its host's kind
-    down to 0 at most (the I/O part then grows only by ``e^(k x)``): it changes how that host
-    ranks, nothing else."""
+    The pole is fitted where the boots were both quiet and under I/O load (``x`` below and at
+    least MIN_FITTED_IO_LOAD): the one of IO_POLES whose fit deviates least, the larger on a
+    tie. Boots at one load cannot tell alpha from the pole: then it stays ``pole`` (the
+    calibration's, the thesis' 1 by default). With the thesis' pole alone, a host's one loaded
+    boot outweighed its quiet ones (its weight is its ``L``, 270 at x 0.99) and set alpha_yolo
+    alone: on the all-in-one's emulated HDDs, whose boots from their boot image took 3-8 times
+    as long for their requests there, alpha_yolo fell from 0.6 s to 0.005 s, and a host at x
+    0.9 then had 0.1 s of I/O predicted, next to none. Fitted together, alpha stays near what
+    the quiet boots take (within a step of the poles, and for the boots under way beside a
+    loaded one, which share its disk) and the pole says what the disk's load does to them.
+    What a tenant's guests move by their requests under load (the pole of their kind, down to
+    0 at most, where the I/O part grows by ``e^(k x)`` alone, until the boot ages out of those
+    kept) is how that host ranks and passes the filter's limits, nothing else, as for alpha."""
     seconds = [io_seconds(b, known.beta, known.cpus, known.beta_growth) for b in boots]
-    poles = IO_POLES if any(b.io_utilisation >= MIN_FITTED_IO_LOAD for b in boots) else (1.0,)
+    loaded = [b.io_utilisation >= MIN_FITTED_IO_LOAD for b in boots]
+    poles = IO_POLES if any(loaded) and not all(loaded) else (pole,)
     best = None
     for pole in poles:
         factors = [io_load_factor(b, known.io_exponent, pole) for b in boots]
@@ -448,9 +452,9 @@ def with_observed_boots(known, boots, min_boots, beta_half_life=BETA_HALF_LIFE_B
     for name, pole_name, kind in (('alpha_yolo', 'io_pole_yolo', served),
                                   ('alpha', 'io_pole', normal)):
         if len(kind) >= min_boots:
-            alpha, pole = io_term_from(kind, learned)
+            alpha, pole = io_term_from(kind, learned, getattr(known, pole_name))
             fields[name] = round(alpha, 3)
-            if pole != 1.0:
+            if pole != getattr(known, pole_name):
                 fields[pole_name] = pole
     contention = cpu_contention_from(boots, known.cpus, min_boots)
     if contention is not None:

@@ -373,8 +373,31 @@ def test_a_boot_from_its_boot_image_has_the_io_part_its_requests_took():
     assert io_at(0.99) > io_at(0.0) + 2.0 and io_at(0.9) > 1.5
     thesis = calibration.io_load_factor(loaded, known.io_exponent)
     assert boot_model.io_time(2.46 / thesis, 0.9) < 0.25
-    # Normal boots keep a pole of their own (no loaded boot among these: the thesis').
-    assert learned.io_pole == 1.0
+    # Boots at one load alone cannot tell alpha from the pole: it stays the calibration's.
+    saturated = [dataclasses.replace(loaded, disk_seconds=disk) for disk in (2.4, 2.5, 2.46)]
+    for pole in (1.0, 0.3):
+        learned = calibration.with_observed_boots(
+            dataclasses.replace(known, io_pole_yolo=pole), saturated, min_boots=3)
+        assert learned.io_pole_yolo == pole
+    # One from the calibration file gives way to the boots' fit, the thesis' 1 included.
+    grown = dataclasses.replace(loaded, disk_seconds=0.44 * boot_model.io_time(1.0, 0.99))
+    learned = calibration.with_observed_boots(dataclasses.replace(known, io_pole_yolo=0.3),
+                                              overlapped + [grown], min_boots=3)
+    assert (learned.io_pole_yolo, learned.alpha_yolo) == (1.0, 0.44)
+    assert 'io_pole_yolo' in learned.details['observed_boots']['learned']
     # Without its waits all known, a boot is still taken against beta.
     unknown = [dataclasses.replace(boot, disk_seconds=None) for boot in warm_ups]
     assert calibration.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 0.0
+
+
+def test_normal_boots_have_a_pole_of_their_own():
+    known = calibration.Calibration(alpha=5.0, beta=30.0, alpha_yolo=0.5, cpus=2,
+                                    io_exponent=0.0)
+    # Normal boots waiting 6 s on their reads when quiet, 60 s at x 0.99: ten times, a pole of
+    # 0.5. Boots from their boot image beside them keep the thesis'.
+    normal = [observed(30.0 + 6.0, 30.0, False, delay=0.0) for _ in range(3)]
+    normal.append(observed(30.0 + 60.0, 30.0, False, io=0.99, delay=0.0))
+    served = [observed(30.5, 30.0, True, delay=0.0, disk=0.5) for _ in range(3)]
+    learned = calibration.with_observed_boots(known, normal + served, min_boots=3)
+    assert (learned.alpha, learned.io_pole) == (6.0, 0.5)
+    assert (learned.alpha_yolo, learned.io_pole_yolo) == (0.5, 1.0)

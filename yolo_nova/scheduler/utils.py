@@ -61,6 +61,10 @@ def with_aggregate_parameters(host_state, state):
             overrides[field] = max(numbers)
     if not overrides:
         return state
+    # An I/O part the operator set grows as the thesis' does, not as the host's fit did.
+    for alpha, pole in (('alpha', 'io_pole'), ('alpha_yolo', 'io_pole_yolo')):
+        if alpha in overrides:
+            overrides[pole] = 1.0
     try:
         params = dataclasses.replace(state.params, **overrides)
     except ValueError as e:

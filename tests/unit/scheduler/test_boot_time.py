@@ -1,5 +1,6 @@
 """YoloBootFilter and YoloBootTimeWeigher with Nova's scheduler test helpers."""
 
+import dataclasses
 import time
 
 from nova import objects
@@ -145,6 +146,16 @@ class TestAggregateParameters(NoDBTestCase):
         slow_hw = host('a', stats(), aggregates=[{'yolo_boot_time_beta': '35'}])
         self.assertFalse(self.filt.host_passes(slow_hw, spec()))
         self.assertTrue(self.filt.host_passes(host('b', stats()), spec()))
+
+    def test_an_aggregates_alpha_grows_with_the_thesis_pole(self):
+        self.flags(max_predicted_boot_time=100, max_boot_time_ratio=0, group='yolo')
+        # The host learned that its I/O part barely grows (pole 0): 8 e^0.9 + 23 = 42.7 s at
+        # x 0.9. An aggregate's alpha of 8 s comes with the thesis' pole: 8 e^0.9 / 0.1 + 23.
+        learned = dataclasses.replace(PARAMS, io_pole=0.0)
+        self.assertTrue(self.filt.host_passes(host('a', stats(io=0.9, params=learned)), spec()))
+        set_by_operator = host('b', stats(io=0.9, params=learned),
+                               aggregates=[{'yolo_boot_time_alpha': '8'}])
+        self.assertFalse(self.filt.host_passes(set_by_operator, spec()))
 
     def test_disagreeing_aggregates_take_the_cautious_value_and_garbage_is_ignored(self):
         self.flags(max_predicted_boot_time=40, max_boot_time_ratio=0, group='yolo')
