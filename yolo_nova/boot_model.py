@@ -97,6 +97,16 @@ class BootTimeParameters:
             raise ValueError('cpus must be an integer from 1 to %d, not %r' % (MAX_CPUS, self.cpus))
 
 
+# Each I/O part's pole. An I/O part an operator sets grows as the thesis' does, not as a fit to
+# the host's boots did (with_thesis_poles).
+POLES = {'alpha': 'io_pole', 'alpha_yolo': 'io_pole_yolo'}
+
+
+def with_thesis_poles(overrides):
+    """``overrides`` of parameters, with the thesis' pole for each I/O part they set."""
+    return dict(overrides, **{POLES[name]: 1.0 for name in overrides if name in POLES})
+
+
 def clamp(utilisation):
     """A utilisation in [0, MAX_UTILISATION]; anything unusable (None, NaN) counts as 0."""
     if utilisation is None or not math.isfinite(utilisation):

@@ -7,6 +7,7 @@ from oslo_log import log as logging
 import nova.conf
 from nova.scheduler.filters import utils as filter_utils
 
+from yolo_nova import boot_model
 from yolo_nova import conf as yolo_conf
 from yolo_nova import host_stats
 
@@ -61,12 +62,8 @@ def with_aggregate_parameters(host_state, state):
             overrides[field] = max(numbers)
     if not overrides:
         return state
-    # An I/O part the operator set grows as the thesis' does, not as the host's fit did.
-    for alpha, pole in (('alpha', 'io_pole'), ('alpha_yolo', 'io_pole_yolo')):
-        if alpha in overrides:
-            overrides[pole] = 1.0
     try:
-        params = dataclasses.replace(state.params, **overrides)
+        params = dataclasses.replace(state.params, **boot_model.with_thesis_poles(overrides))
     except ValueError as e:
         LOG.warning('%s: aggregate boot-time parameters ignored: %s', host_state, e)
         return state

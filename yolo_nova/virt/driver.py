@@ -42,6 +42,7 @@ from oslo_log import log as logging
 import tenacity
 
 from yolo_common import yolofs
+from yolo_nova import boot_model
 from yolo_nova import calibration
 from yolo_nova import conf as yolo_conf
 from yolo_nova import host_stats
@@ -470,11 +471,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             value = getattr(CONF.yolo, option)
             if value is not None:
                 fields[field] = value
-        # An I/O part the operator set grows as the thesis' does, not as the boots' fit did.
-        for alpha, pole in (('alpha', 'io_pole'), ('alpha_yolo', 'io_pole_yolo')):
-            if alpha in fields:
-                fields[pole] = 1.0
-        return dataclasses.replace(known, **fields)
+        return dataclasses.replace(known, **boot_model.with_thesis_poles(fields))
 
 
 def booting_window(known):
