@@ -226,12 +226,6 @@ def needed_seconds(boot):
     return boot.cpu_seconds + halted_seconds(boot)
 
 
-def io_part_at_idle(boot, beta, cpus, io_exponent, beta_growth=0.0, pole=1.0):
-    """The I/O part an observed boot had at idle: its I/O seconds (io_seconds) brought back to
-    an idle disk through the model's I/O term."""
-    return io_seconds(boot, beta, cpus, beta_growth) / io_load_factor(boot, io_exponent, pole)
-
-
 def io_seconds(boot, beta, cpus, beta_growth=0.0):
     """What an observed boot took for its I/O: what it took beyond the CPU it needs (``beta``,
     grown with its CPU load by ``beta_growth``) and its wait for a CPU; at least 0.
@@ -293,12 +287,13 @@ def io_term_from(boots, known, pole):
     I/O (io_seconds) to the model's ``alpha * L``, ``L`` the I/O term's growth at its load
     (io_load_factor) with the pole ``q`` of ``(1 - x)^q``.
 
-    For a pole, that alpha is the median of the boots' idle I/O parts (io_part_at_idle), each
-    weighted by its ``L``. A plain median let the quiet boots decide: their I/O part is the
-    noise of a boot's CPU time (a second or so), which the I/O term then multiplied by 17 at a
-    utilisation of 0.86, where boots served from their boot image under that contention took no
-    longer than on the idle host. Like a median, and unlike least squares, one odd boot (a
-    tenant's guest printing its ready line late) moves it no further than its weight.
+    For a pole, that alpha is the median of the boots' I/O parts brought back to an idle disk,
+    ``io_seconds / L``, each weighted by its ``L``. A plain median let the quiet boots decide:
+    their I/O part is the noise of a boot's CPU time (a second or so), which the I/O term then
+    multiplied by 17 at a utilisation of 0.86, where boots served from their boot image under
+    that contention took no longer than on the idle host. Like a median, and unlike least
+    squares, one odd boot (a tenant's guest printing its ready line late) moves it no further
+    than its weight.
 
     The pole is fitted where the boots were both quiet and under I/O load (``x`` below and at
     least MIN_FITTED_IO_LOAD): the one of IO_POLES whose fit deviates least, the larger on a
@@ -449,8 +444,8 @@ def with_observed_boots(known, boots, min_boots, beta_half_life=BETA_HALF_LIFE_B
         if growth > 0:
             fields['beta_growth'] = round(growth, 3)
     learned = dataclasses.replace(known, **fields)
-    for name, pole_name, kind in (('alpha_yolo', 'io_pole_yolo', served),
-                                  ('alpha', 'io_pole', normal)):
+    for name, kind in (('alpha_yolo', served), ('alpha', normal)):
+        pole_name = boot_model.POLES[name]
         if len(kind) >= min_boots:
             alpha, pole = io_term_from(kind, learned, getattr(known, pole_name))
             fields[name] = round(alpha, 3)
