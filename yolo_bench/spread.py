@@ -1,0 +1,178 @@
+"""How much one image's boot spreads on this machine by itself, and whether anything measured
+before a boot foretells it: the floor under any boot-time model's error here.
+
+    python -m yolo_bench.spread --image debian12-yolo.qcow2 [--boots 12] [--accel tcg]
+
+The image is booted ``--boots`` times, one after another, outside any cloud: no disk in the way
+(its raw base file is read through the page cache), nothing else started. A probe thread,
+meanwhile, times a fixed piece of work every ``--probe-interval`` seconds: copying 128 MiB into
+memory just mapped (page faults and copies, which a booting guest's memory goes through too),
+measured in its own CPU time, which a busy CPU does not inflate; it slows only where the
+machine's memory and CPUs do (other tenants of shared hardware, frequency). The report gives
+each boot's vCPU time, the spread of those times around their median (what predicting each boot
+the median, known only afterwards, errs), and how closely they follow the probe's mean over
+the 60, 30 and 10 s before each boot (what a scheduler could know) and during it (what no
+prediction can know).
+"""
+
+import argparse
+import dataclasses
+import pathlib
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+from yolo_common import cli
+from yolo_common import images
+from yolo_common import qemu
+
+PROBE_BYTES = 32 << 20
+PROBE_COPIES = 4
+WINDOWS_BEFORE = (60, 30, 10)
+
+
+def probe_seconds():
+    """CPU seconds of the probe's work: PROBE_COPIES copies of a buffer into fresh memory."""
+    source = bytearray(b'\x01' * PROBE_BYTES)
+    started = time.thread_time()
+    for _ in range(PROBE_COPIES):
+        bytes(source)
+    return time.thread_time() - started
+
+
+class Probe:
+    """(wall time, probe CPU seconds) every ``interval`` seconds, in a thread, until stopped."""
+
+    def __init__(self, interval):
+        self.interval = interval
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='probe', daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.samples.append((time.time(), probe_seconds()))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclasses.dataclass(frozen=True)
+class Boot:
+    started_at: float   # wall time
+    ended_at: float
+    seconds: float      # from QEMU's start to the ready line
+    vcpu_seconds: float
+
+
+def window_mean(samples, start, end):
+    """The mean probe time of the ``samples`` taken in [start, end), None without any."""
+    inside = [seconds for at, seconds in samples if start <= at < end]
+    return statistics.mean(inside) if inside else None
+
+
+def own_median_error(values):
+    """The mean error of predicting each of ``values`` their median."""
+    median = statistics.median(values)
+    return statistics.mean(abs(median / value - 1) for value in values)
+
+
+def windows(boot):
+    return {**{'%d s before' % w: (boot.started_at - w, boot.started_at)
+               for w in WINDOWS_BEFORE},
+            'during': (boot.started_at, boot.ended_at)}
+
+
+def summary(boots, samples):
+    """Lines: the vCPU times' spread, then, per probe window, their correlation with the probe
+    and their spread once each is divided by the probe's speed relative to its median."""
+    vcpu = [b.vcpu_seconds for b in boots]
+    lines = ['%d boots: vCPU %.1f-%.1f s (median %.1f s); their own median as the prediction: '
+             '%.1f%%' % (len(vcpu), min(vcpu), max(vcpu), statistics.median(vcpu),
+                         100 * own_median_error(vcpu))]
+    for label in windows(boots[0]):
+        pairs = [(window_mean(samples, *windows(b)[label]), b.vcpu_seconds) for b in boots]
+        pairs = [(probe, seconds) for probe, seconds in pairs if probe is not None]
+        if len(pairs) < 3:
+            lines.append('probe %s: too few samples' % label)
+            continue
+        probes = [probe for probe, _ in pairs]
+        if len(set(probes)) < 2:
+            lines.append('probe %s: constant' % label)
+            continue
+        typical = statistics.median(probes)
+        scaled = [seconds * typical / probe for probe, seconds in pairs]
+        lines.append('probe %s: correlation with vCPU time %.2f; vCPU divided by the probe\'s '
+                     'relative time, own median as the prediction: %.1f%%' % (
+                         label, statistics.correlation(probes, [s for _, s in pairs]),
+                         100 * own_median_error(scaled)))
+    return lines
+
+
+def run(image, count, accel, ready_marker, probe_interval, pause, timeout, workdir):
+    """The boots, and the probe's samples over them."""
+    base = pathlib.Path(workdir) / 'base.raw'
+    images.convert_to_raw(image, base)
+    boots = []
+    with Probe(probe_interval) as probe:
+        # The probe's samples before the first boot.
+        time.sleep(max(WINDOWS_BEFORE))
+        for i in range(count):
+            overlay = pathlib.Path(workdir) / 'overlay.qcow2'
+            images.create_overlay(base, overlay)
+            started_at = time.time()
+            with qemu.Guest(overlay, cache='writeback', accel=accel, ready_marker=ready_marker,
+                            console_log=pathlib.Path(workdir) / 'console.log') as guest:
+                seconds = guest.wait_ready(timeout)
+                vcpu = guest.vcpu_at_ready[0]
+            boots.append(Boot(started_at, time.time(), round(seconds, 2), round(vcpu, 2)))
+            overlay.unlink()
+            print('boot %d: %.1f s, vCPU %.1f s' % (i + 1, seconds, vcpu), flush=True)
+            time.sleep(pause)
+    return boots, list(probe.samples)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog='python -m yolo_bench.spread',
+                                     description=__doc__.splitlines()[0],
+                                     formatter_class=cli.HelpFormatter)
+    parser.add_argument('--image', required=True, type=cli.existing_file,
+                        help='a bootable image that prints its ready line on its serial console')
+    parser.add_argument('--ready-pattern', default=qemu.READY_MARKER.decode(),
+                        help='regular expression of the ready line')
+    parser.add_argument('--boots', type=int, default=12, help='boots, one after another')
+    parser.add_argument('--accel', choices=('kvm', 'tcg'), default='tcg')
+    parser.add_argument('--probe-interval', type=float, default=2.0,
+                        help='seconds between the probe\'s samples')
+    parser.add_argument('--pause', type=float, default=5.0, help='seconds between boots')
+    parser.add_argument('--boot-timeout', type=float, default=600)
+    args = parser.parse_args(argv)
+    if args.boots < 3:
+        parser.error('--boots takes a number from 3: a spread needs boots')
+    try:
+        args.ready_pattern = re.compile(args.ready_pattern.encode())
+    except re.error as e:
+        parser.error('--ready-pattern: %s' % e)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix='yolo-spread-', dir='/var/tmp') as workdir:
+        boots, samples = run(args.image, args.boots, args.accel, args.ready_pattern,
+                             args.probe_interval, args.pause, args.boot_timeout, workdir)
+    print('\n'.join(summary(boots, samples)))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
