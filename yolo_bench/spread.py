@@ -34,9 +34,8 @@ PROBE_COPIES = 4
 WINDOWS_BEFORE = (60, 30, 10)
 
 
-def probe_seconds():
-    """CPU seconds of the probe's work: PROBE_COPIES copies of a buffer into fresh memory."""
-    source = bytearray(b'\x01' * PROBE_BYTES)
+def probe_seconds(source):
+    """CPU seconds of the probe's work: PROBE_COPIES copies of ``source`` into fresh memory."""
     started = time.thread_time()
     for _ in range(PROBE_COPIES):
         bytes(source)
@@ -53,8 +52,9 @@ class Probe:
         self._thread = threading.Thread(target=self._run, name='probe', daemon=True)
 
     def _run(self):
+        source = bytearray(b'\x01' * PROBE_BYTES)
         while not self._stop.is_set():
-            self.samples.append((time.time(), probe_seconds()))
+            self.samples.append((time.time(), probe_seconds(source)))
             self._stop.wait(self.interval)
 
     def __enter__(self):

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from yolo_bench import spread
@@ -47,3 +49,14 @@ def test_arguments():
         spread.parse_args(['--image', __file__, '--ready-pattern', '('])
     args = spread.parse_args(['--image', __file__, '--ready-pattern', 'login: ?$'])
     assert args.ready_pattern.search(b'host login: ')
+
+
+def test_the_probe_samples_until_stopped():
+    with spread.Probe(interval=0.01) as probe:
+        deadline = time.monotonic() + 30
+        while len(probe.samples) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(probe.samples) >= 2
+    count = len(probe.samples)
+    assert all(seconds > 0 for _, seconds in probe.samples)
+    assert len(probe.samples) == count
