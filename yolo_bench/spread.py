@@ -1,5 +1,5 @@
-"""How much one image's boot spreads on this machine by itself, and whether anything measured
-before a boot foretells it: the floor under any boot-time model's error here.
+"""How much one image's boot spreads on this machine by itself, and whether a probe of the
+machine's speed, taken before a boot, foretells it: a baseline for a boot-time model's error.
 
     python -m yolo_bench.spread --image debian12-yolo.qcow2 [--boots 12] [--accel tcg]
 
@@ -7,12 +7,13 @@ The image is booted ``--boots`` times, one after another, outside any cloud: no 
 (its raw base file is read through the page cache), nothing else started. A probe thread,
 meanwhile, times a fixed piece of work every ``--probe-interval`` seconds: copying 128 MiB into
 memory just mapped (page faults and copies, which a booting guest's memory goes through too),
-measured in its own CPU time, which a busy CPU does not inflate; it slows only where the
-machine's memory and CPUs do (other tenants of shared hardware, frequency). The report gives
-each boot's vCPU time, the spread of those times around their median (what predicting each boot
-the median, known only afterwards, errs), and how closely they follow the probe's mean over
-the 60, 30 and 10 s before each boot (what a scheduler could know) and during it (what no
-prediction can know).
+measured in its own CPU time, which a busy CPU does not inflate; it slows where the machine's
+memory and CPUs do (other tenants of shared hardware, frequency, and the boot beside it).
+The report gives each boot's vCPU time and what predicting each boot the median of the others
+errs; then, for the probe as a host's report 60, 30 and 0 s old when the boot started would
+have given it (what a scheduler could know) and for the probe during the boot (what no
+prediction can know), its correlation with the boots' vCPU time, and what predicting each boot
+from a line fitted through the others against the probe errs.
 """
 
 import argparse
@@ -31,7 +32,10 @@ from yolo_common import qemu
 
 PROBE_BYTES = 32 << 20
 PROBE_COPIES = 4
-WINDOWS_BEFORE = (60, 30, 10)
+# The probe as a host's report taken so many seconds before a boot would have given it (Nova
+# reports every 60 s), averaged over the seconds before that report.
+REPORT_AGES = (60, 30, 0)
+REPORT_AVERAGE_SECONDS = 10
 
 
 def probe_seconds(source):
@@ -80,41 +84,56 @@ def window_mean(samples, start, end):
     return statistics.mean(inside) if inside else None
 
 
-def own_median_error(values):
-    """The mean error of predicting each of ``values`` their median."""
-    median = statistics.median(values)
-    return statistics.mean(abs(median / value - 1) for value in values)
-
-
 def windows(boot):
-    return {**{'%d s before' % w: (boot.started_at - w, boot.started_at)
-               for w in WINDOWS_BEFORE},
-            'during': (boot.started_at, boot.ended_at)}
+    """The probe's windows for a boot: what a host's report taken so many seconds before the
+    boot would have said of it (averaged over REPORT_AVERAGE_SECONDS, as yolofs averages its
+    load), and the boot's own run."""
+    reports = {'a report %d s old' % age: (boot.started_at - age - REPORT_AVERAGE_SECONDS,
+                                           boot.started_at - age)
+               for age in REPORT_AGES}
+    return dict(reports, during=(boot.started_at, boot.ended_at))
+
+
+def median_error(values):
+    """The mean error of predicting each of ``values`` the median of the others."""
+    return statistics.mean(
+        abs(statistics.median(values[:i] + values[i + 1:]) / value - 1)
+        for i, value in enumerate(values))
+
+
+def line_error(points):
+    """The mean error of predicting each point's y from the least-squares line through the
+    other (x, y) points: what x foretells of y, tried on points the line was not fitted to."""
+    errors = []
+    for i, (x, y) in enumerate(points):
+        others = points[:i] + points[i + 1:]
+        line = statistics.linear_regression([p for p, _ in others], [v for _, v in others])
+        errors.append(abs((line.intercept + line.slope * x) / y - 1))
+    return statistics.mean(errors)
 
 
 def summary(boots, samples):
-    """Lines: the vCPU times' spread, then, per probe window, their correlation with the probe
-    and their spread once each is divided by the probe's speed relative to its median."""
+    """Lines: the vCPU times' spread, each predicted the median of the others; then, per probe
+    window, their correlation with the probe and each predicted from a line through the
+    others against the probe."""
     vcpu = [b.vcpu_seconds for b in boots]
-    lines = ['%d boots: vCPU %.1f-%.1f s (median %.1f s); their own median as the prediction: '
-             '%.1f%%' % (len(vcpu), min(vcpu), max(vcpu), statistics.median(vcpu),
-                         100 * own_median_error(vcpu))]
+    lines = ['%d boots: vCPU %.1f-%.1f s (median %.1f s); each predicted the median of the '
+             'others: %.1f%%' % (len(vcpu), min(vcpu), max(vcpu), statistics.median(vcpu),
+                                 100 * median_error(vcpu))]
     for label in windows(boots[0]):
-        pairs = [(window_mean(samples, *windows(b)[label]), b.vcpu_seconds) for b in boots]
-        pairs = [(probe, seconds) for probe, seconds in pairs if probe is not None]
-        if len(pairs) < 3:
-            lines.append('probe %s: too few samples' % label)
-            continue
-        probes = [probe for probe, _ in pairs]
-        if len(set(probes)) < 2:
-            lines.append('probe %s: constant' % label)
-            continue
-        typical = statistics.median(probes)
-        scaled = [seconds * typical / probe for probe, seconds in pairs]
-        lines.append('probe %s: correlation with vCPU time %.2f; vCPU divided by the probe\'s '
-                     'relative time, own median as the prediction: %.1f%%' % (
-                         label, statistics.correlation(probes, [s for _, s in pairs]),
-                         100 * own_median_error(scaled)))
+        points = [(window_mean(samples, *windows(b)[label]), b.vcpu_seconds) for b in boots]
+        points = [(probe, seconds) for probe, seconds in points if probe is not None]
+        if len(points) < 4:
+            lines.append('probe, %s: too few samples' % label)
+        elif len({probe for probe, _ in points}) < 3 or len({s for _, s in points}) < 2:
+            lines.append('probe, %s: constant' % label)
+        else:
+            lines.append(
+                'probe, %s (%d boots): correlation with vCPU time %.2f; each predicted from a '
+                'line through the others: %.1f%% (the median of the same boots\' others: '
+                '%.1f%%)' % (label, len(points),
+                             statistics.correlation(*zip(*points)), 100 * line_error(points),
+                             100 * median_error([s for _, s in points])))
     return lines
 
 
@@ -125,7 +144,7 @@ def run(image, count, accel, ready_marker, probe_interval, pause, timeout, workd
     boots = []
     with Probe(probe_interval) as probe:
         # The probe's samples before the first boot.
-        time.sleep(max(WINDOWS_BEFORE))
+        time.sleep(max(REPORT_AGES) + REPORT_AVERAGE_SECONDS)
         for i in range(count):
             overlay = pathlib.Path(workdir) / 'overlay.qcow2'
             images.create_overlay(base, overlay)
@@ -156,8 +175,10 @@ def parse_args(argv):
     parser.add_argument('--pause', type=float, default=5.0, help='seconds between boots')
     parser.add_argument('--boot-timeout', type=float, default=600)
     args = parser.parse_args(argv)
-    if args.boots < 3:
-        parser.error('--boots takes a number from 3: a spread needs boots')
+    if args.boots < 4:
+        parser.error('--boots takes a number from 4: a line through the others needs three')
+    if not args.probe_interval > 0 or not args.pause >= 0:
+        parser.error('--probe-interval takes a number above 0, --pause one from 0')
     try:
         args.ready_pattern = re.compile(args.ready_pattern.encode())
     except re.error as e:
