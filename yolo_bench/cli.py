@@ -12,7 +12,6 @@ and prints the summary; ``report`` turns CSV files into the Markdown summary tab
 
 import argparse
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
@@ -27,13 +26,6 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 def _list(kind=str):
     return lambda text: [kind(item) for item in text.split(',') if item]
-
-
-def _pattern(text):
-    try:
-        return re.compile(text.encode())
-    except re.error as e:
-        raise argparse.ArgumentTypeError('not a regular expression: %s' % e)
 
 
 def parse_args(argv):
@@ -64,7 +56,7 @@ def parse_args(argv):
                      help='scratch space for base files, overlays and mounts')
     run.add_argument('--test-image', type=cli.existing_file,
                      help='qcow2 to boot (default: the one tools/build-test-image.sh builds)')
-    run.add_argument('--ready-pattern', type=_pattern, default=qemu.READY_MARKER,
+    run.add_argument('--ready-pattern', type=cli.console_pattern, default=qemu.READY_MARKER,
                      help='regular expression the guest prints on its serial console when it '
                           'is ready (default: the test image\'s %r)' % qemu.READY_MARKER.decode())
     report = sub.add_parser('report', help='summary table and plots from CSV files',

@@ -19,7 +19,6 @@ from a line fitted through the others against the probe errs.
 import argparse
 import dataclasses
 import pathlib
-import re
 import statistics
 import sys
 import tempfile
@@ -73,8 +72,7 @@ class Probe:
 @dataclasses.dataclass(frozen=True)
 class Boot:
     started_at: float   # wall time
-    ended_at: float
-    seconds: float      # from QEMU's start to the ready line
+    ended_at: float     # wall time, at the ready line
     vcpu_seconds: float
 
 
@@ -120,8 +118,10 @@ def summary(boots, samples):
     lines = ['%d boots: vCPU %.1f-%.1f s (median %.1f s); each predicted the median of the '
              'others: %.1f%%' % (len(vcpu), min(vcpu), max(vcpu), statistics.median(vcpu),
                                  100 * median_error(vcpu))]
-    for label in windows(boots[0]):
-        points = [(window_mean(samples, *windows(b)[label]), b.vcpu_seconds) for b in boots]
+    boot_windows = [windows(b) for b in boots]
+    for label in boot_windows[0]:
+        points = [(window_mean(samples, *w[label]), b.vcpu_seconds)
+                  for b, w in zip(boots, boot_windows)]
         points = [(probe, seconds) for probe, seconds in points if probe is not None]
         if len(points) < 4:
             lines.append('probe, %s: too few samples' % label)
@@ -153,7 +153,7 @@ def run(image, count, accel, ready_marker, probe_interval, pause, timeout, workd
                             console_log=pathlib.Path(workdir) / 'console.log') as guest:
                 seconds = guest.wait_ready(timeout)
                 vcpu = guest.vcpu_at_ready[0]
-            boots.append(Boot(started_at, time.time(), round(seconds, 2), round(vcpu, 2)))
+            boots.append(Boot(started_at, time.time(), round(vcpu, 2)))
             overlay.unlink()
             print('boot %d: %.1f s, vCPU %.1f s' % (i + 1, seconds, vcpu), flush=True)
             time.sleep(pause)
@@ -166,8 +166,8 @@ def parse_args(argv):
                                      formatter_class=cli.HelpFormatter)
     parser.add_argument('--image', required=True, type=cli.existing_file,
                         help='a bootable image that prints its ready line on its serial console')
-    parser.add_argument('--ready-pattern', default=qemu.READY_MARKER.decode(),
-                        help='regular expression of the ready line')
+    parser.add_argument('--ready-pattern', type=cli.console_pattern,
+                        default=qemu.READY_MARKER, help='regular expression of the ready line')
     parser.add_argument('--boots', type=int, default=12, help='boots, one after another')
     parser.add_argument('--accel', choices=('kvm', 'tcg'), default='tcg')
     parser.add_argument('--probe-interval', type=float, default=2.0,
@@ -179,10 +179,6 @@ def parse_args(argv):
         parser.error('--boots takes a number from 4: a line through the others needs three')
     if not args.probe_interval > 0 or not args.pause >= 0:
         parser.error('--probe-interval takes a number above 0, --pause one from 0')
-    try:
-        args.ready_pattern = re.compile(args.ready_pattern.encode())
-    except re.error as e:
-        parser.error('--ready-pattern: %s' % e)
     return args
 
 

@@ -6,8 +6,7 @@ from yolo_bench import spread
 
 
 def boot(started_at, vcpu):
-    return spread.Boot(started_at=started_at, ended_at=started_at + vcpu + 1, seconds=vcpu + 1,
-                       vcpu_seconds=vcpu)
+    return spread.Boot(started_at=started_at, ended_at=started_at + vcpu + 1, vcpu_seconds=vcpu)
 
 
 def test_window_mean_takes_the_samples_inside_only():
