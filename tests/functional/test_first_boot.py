@@ -19,8 +19,8 @@ from keystoneauth1 import session as ks_session
 import pytest
 import tenacity
 
-from tests.functional.test_yolofs_mount import boot_image_extents
-from tests.functional.test_yolofs_mount import holes_between
+from tests.yolofs.test_mount import boot_image_extents
+from tests.yolofs.test_mount import holes_between
 from yolo_bench.cloud import wait as wait_until
 from yolo_bench.image_server import ImageServer
 from yolo_common import yolofs

@@ -283,12 +283,13 @@ impl Daemon {
                 "open_files": self.fs.open_handles(),
                 "pinned_bytes": self.pinned_bytes,
                 "kernel_passthrough": self.fs.kernel_passthrough(),
+                "touch_safety": self.store.touch_safety(),
             })),
             Request::Stats { file } => Ok(json!({ "files": self.stats.snapshot(file.as_deref()) })),
             Request::Preload { file } => {
                 let name = base_file_name(&file)?;
                 let source = File::open(self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
-                let image = self.store.load(name, &source).map_err(|e| e.to_string())?;
+                let image = self.store.load(name, &source).map_err(|e| e.to_string())?.image;
                 Ok(
                     json!({ "file": name, "extents": image.extents.len(), "bytes": image.data_len(), "locked": image.is_locked() }),
                 )
@@ -300,7 +301,7 @@ impl Daemon {
             Request::Touch { file } => {
                 let name = base_file_name(&file)?;
                 let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
-                let kept = self.store.touch(name, &source).map_err(|e| format!("{name}: {e}"))?;
+                let kept = self.store.touch(&self.source, name, &source).map_err(|e| format!("{name}: {e}"))?;
                 Ok(json!({ "file": name, "verification_kept": kept }))
             }
             Request::HostLoad => serde_json::to_value(self.host_load.current()).map_err(|e| e.to_string().into()),

@@ -30,7 +30,7 @@ use crate::fill::{Fill, FillError, Outcome, FILL_SUFFIX};
 use crate::format::BootImage;
 use crate::recorder::{Recorder, Recording};
 use crate::stats::{FileStats, StatsRegistry};
-use crate::store::{BootImageStore, SourceKey};
+use crate::store::{BootImageStore, SourceKey, Verified};
 
 pub const ROOT_INO: u64 = 1;
 
@@ -247,8 +247,8 @@ impl InodeTable {
 pub struct OpenFile {
     name: String,
     source: File,
-    /// The boot image, valid while the source's key (its ctime above all) is the one here.
-    boot_image: RwLock<Option<(Arc<BootImage>, SourceKey)>>,
+    /// The boot image, valid while its verification holds for the source as it is.
+    boot_image: RwLock<Option<Verified>>,
     recording: Option<Arc<Recording>>,
     /// Its fill, if it is a fill file (which has no boot image in the store).
     filling: Option<Arc<Filling>>,
@@ -615,8 +615,6 @@ impl MirrorFs {
         if (meta.dev(), meta.ino()) != key {
             return Err(FsError::Io(io::Error::from_raw_os_error(libc::ESTALE)));
         }
-        // The key before the store loads: if the file changes meanwhile, the first read sees it.
-        let source_key = SourceKey::from_metadata(&meta);
         let boot_image = if serving == Serving::Yolofs && meta.is_file() {
             self.store.get(&name, &source)
         } else {
@@ -624,7 +622,7 @@ impl MirrorFs {
         };
         let recording = match (&self.recorder, &boot_image) {
             _ if !observe || serving == Serving::Kernel || is_transient(&name) || meta.len() == 0 => None,
-            (Some(recorder), Some(image)) => recorder.observe(&name, &source, image.clone()),
+            (Some(recorder), Some(verified)) => recorder.observe(&name, &source, verified.image.clone()),
             (Some(recorder), None) => recorder.begin(&name, &source),
             (None, _) => None,
         };
@@ -637,7 +635,7 @@ impl MirrorFs {
         let handle = OpenFile {
             name,
             source,
-            boot_image: RwLock::new(boot_image.map(|image| (image, source_key))),
+            boot_image: RwLock::new(boot_image),
             recording,
             filling,
             stats,
@@ -732,25 +730,26 @@ impl MirrorFs {
         read_mixed(&filling.boot_image, &handle.source, offset, end - offset)
     }
 
-    /// The boot image of an open file if its base file has not changed since the boot image was
-    /// verified for it: checked at every read (one fstat), so that no read that starts after a
-    /// write to the base file is served from the boot image. A change sends the store to verify
-    /// it again; meanwhile reads pass through, and once it is verified for the file as it now is,
-    /// they are served from it again.
+    /// The boot image of an open file if its verification holds for the base file as it is: checked
+    /// at every read (one fstat, and the lease's state once the file's times moved), so that no
+    /// read that starts after a write to the base file is served from the boot image. A change
+    /// sends the store to verify it again; meanwhile reads pass through, and once it is verified
+    /// for the file as it now is, they are served from it again.
     fn fresh_boot_image(&self, handle: &OpenFile) -> Result<Option<Arc<BootImage>>> {
         let now = {
             let current = handle.boot_image.read().unwrap();
-            let Some((image, verified_for)) = current.as_ref() else {
+            let Some(verified) = current.as_ref() else {
                 return Ok(None);
             };
             let now = SourceKey::of(&handle.source)?;
-            if now == *verified_for {
-                return Ok(Some(image.clone()));
+            if verified.holds_for(&now) {
+                return Ok(Some(verified.image.clone()));
             }
             now
         };
-        if let Some(image) = self.store.cached(&handle.name, &now) {
-            *handle.boot_image.write().unwrap() = Some((image.clone(), now));
+        if let Some(verified) = self.store.cached(&handle.name, &now) {
+            let image = verified.image.clone();
+            *handle.boot_image.write().unwrap() = Some(verified);
             return Ok(Some(image));
         }
         self.store.source_changed(&self.source_root, &handle.name, now);

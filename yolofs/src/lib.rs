@@ -17,6 +17,7 @@ pub mod fs;
 pub mod fuse;
 pub mod hostload;
 pub mod keeper;
+pub mod lease;
 pub mod metrics;
 pub mod pin;
 pub mod recorder;

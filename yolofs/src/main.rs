@@ -611,6 +611,33 @@ fn wait_for_source(source: &Path) -> Result<PathBuf> {
     }
 }
 
+/// Says at start what keeps boot images verified across touches of their base files, from a
+/// lease tried on one base file (none yet: the first boot image loaded tells).
+fn probe_touch_safety(store: &BootImageStore, source: &Path) {
+    let bases = std::fs::read_dir(source)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| store::open_regular_file(&entry.ok()?.path()).ok());
+    for base in bases.take(8) {
+        store.probe_touch_safety(&base);
+        if store.touch_safety().mechanism != "unknown" {
+            break;
+        }
+    }
+    let safety = store.touch_safety();
+    match &safety.lease_error {
+        None => info!("boot images stay verified across touches of their base files: {}", safety.mechanism),
+        Some(e) => warn!(
+            "base files cannot be leased ({e}): {}",
+            if safety.mechanism == "multigrain_timestamps" {
+                "only touches through yolofs keep boot images verified (multigrain timestamps)"
+            } else {
+                "every touch of a base file costs its boot image a verification again"
+            }
+        ),
+    }
+}
+
 fn mount(args: MountArgs) -> Result<()> {
     // Bad arguments fail at once, before any wait.
     let socket_access = SocketAccess {
@@ -649,6 +676,7 @@ fn mount(args: MountArgs) -> Result<()> {
     if let Err(e) = store.clear_incoming() {
         warn!("could not empty the store's staging directory: {e}");
     }
+    probe_touch_safety(&store, &args.source);
     let stats = Arc::new(StatsRegistry::default());
     // Always: boots served from boot images are observed (their coverage); --learn learns.
     let recorder = Some(Recorder::new(

@@ -155,6 +155,15 @@ impl Collector for DaemonMetrics {
             "Boot images currently refused (until their file changes).",
             ConstGauge::new(store.rejected().len() as i64),
         )?;
+        let safety = store.touch_safety();
+        let mut family = e.encode_descriptor(
+            "yolofs_touch_safety",
+            "1 for what keeps boot images verified across touches of their base files: leases, \
+             multigrain_timestamps (touches through yolofs only), none, or unknown before a base file was seen.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64).encode(family.encode_family(&[("mechanism", safety.mechanism)])?)?;
         single(
             e,
             "yolofs_boot_images_loaded",

@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::format::{self, BootImage, FormatError, VerifyError};
+use crate::lease::{self, Lease, LeaseError};
 
 /// Suffix of a boot image file in the store.
 pub const BOOT_IMAGE_SUFFIX: &str = ".yolo";
@@ -86,19 +87,34 @@ impl SourceKey {
         Ok(SourceKey::from_metadata(&file.metadata()?))
     }
 
+    /// Whether `self` and `other` are the same file with the same size, whatever their times.
+    fn same_file(&self, other: &SourceKey) -> bool {
+        (self.dev, self.ino, self.size, self.btime_ns) == (other.dev, other.ino, other.size, other.btime_ns)
+    }
+
+    /// How long ago the ctime was, if it is in the past.
+    fn ctime_age_ns(&self) -> i128 {
+        let now_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        now_ns.saturating_sub(self.ctime_ns)
+    }
+
+    /// Whether any later write moves the ctime, even on a filesystem with coarse timestamps.
+    fn is_settled(&self) -> bool {
+        self.ctime_age_ns() >= SETTLE.as_nanos() as i128
+    }
+
     /// The key of `file` once its ctime is at least [`SETTLE`] old, so that any later write moves
     /// it; waits for that up to `wait`, and is None if the file keeps changing.
     pub fn settled(file: &File, wait: Duration) -> std::io::Result<Option<SourceKey>> {
         let deadline = Instant::now() + wait;
         loop {
             let key = SourceKey::of(file)?;
-            let now_ns = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as i128);
-            let age = now_ns.saturating_sub(key.ctime_ns);
-            if age >= SETTLE.as_nanos() as i128 {
+            if key.is_settled() {
                 return Ok(Some(key));
             }
+            let age = key.ctime_age_ns();
             let pause = Duration::from_nanos((SETTLE.as_nanos() as i128 - age).max(1_000_000) as u64);
             if Instant::now() + pause > deadline {
                 return Ok(None);
@@ -153,9 +169,51 @@ pub struct Stamp {
     pub source: SourceKey,
 }
 
+/// A boot image verified for a base file, and what keeps that verification true.
+#[derive(Clone)]
+pub struct Verified {
+    pub image: Arc<BootImage>,
+    /// The base file's key when it was verified: settled (see [`SETTLE`]), or taken after a
+    /// touch where every later write moves the ctime.
+    key: SourceKey,
+    /// A read lease taken before the key: while intact, the file's bytes have not changed,
+    /// whatever its times say.
+    lease: Option<Arc<Lease>>,
+}
+
+impl Verified {
+    /// Whether the verification holds for the base file as `now` says it is: the same key, or
+    /// the same file of the same size with an intact lease (its times set, Nova's touches).
+    pub fn holds_for(&self, now: &SourceKey) -> bool {
+        *now == self.key || (now.same_file(&self.key) && self.lease.as_ref().is_some_and(|l| l.intact()))
+    }
+
+    pub fn leased(&self) -> bool {
+        self.lease.is_some()
+    }
+}
+
+/// What keeps boot images verified across a change of their base file's times (a touch), for
+/// `status` and the metrics.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TouchSafety {
+    /// `leases`, `multigrain_timestamps` (touches through yolofs only) or `none`, or `unknown`
+    /// before the first base file was leased.
+    pub mechanism: &'static str,
+    /// Why leases are not used, if they are not.
+    pub lease_error: Option<String>,
+}
+
+/// Set (to anything) by tests and benchmarks to make yolofs behave as on a kernel without
+/// multigrain timestamps (before Linux 6.13), on any kernel.
+pub const COARSE_TIMESTAMPS_ENV: &str = "YOLOFS_ASSUME_COARSE_TIMESTAMPS";
+
 /// Whether every change to `file` after its ctime was read moves its ctime, even within the same
 /// clock tick: Linux 6.13's multigrain timestamps, on ext4, XFS, Btrfs and tmpfs.
-fn ctime_moves_at_every_change(file: &File) -> bool {
+pub fn ctime_moves_at_every_change(file: &File) -> bool {
+    if std::env::var_os(COARSE_TIMESTAMPS_ENV).is_some() {
+        return false;
+    }
     const MULTIGRAIN: [i64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
     let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
     let mut uts = std::mem::MaybeUninit::<libc::utsname>::uninit();
@@ -405,11 +463,6 @@ pub struct StoreConfig {
     pub max_boot_image_bytes: u64,
 }
 
-struct Loaded {
-    image: Arc<BootImage>,
-    source: SourceKey,
-}
-
 /// What is known of a boot image file that was refused, so it is not retried at every open.
 struct Rejection {
     file_key: (u64, i64, u64),
@@ -433,6 +486,8 @@ pub struct LoadedInfo {
     pub bytes: u64,
     pub locked: bool,
     pub image_id: String,
+    /// Whether a lease on its base file keeps it verified across touches.
+    pub leased: bool,
 }
 
 pub struct BootImageStore {
@@ -447,10 +502,13 @@ pub struct BootImageStore {
     /// ([`BootImageStore::source_changed`]), and the queue of those to verify.
     reverified: Mutex<HashMap<String, SourceKey>>,
     reverify_queue: Mutex<ReverifyQueue>,
+    /// The outcome of the last attempt to lease a base file, and whether the filesystem has
+    /// multigrain timestamps: what [`BootImageStore::touch_safety`] reports.
+    lease_outcome: Mutex<Option<(Result<(), LeaseError>, bool)>>,
 }
 
 struct StoreState {
-    loaded: LruCache<String, Loaded>,
+    loaded: LruCache<String, Verified>,
     used_bytes: u64,
     rejected: HashMap<String, Rejection>,
 }
@@ -474,6 +532,7 @@ impl BootImageStore {
             counters: StoreCounters::default(),
             reverified: Mutex::default(),
             reverify_queue: Mutex::default(),
+            lease_outcome: Mutex::default(),
         }
     }
 
@@ -738,7 +797,7 @@ impl BootImageStore {
         let (loaded, rejected) = {
             let state = self.state.lock().unwrap();
             let loaded = match (state.loaded.peek(&name), &base) {
-                (Some(loaded), Some(meta)) => loaded.source == SourceKey::from_metadata(meta),
+                (Some(loaded), Some(meta)) => loaded.holds_for(&SourceKey::from_metadata(meta)),
                 _ => false,
             };
             let rejected = state
@@ -814,9 +873,9 @@ impl BootImageStore {
     ///
     /// Never fails: a missing, corrupt or mismatching boot image means `None` (serve the file by
     /// passthrough), logged once.
-    pub fn get(&self, name: &str, source: &File) -> Option<Arc<BootImage>> {
+    pub fn get(&self, name: &str, source: &File) -> Option<Verified> {
         match self.load(name, source) {
-            Ok(image) => Some(image),
+            Ok(verified) => Some(verified),
             Err(StoreError::Missing(_)) => None,
             Err(err @ StoreError::Changing(_)) => {
                 info!("{err}");
@@ -830,18 +889,22 @@ impl BootImageStore {
     }
 
     /// Like [`get`](Self::get), but says why there is no boot image.
-    pub fn load(&self, name: &str, source: &File) -> Result<Arc<BootImage>, StoreError> {
+    pub fn load(&self, name: &str, source: &File) -> Result<Verified, StoreError> {
         let io = |source| StoreError::Io {
             name: name.to_string(),
             source,
         };
+        // In memory and still verified for the file as it is: no wait for it to settle.
+        if let Some(verified) = self.cached(name, &SourceKey::of(source).map_err(io)?) {
+            return Ok(verified);
+        }
         // A file changed within the last second could change again without its ctime moving:
         // wait for it to settle (a fresh download, at most a second), else serve it by passthrough.
         let source_key = SourceKey::settled(source, 2 * SETTLE)
             .map_err(io)?
             .ok_or_else(|| StoreError::Changing(name.into()))?;
-        if let Some(image) = self.cached(name, &source_key) {
-            return Ok(image);
+        if let Some(verified) = self.cached(name, &source_key) {
+            return Ok(verified);
         }
         let path = self.path_for(name);
         {
@@ -861,13 +924,22 @@ impl BootImageStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::Missing(name.into())),
             Err(e) => return Err(io(e)),
         };
+        // The lease before the key: a write after the key was taken then breaks it.
+        let lease = self.take_lease(source);
+        let source_key = SourceKey::settled(source, 2 * SETTLE)
+            .map_err(io)?
+            .ok_or_else(|| StoreError::Changing(name.into()))?;
         // Load and verify without holding the lock: other files keep opening meanwhile.
         match self.load_verified(name, &path, source, &source_key) {
             Ok(image) => {
                 self.counters.loads.fetch_add(1, Ordering::Relaxed);
-                let image = Arc::new(image);
-                self.insert(name, image.clone(), source_key);
-                Ok(image)
+                let verified = Verified {
+                    image: Arc::new(image),
+                    key: source_key,
+                    lease,
+                };
+                self.insert(name, verified.clone());
+                Ok(verified)
             }
             Err(err) => {
                 warn!("{name}: boot image refused, the base file is served by passthrough: {err}");
@@ -883,6 +955,46 @@ impl BootImageStore {
                 Err(err)
             }
         }
+    }
+
+    /// A read lease on `source`, if the kernel and the filesystem give one (remembered for
+    /// [`touch_safety`](Self::touch_safety)).
+    fn take_lease(&self, source: &File) -> Option<Arc<Lease>> {
+        let taken = Lease::take(source);
+        match &taken {
+            // A writer of this file, not a property of the filesystem.
+            Err(LeaseError::OpenForWriting) => return None,
+            Err(e) => lease::warn_unavailable(e),
+            Ok(_) => {}
+        }
+        let outcome = (taken.as_ref().map(|_| ()).map_err(Clone::clone), ctime_moves_at_every_change(source));
+        *self.lease_outcome.lock().unwrap() = Some(outcome);
+        taken.ok()
+    }
+
+    /// What keeps boot images verified across a touch of their base file here, as the last
+    /// attempt to lease one found.
+    pub fn touch_safety(&self) -> TouchSafety {
+        match self.lease_outcome.lock().unwrap().clone() {
+            None => TouchSafety {
+                mechanism: "unknown",
+                lease_error: None,
+            },
+            Some((Ok(()), _)) => TouchSafety {
+                mechanism: "leases",
+                lease_error: None,
+            },
+            Some((Err(e), multigrain)) => TouchSafety {
+                mechanism: if multigrain { "multigrain_timestamps" } else { "none" },
+                lease_error: Some(e.to_string()),
+            },
+        }
+    }
+
+    /// Tries a lease on `file` (a base file) to learn what [`touch_safety`](Self::touch_safety)
+    /// reports before any boot image is loaded; at start, on one base file.
+    pub fn probe_touch_safety(&self, file: &File) {
+        let _ = self.take_lease(file);
     }
 
     fn load_verified(&self, name: &str, path: &Path, source: &File, key: &SourceKey) -> Result<BootImage, StoreError> {
@@ -928,15 +1040,15 @@ impl BootImageStore {
         Ok(image)
     }
 
-    fn insert(&self, name: &str, image: Arc<BootImage>, source: SourceKey) {
+    fn insert(&self, name: &str, verified: Verified) {
         let mut state = self.state.lock().unwrap();
         state.rejected.remove(name);
-        let bytes = image.data_len();
+        let bytes = verified.image.data_len();
         if bytes > self.config.memory_budget {
             warn!("{name}: boot image ({bytes} bytes) exceeds the memory budget; used for open files only, not cached");
             return;
         }
-        if let Some(old) = state.loaded.put(name.to_string(), Loaded { image, source }) {
+        if let Some(old) = state.loaded.put(name.to_string(), verified) {
             state.used_bytes -= old.image.data_len();
         }
         state.used_bytes += bytes;
@@ -953,28 +1065,39 @@ impl BootImageStore {
         }
     }
 
-    /// The boot image of `name` if it is in memory, verified for the base file as `source` says
-    /// it is now (no loading, no verification: for the read path).
-    pub fn cached(&self, name: &str, source: &SourceKey) -> Option<Arc<BootImage>> {
+    /// The boot image of `name` if it is in memory and its verification holds for the base file
+    /// as `source` says it is now (no loading, no verification: for the read path). A lease
+    /// that kept it across a touch moves its key to a settled `source`, and its stamp with it,
+    /// so that a restart finds it verified too.
+    pub fn cached(&self, name: &str, source: &SourceKey) -> Option<Verified> {
         let mut state = self.state.lock().unwrap();
-        state
-            .loaded
-            .get(name)
-            .filter(|loaded| loaded.source == *source)
-            .map(|loaded| loaded.image.clone())
+        let loaded = state.loaded.get_mut(name).filter(|loaded| loaded.holds_for(source))?;
+        if loaded.key != *source && source.is_settled() {
+            let stamped = read_stamp(&self.path_for(name)).filter(|stamp| stamp.source == loaded.key);
+            loaded.key = *source;
+            if let Some(stamp) = stamped {
+                if let Err(e) = save_stamp(&self.path_for(name), &Stamp { source: *source, ..stamp }) {
+                    warn!("{name}: could not write the verification stamp: {e}");
+                }
+            }
+        }
+        Some(loaded.clone())
     }
 
     /// Base file `name` in `source_dir` changed (a write, or its times set) since its boot image
-    /// was verified, and is now as `now` says. Once per state of the file: the boot image is
-    /// dropped from memory and, if it was there (in use), queued to be verified again by one
-    /// background thread a second after the change, so that the next boots find it ready (or
-    /// refused) without verifying at open. Boot images not in memory are verified when next
-    /// loaded.
+    /// was verified, and is now as `now` says. A boot image whose verification still holds (a
+    /// touch under a lease) is kept, and its stamp moved once the change has settled. Otherwise,
+    /// once per state of the file: the boot image is dropped from memory and, if it was there
+    /// (in use), queued to be verified again by one background thread a second after the
+    /// change, so that the next boots find it ready (or refused) without verifying at open.
+    /// Boot images not in memory are verified when next loaded.
     pub fn source_changed(self: &Arc<Self>, source_dir: &Path, name: &str, now: SourceKey) {
-        // Verified for the file as it is now: changed by a touch (see `touch`), or already
-        // verified again.
         let state = self.state.lock().unwrap();
-        if state.loaded.peek(name).is_some_and(|loaded| loaded.source == now) {
+        if let Some(loaded) = state.loaded.peek(name).filter(|loaded| loaded.holds_for(&now)) {
+            if loaded.key != now {
+                drop(state);
+                self.queue_reverify(source_dir, name);
+            }
             return;
         }
         drop(state);
@@ -985,9 +1108,14 @@ impl BootImageStore {
             }
             seen.insert(name.to_string(), now);
         }
-        if !self.evict(name) {
-            return;
+        if self.evict(name) {
+            self.queue_reverify(source_dir, name);
         }
+    }
+
+    /// Has `name` loaded (verified again if it must be) by one background thread a second from
+    /// now, once its base file's ctime has settled.
+    fn queue_reverify(self: &Arc<Self>, source_dir: &Path, name: &str) {
         let mut queue = self.reverify_queue.lock().unwrap();
         queue
             .due
@@ -1051,15 +1179,18 @@ impl BootImageStore {
     /// Sets base file `name`'s access and modification times to now, as Nova's image cache marks
     /// the base files in use (it ages them by their mtime), and keeps its boot image's
     /// verification: a time set moves the file's ctime, which would otherwise cost a verification
-    /// again, reading the boot's bytes from the disk at the start of every boot. yolofs itself
-    /// changes nothing but the times, under the store's lock, so the bytes verified for the file
-    /// as it was are its bytes now. Whether a verification (in memory or stamped) was kept.
+    /// again, reading the boot's bytes from the disk at the start of every boot. Whether a
+    /// verification (in memory or stamped) was kept.
     ///
-    /// Only where the ctime read after the touch moves at any later write, even in the same
-    /// clock tick (the racily-clean rule above cannot wait here): filesystems with multigrain
-    /// timestamps. Elsewhere the times are set and the boot image is verified again.
-    pub fn touch(&self, name: &str, source: &File) -> std::io::Result<bool> {
-        let keep = ctime_moves_at_every_change(source);
+    /// A boot image held under a lease keeps its verification whatever the times (see
+    /// [`Verified::holds_for`]); its stamp follows once the ctime has settled. Without a lease,
+    /// only where the ctime read after the touch moves at any later write, even in the same clock
+    /// tick (the racily-clean rule above cannot wait here): filesystems with multigrain
+    /// timestamps, where yolofs, which changes nothing but the times under the store's lock,
+    /// moves the key of the boot image and of its stamp to the file as it is. Elsewhere the times
+    /// are set and the boot image is verified again.
+    pub fn touch(self: &Arc<Self>, source_dir: &Path, name: &str, source: &File) -> std::io::Result<bool> {
+        let multigrain = ctime_moves_at_every_change(source);
         let path = self.path_for(name);
         let mut state = self.state.lock().unwrap();
         let before = SourceKey::of(source)?;
@@ -1072,12 +1203,19 @@ impl BootImageStore {
             return Err(std::io::Error::last_os_error());
         }
         let after = SourceKey::of(source)?;
-        if !keep {
+        if let Some(loaded) = state.loaded.peek_mut(name) {
+            if loaded.lease.as_ref().is_some_and(|l| l.intact()) && loaded.holds_for(&after) {
+                drop(state);
+                self.queue_reverify(source_dir, name);
+                return Ok(true);
+            }
+        }
+        if !multigrain {
             return Ok(false);
         }
         let mut kept = false;
-        if let Some(loaded) = state.loaded.peek_mut(name).filter(|l| l.source == before) {
-            loaded.source = after;
+        if let Some(loaded) = state.loaded.peek_mut(name).filter(|l| l.key == before) {
+            loaded.key = after;
             kept = true;
         }
         if let Some(stamp) = read_stamp(&path).filter(|stamp| stamp.source == before) {
@@ -1127,6 +1265,7 @@ impl BootImageStore {
                 bytes: l.image.data_len(),
                 locked: l.image.is_locked(),
                 image_id: l.image.identity.image_id.clone(),
+                leased: l.lease.as_ref().is_some_and(|l| l.intact()),
             })
             .collect()
     }
@@ -1166,7 +1305,7 @@ mod tests {
 
     struct Fixture {
         dir: tempfile::TempDir,
-        store: BootImageStore,
+        store: Arc<BootImageStore>,
     }
 
     fn content(seed: u32) -> Vec<u8> {
@@ -1182,12 +1321,12 @@ mod tests {
                 fs::create_dir(dir.path().join(sub)).unwrap();
             }
             fs::write(dir.path().join("base/disk"), content(0)).unwrap();
-            let store = BootImageStore::new(StoreConfig {
+            let store = Arc::new(BootImageStore::new(StoreConfig {
                 dir: dir.path().join("store"),
                 memory_budget: 64 << 20,
                 lock_in_memory: false,
                 max_boot_image_bytes,
-            });
+            }));
             Fixture { dir, store }
         }
 
@@ -1268,7 +1407,7 @@ mod tests {
             }]
         );
         // The stamp is valid: loading does not verify again, and the image is served.
-        let image = f.store.load("disk", &f.base()).unwrap();
+        let image = f.store.load("disk", &f.base()).unwrap().image;
         assert_eq!(image.identity.image_id, IMAGE);
         // A boot image without an image id in its header is taken for the image named.
         let anonymous = f.candidate(&content(0), "");
@@ -1277,41 +1416,60 @@ mod tests {
     }
 
     #[test]
-    fn a_touch_sets_the_times_and_keeps_the_verification() {
+    fn a_touch_keeps_a_leased_verification_whatever_the_timestamps() {
         let f = Fixture::new(1 << 30);
         f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
-        let image = f.store.load("disk", &f.base()).unwrap();
-        let before = SourceKey::of(&f.base()).unwrap();
-        let old_times = std::fs::FileTimes::new().set_modified(UNIX_EPOCH + Duration::from_secs(1000));
-        // Set behind the store's back: the verification is for the file as it was.
-        let base = fs::OpenOptions::new()
-            .write(true)
-            .open(f.base_dir().join("disk"))
-            .unwrap();
-        base.set_times(old_times).unwrap();
-        assert!(f.store.cached("disk", &SourceKey::of(&f.base()).unwrap()).is_none());
-        assert!(!f.store.touch("disk", &f.base()).unwrap());
-
-        // Through the store: kept in memory and in the stamp, for the file as it is now, where
-        // the filesystem's ctime moves at every change (else verified again, as before).
-        f.store.load("disk", &f.base()).unwrap();
+        let loaded = f.store.load("disk", &f.base()).unwrap();
+        assert!(loaded.leased());
         let verified = SourceKey::of(&f.base()).unwrap();
-        let keeps = ctime_moves_at_every_change(&f.base());
-        assert_eq!(f.store.touch("disk", &f.base()).unwrap(), keeps);
+        // Times set behind the store's back (Nova's image cache manager) and through it.
+        let old_times = std::fs::FileTimes::new().set_modified(UNIX_EPOCH + Duration::from_secs(1000));
+        f.base().set_times(old_times).unwrap();
+        assert!(f.store.cached("disk", &SourceKey::of(&f.base()).unwrap()).is_some());
+        assert!(f.store.touch(&f.base_dir(), "disk", &f.base()).unwrap());
         let now = SourceKey::of(&f.base()).unwrap();
-        assert!(now != verified && now != before);
+        assert!(now != verified);
         let modified = f.base().metadata().unwrap().modified().unwrap();
         assert!(SystemTime::now().duration_since(modified).unwrap() < Duration::from_secs(60));
+        assert!(loaded.holds_for(&now));
+        assert!(f.store.cached("disk", &now).is_some());
+        // The stamp follows once the change has settled, so that a restart finds it verified.
+        assert!(!stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
+        std::thread::sleep(SETTLE);
+        assert!(f.store.cached("disk", &now).is_some());
+        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
+        // An open for writing ends it, even with no byte written and the times as they were.
+        let writer = fs::OpenOptions::new().write(true).open(f.base_dir().join("disk")).unwrap();
+        writer.set_times(old_times).unwrap();
+        f.base().set_times(std::fs::FileTimes::new().set_modified(modified)).unwrap();
+        let changed = SourceKey::of(&f.base()).unwrap();
+        assert!(!loaded.holds_for(&changed));
+        assert!(f.store.cached("disk", &changed).is_none());
+    }
+
+    #[test]
+    fn without_a_lease_a_touch_keeps_the_verification_only_with_multigrain_timestamps() {
+        let f = Fixture::new(1 << 30);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        // A writer holds the file open: it cannot be leased.
+        let _writer = fs::OpenOptions::new().write(true).open(f.base_dir().join("disk")).unwrap();
+        let loaded = f.store.load("disk", &f.base()).unwrap();
+        assert!(!loaded.leased());
+        let verified = SourceKey::of(&f.base()).unwrap();
+        let keeps = ctime_moves_at_every_change(&f.base());
+        assert_eq!(f.store.touch(&f.base_dir(), "disk", &f.base()).unwrap(), keeps);
+        let now = SourceKey::of(&f.base()).unwrap();
+        assert!(now != verified);
         if !keeps {
             assert!(f.store.cached("disk", &now).is_none());
             return;
         }
         assert!(f.store.cached("disk", &now).is_some());
-        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&image), &now));
+        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
         assert!(f.store.evict("disk"));
-        assert!(f.store.touch("disk", &f.base()).unwrap());
+        assert!(f.store.touch(&f.base_dir(), "disk", &f.base()).unwrap());
         let now = SourceKey::of(&f.base()).unwrap();
-        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&image), &now));
+        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
     }
 
     #[test]

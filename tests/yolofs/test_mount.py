@@ -173,45 +173,112 @@ def test_a_changed_base_file_is_never_served_from_its_boot_image(
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] == memory
 
 
-def test_a_base_file_whose_times_were_set_is_served_again_once_verified(
-        mount_factory, base_dir, boot_image_dir, content):
+LEASES_ENABLE = '/proc/sys/fs/leases-enable'
+
+
+@pytest.fixture(params=['leases', 'no_leases'])
+def leases(request):
+    """Whether the kernel grants leases: 'no_leases' turns them off machine-wide
+    (fs.leases-enable, as on a filesystem without them) for the test."""
+    if request.param == 'leases':
+        yield True
+        return
+    with open(LEASES_ENABLE) as f:
+        before = f.read()
+    with open(LEASES_ENABLE, 'w') as f:
+        f.write('0')
+    try:
+        yield False
+    finally:
+        with open(LEASES_ENABLE, 'w') as f:
+            f.write(before)
+
+
+def multigrain_timestamps(path):
+    """Whether every write moves a file's ctime here, even within a clock tick (Linux 6.13's
+    multigrain timestamps on ext4, XFS, Btrfs and tmpfs: yolofs' store.rs)."""
+    release = tuple(int(n) for n in re.findall(r'\d+', os.uname().release)[:2])
+    fs_type = subprocess.run(['stat', '-f', '-c', '%t', str(path)], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    return release >= (6, 13) and fs_type in ('ef53', '58465342', '9123683e', '1021994')
+
+
+def verifications(mount):
+    return mount.log_path.read_text().count('verifying boot image')
+
+
+def test_a_base_file_whose_times_were_set_keeps_its_boot_image_under_a_lease(
+        mount_factory, base_dir, boot_image_dir, content, leases):
     # Nova's image cache manager touches base files in use: their ctime moves, their bytes not.
     mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
     ranges = list(random_ranges(4, 200, align=4096))
     assert served(mount, ranges, read_direct) == expected(content, ranges)
+    status = mount.client.status()
+    assert status['touch_safety']['mechanism'] == (
+        'leases' if leases else 'multigrain_timestamps' if multigrain_timestamps(base_dir)
+        else 'none')
+    assert [e['leased'] for e in status['loaded']] == [leases]
+    before = verifications(mount)
     os.utime(base_dir / NAME)
+    if leases:
+        time.sleep(2)   # beyond the watcher's reverification delay
+    else:
+        # Without a lease, verified again in the background, then served again.
+        wait_for(lambda: verifications(mount) > before)
     wait_for(lambda: NAME in {e['name'] for e in mount.client.status()['loaded']})
     memory = mount.client.stats(NAME)[NAME]['bytes_memory']
     assert served(mount, ranges, read_direct) == expected(content, ranges)
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] > memory
+    assert verifications(mount) == before + (0 if leases else 1)
     assert not mount.client.status()['rejected']
 
 
+@pytest.mark.parametrize('coarse', [False, True], ids=['kernel_timestamps', 'coarse_timestamps'])
 def test_a_base_file_touched_through_yolofs_keeps_its_boot_image(
-        mount_factory, base_dir, boot_image_dir, content):
+        mount_factory, base_dir, boot_image_dir, content, leases, coarse, monkeypatch):
     # What the driver has Nova's image backend do at each disk it creates over a base file.
+    # coarse: yolofs behaves as on a kernel without multigrain timestamps (before Linux 6.13).
+    if coarse:
+        monkeypatch.setenv('YOLOFS_ASSUME_COARSE_TIMESTAMPS', '1')
     mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
     ranges = list(random_ranges(5, 200, align=4096))
     assert served(mount, ranges, read_direct) == expected(content, ranges)
     os.utime(base_dir / NAME, (1000, 1000))
     wait_for(lambda: NAME in {e['name'] for e in mount.client.status()['loaded']})
-    verifications = mount.log_path.read_text().count('verifying boot image')
-    # Kept where a ctime moves at every change (yolofs' store.rs: multigrain timestamps).
-    release = tuple(int(n) for n in re.findall(r'\d+', os.uname().release)[:2])
-    fs_type = subprocess.run(['stat', '-f', '-c', '%t', str(base_dir)], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    if release < (6, 13) or fs_type not in ('ef53', '58465342', '9123683e', '1021994'):
-        pytest.skip('this kernel or filesystem has coarse ctimes: a touch is verified again')
-    assert mount.client.touch(NAME)['verification_kept'] is True
+    before = verifications(mount)
+    # Kept under a lease on every kernel; without one, only where a ctime moves at every change.
+    kept = leases or (not coarse and multigrain_timestamps(base_dir))
+    assert mount.client.touch(NAME)['verification_kept'] is kept
     assert time.time() - os.stat(base_dir / NAME).st_mtime < 60
-    time.sleep(2)   # beyond the watcher's reverification delay
-    assert NAME in {e['name'] for e in mount.client.status()['loaded']}
+    if kept:
+        time.sleep(2)   # beyond the watcher's reverification delay
+    else:
+        wait_for(lambda: verifications(mount) > before)
+    wait_for(lambda: NAME in {e['name'] for e in mount.client.status()['loaded']})
     memory = mount.client.stats(NAME)[NAME]['bytes_memory']
     assert served(mount, ranges, read_direct) == expected(content, ranges)
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] > memory
-    assert mount.log_path.read_text().count('verifying boot image') == verifications
+    assert verifications(mount) == before + (0 if kept else 1)
     with pytest.raises(yolofs.YolofsError, match='No such file'):
         mount.client.touch('no-such-base-file')
+
+
+def test_a_write_right_after_a_touch_is_never_served_from_the_boot_image(
+        mount_factory, base_dir, boot_image_dir, content, leases, monkeypatch):
+    # On a kernel without multigrain timestamps, a write in the clock tick of a touch leaves the
+    # ctime where the touch set it: the lease, not the ctime, must tell.
+    monkeypatch.setenv('YOLOFS_ASSUME_COARSE_TIMESTAMPS', '1')
+    mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
+    offset = covered_offset(boot_image_dir)
+    ranges = [(offset - offset % 4096, 4096)] + list(random_ranges(6, 300, align=4096))
+    with open(mount.mountpoint / NAME, 'rb') as held:
+        assert served(mount, ranges, read_direct) == expected(content, ranges)
+        mount.client.touch(NAME)
+        changed = change_in_place(base_dir / NAME, offset, keep_mtime=True)
+        assert served(mount, ranges, read_direct) == expected(changed, ranges)
+        assert os.pread(held.fileno(), 1, offset) == changed[offset:offset + 1]
+    wait_for(lambda: mount.client.status()['rejected'])
+    assert served(mount, ranges, read_buffered) == expected(changed, ranges)
 
 
 def test_reads_during_a_change_are_old_or_new_and_new_once_it_is_written(

@@ -1,0 +1,195 @@
+//! Read leases on base files: the kernel's word that nobody has opened a file for writing.
+//!
+//! A verified boot image stays valid for as long as its base file's bytes do not change. Its
+//! ctime says so only where every write moves it, which a coarse clock tick does not guarantee
+//! after a touch (Linux before 6.13 has no multigrain timestamps). A read lease
+//! (`fcntl(F_SETLEASE, F_RDLCK)`, every Linux since 2.4) does not depend on timestamps: the kernel
+//! refuses it while the file is open for writing, and any later open for writing or truncate
+//! first breaks it (the opener waits until the holder lets go, at most
+//! `/proc/sys/fs/lease-break-time`). So while [`Lease::intact`] holds, the file's bytes are the
+//! ones it had when the lease was taken, whatever its times say.
+//!
+//! The kernel signals a break with SIGIO to the process that took the lease; one thread answers
+//! by letting go of every lease being broken, so writers wait only that long. `intact` asks the
+//! kernel itself (`F_GETLEASE`), so a lease the kernel removed for any reason (a holder too slow,
+//! a break answered) is never taken for an intact one.
+//!
+//! What leases do not see: writes from another NFS client (and NFS refuses leases, which is
+//! reported), writes to an overlay filesystem's lower layer, a block device written under the
+//! filesystem. Where leases are refused, yolofs says why (`LeaseError`) and falls back to ctime.
+
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use log::{info, warn};
+use signal_hook::consts::SIGIO;
+use signal_hook::iterator::Signals;
+use thiserror::Error;
+
+/// A read lease held on one base file through a descriptor of its own.
+#[derive(Debug)]
+pub struct Lease {
+    file: File,
+}
+
+/// Why a lease could not be taken.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum LeaseError {
+    #[error("the file is open for writing")]
+    OpenForWriting,
+    #[error("the filesystem does not offer leases (or /proc/sys/fs/leases-enable is 0)")]
+    Unsupported,
+    #[error("no permission to take a lease (neither the file's owner nor CAP_LEASE)")]
+    NotPermitted,
+    #[error("leases cannot be taken: {0}")]
+    Other(String),
+}
+
+impl Lease {
+    /// Takes a read lease on the file `source` is open on, through a new read-only descriptor
+    /// of its own (a lease belongs to one open file, and `source` may be closed first).
+    pub fn take(source: &File) -> Result<Arc<Lease>, LeaseError> {
+        let file = File::open(format!("/proc/self/fd/{}", source.as_raw_fd()))
+            .map_err(|e| LeaseError::Other(format!("reopening the file: {e}")))?;
+        let leases = watcher()?;
+        // SAFETY: `file` is an open descriptor; F_SETLEASE takes an int argument.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } != 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(match err.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EBUSY) => LeaseError::OpenForWriting,
+                Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOLCK) => LeaseError::Unsupported,
+                Some(libc::EACCES) | Some(libc::EPERM) => LeaseError::NotPermitted,
+                _ => LeaseError::Other(err.to_string()),
+            });
+        }
+        let lease = Arc::new(Lease { file });
+        leases.lock().unwrap().push(Arc::downgrade(&lease));
+        // A break that came before the lease was listed was not seen by the watcher.
+        if !lease.intact() {
+            lease.release();
+            return Err(LeaseError::OpenForWriting);
+        }
+        Ok(lease)
+    }
+
+    /// Whether the kernel still holds the lease: nobody opened the file for writing or truncated
+    /// it since it was taken (a break in progress counts as broken).
+    pub fn intact(&self) -> bool {
+        // SAFETY: `file` is an open descriptor; F_GETLEASE takes no argument.
+        unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETLEASE) == libc::F_RDLCK }
+    }
+
+    fn release(&self) {
+        // SAFETY: `file` is an open descriptor; F_SETLEASE takes an int argument.
+        unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+}
+
+type Leases = Mutex<Vec<Weak<Lease>>>;
+
+/// The leases held, and the thread that lets go of those being broken (started once).
+fn watcher() -> Result<&'static Leases, LeaseError> {
+    static LEASES: OnceLock<Result<Leases, String>> = OnceLock::new();
+    LEASES
+        .get_or_init(|| {
+            let mut signals = Signals::new([SIGIO]).map_err(|e| format!("handling SIGIO: {e}"))?;
+            std::thread::Builder::new()
+                .name("yolofs-leases".into())
+                .spawn(move || {
+                    for _ in signals.forever() {
+                        if let Ok(leases) = watcher() {
+                            release_broken(leases);
+                        }
+                    }
+                })
+                .map_err(|e| format!("starting the lease thread: {e}"))?;
+            Ok(Mutex::new(Vec::new()))
+        })
+        .as_ref()
+        .map_err(|e| LeaseError::Other(e.clone()))
+}
+
+/// Lets go of every lease the kernel is breaking, and forgets those dropped.
+fn release_broken(leases: &Leases) {
+    let mut leases = leases.lock().unwrap();
+    leases.retain(|lease| match lease.upgrade() {
+        Some(lease) if !lease.intact() => {
+            lease.release();
+            info!("a base file was opened for writing: its lease is released and its boot image verified again");
+            false
+        }
+        Some(_) => true,
+        None => false,
+    });
+}
+
+/// What keeps boot images verified across a touch of their base file on the filesystem of `dir`,
+/// found by taking a lease on a file there: for `status` and the metrics.
+pub fn probe(file: &File) -> Result<(), LeaseError> {
+    let lease = Lease::take(file)?;
+    lease.release();
+    Ok(())
+}
+
+/// Logs, once per reason, that leases are not available.
+pub fn warn_unavailable(err: &LeaseError) {
+    static SEEN: Mutex<Vec<LeaseError>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap();
+    if !seen.contains(err) {
+        warn!("base files cannot be leased ({err}): a touch of a base file costs a verification again");
+        seen.push(err.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::OpenOptions;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_lease_holds_until_the_file_is_opened_for_writing_and_the_writer_waits_little() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("base");
+        std::fs::write(&path, b"bytes").unwrap();
+        let reader = File::open(&path).unwrap();
+        let lease = Lease::take(&reader).unwrap();
+        assert!(lease.intact());
+        // A touch (times only) does not break it.
+        let now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        };
+        // SAFETY: `reader` is open; `times` points to two valid timespecs.
+        assert_eq!(unsafe { libc::futimens(reader.as_raw_fd(), [now, now].as_ptr()) }, 0);
+        assert!(lease.intact());
+        let started = Instant::now();
+        let _writer = OpenOptions::new().write(true).open(&path).unwrap();
+        // Released by the watcher thread, not after the kernel's 45 s.
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        assert!(!lease.intact());
+    }
+
+    #[test]
+    fn a_file_open_for_writing_cannot_be_leased() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("base");
+        std::fs::write(&path, b"bytes").unwrap();
+        let _writer = OpenOptions::new().write(true).open(&path).unwrap();
+        let reader = File::open(&path).unwrap();
+        assert_eq!(Lease::take(&reader).unwrap_err(), LeaseError::OpenForWriting);
+    }
+
+    #[test]
+    fn a_truncate_breaks_a_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("base");
+        std::fs::write(&path, b"bytes").unwrap();
+        let lease = Lease::take(&File::open(&path).unwrap()).unwrap();
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c_path` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::truncate(c_path.as_ptr(), 5) }, 0);
+        assert!(!lease.intact());
+    }
+}
