@@ -10,6 +10,7 @@
 # Usage: tools/kernel-matrix/build-guest.sh    (prints the guest's directory)
 #   YOLO_CACHE_DIR   where it is cached (default /var/cache/yolo)
 #   DEBIAN_MIRROR    debootstrap mirror (default: the first deb.debian.org-style URI apt uses)
+#   DEBIAN_SECURITY_MIRROR  its security suite's (default: debian-security beside it)
 set -euo pipefail
 
 cache_dir=${YOLO_CACHE_DIR:-/var/cache/yolo}
@@ -44,7 +45,10 @@ debootstrap --variant=minbase \
     --include=linux-image-amd64,kmod,fuse3,python3,python3-pytest,python3-prometheus-client,xfsprogs,e2fsprogs,iproute2,procps \
     bookworm "$root" "$mirror" >&2
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
-printf 'deb %s bookworm main\ndeb %s bookworm-updates main\n' "$mirror" "$mirror" >"$root/etc/apt/sources.list"
+# Debian 12's kernels are updated through its security suite.
+security=${DEBIAN_SECURITY_MIRROR:-${mirror%/debian*}/debian-security}
+printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s bookworm-security main\n' \
+    "$mirror" "$mirror" "$security" >"$root/etc/apt/sources.list"
 chroot "$root" apt-get update -q >&2
 # Debian 12's 6.12 (the series of Debian 13), a package of its own: the newest.
 k612=$(chroot "$root" apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12-amd64$' |
@@ -53,7 +57,8 @@ k612=$(chroot "$root" apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\
 # A small initramfs: what a virtio disk with ext4 on it needs.
 sed -i 's/^MODULES=.*/MODULES=list/' "$root/etc/initramfs-tools/initramfs.conf"
 printf '%s\n' virtio_pci virtio_blk ext4 >"$root/etc/initramfs-tools/modules"
-DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -q --no-install-recommends "$k612" >&2
+DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -q --no-install-recommends \
+    linux-image-amd64 "$k612" >&2
 chroot "$root" update-initramfs -u -k all >&2
 chroot "$root" apt-get clean
 echo kernel-guest >"$root/etc/hostname"
@@ -79,13 +84,16 @@ INIT
 chmod 0755 "$root/sbin/kernel-matrix-init"
 
 mkdir -p "$guest.new"
-for vmlinuz in "$root"/boot/vmlinuz-*; do
-    release=${vmlinuz##*/vmlinuz-}
-    cp "$vmlinuz" "$guest.new/vmlinuz-$release"
-    cp "$root/boot/initrd.img-$release" "$guest.new/initrd.img-$release"
+# The newest kernel of each series (debootstrap's 6.1 may have been updated since).
+declare -A newest
+while read -r release; do
+    newest[$(cut -d. -f1,2 <<<"$release")]=$release
+done < <(find "$root/boot" -name 'vmlinuz-*' -printf '%f\n' | sed 's/^vmlinuz-//' | sort -V)
+for release in "${newest[@]}"; do
+    cp "$root/boot/vmlinuz-$release" "$root/boot/initrd.img-$release" "$guest.new/"
 done
 for m in dev/pts dev proc sys; do umount -l "$root/$m"; done
-rm -rf "$root"/boot/* "$root"/var/lib/apt/lists/*
+rm -rf "${root:?}"/boot/* "${root:?}"/var/lib/apt/lists/*
 # Room for the tests' files (pytest's temporary directories, base files).
 size=$(( $(du -sm "$root" | cut -f1) + 3072 ))
 mkfs.ext4 -q -L kernelguest -d "$root" "$guest.new/root.ext4" "${size}M"

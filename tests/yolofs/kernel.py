@@ -1,0 +1,32 @@
+"""What the running kernel offers yolofs, as docs/install.md's kernel table states it.
+
+The mount tests run on the kernels of the field (tools/kernel-matrix): where a kernel lacks a
+feature they assert the documented fallback instead of skipping.
+"""
+
+import os
+import re
+import subprocess
+
+
+def release():
+    return tuple(int(n) for n in re.findall(r'\d+', os.uname().release)[:2])
+
+
+def fuse_passthrough():
+    """The kernel reads files a FUSE daemon hands it (FUSE_PASSTHROUGH, Linux 6.9)."""
+    return release() >= (6, 9)
+
+
+def notify_resend():
+    """A new daemon can have the requests a dead one left unanswered sent again
+    (FUSE_NOTIFY_RESEND, Linux 6.9)."""
+    return release() >= (6, 9)
+
+
+def multigrain_timestamps(path):
+    """Every write moves a file's ctime, even within a clock tick: Linux 6.13's multigrain
+    timestamps, on ext4, XFS, Btrfs and tmpfs (yolofs' store.rs)."""
+    fs_type = subprocess.run(['stat', '-f', '-c', '%t', str(path)], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    return release() >= (6, 13) and fs_type in ('ef53', '58465342', '9123683e', '1021994')
