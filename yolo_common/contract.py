@@ -41,3 +41,23 @@ def is_boot_image(image, container_format=CONTAINER_FORMAT):
     """A boot image the worker published (or anyone uploaded naming a source image)."""
     return (image.get('container_format') == container_format
             or SOURCE_IMAGE_ID in image)
+
+
+# Traits of a compute host's resource provider in placement, set by the driver from its yolofs'
+# status: what keeps boot images verified across Nova's touches of their base files there
+# (docs/yolofs.md). `openstack yolo host list` reads them.
+TOUCH_SAFETY_TRAIT_PREFIX = 'CUSTOM_YOLO_TOUCH_SAFETY_'
+TOUCH_SAFETY_MECHANISMS = ('leases', 'multigrain_timestamps', 'none', 'unknown')
+
+
+def touch_safety_trait(mechanism):
+    """The trait for a mechanism of yolofs' `status` (`touch_safety.mechanism`)."""
+    return TOUCH_SAFETY_TRAIT_PREFIX + mechanism.upper()
+
+
+def touch_safety_of_traits(traits):
+    """The mechanism the traits of a resource provider name, or None."""
+    for mechanism in TOUCH_SAFETY_MECHANISMS:
+        if touch_safety_trait(mechanism) in traits:
+            return mechanism
+    return None

@@ -2,6 +2,7 @@
 pip installs it, real keystone tokens and roles."""
 
 from tests.e2e.conftest import admin, demo
+from yolo_bench.cloud import wait as wait_until
 
 
 def by_field(rows):
@@ -28,9 +29,19 @@ def test_image_list_and_show_report_the_published_boot_image(published_boot_imag
 
 def test_operator_actions_are_refused_to_a_non_admin(published_boot_image):
     source, _ = published_boot_image
-    for command in (('yolo', 'image', 'rebuild', source['id']), ('yolo', 'server', 'list')):
+    for command in (('yolo', 'image', 'rebuild', source['id']), ('yolo', 'server', 'list'),
+                    ('yolo', 'host', 'list')):
         proc = demo(*command, parse=False, check=False)
         assert proc.returncode != 0
         assert 'admin' in proc.stderr, proc.stderr
     # Reading is open to every user, as Glance shows them the image.
     assert demo('yolo', 'image', 'show', source['id'])['Boot Image Status'] == 'ready'
+
+
+def test_host_list_says_what_keeps_each_hosts_boot_images_verified():
+    # The driver sets its host's trait at each resource update (every 60 s here); yolofs holds
+    # leases on the all-in-one's ext4.
+    hosts = [row['Hypervisor Hostname'] for row in admin('hypervisor', 'list')]
+    wait_until('every compute host reports its touch safety', 150, lambda: {
+        row['Host']: row['Touch Safety'] for row in admin('yolo', 'host', 'list')
+    } == dict.fromkeys(hosts, 'leases'))

@@ -586,6 +586,10 @@ start_yolofs_service() {  # NAME SOURCE MOUNTPOINT BOOT-IMAGES CONTROL-SOCKET OP
         # shellcheck disable=SC2016 # expanded by that shell
         join=(/bin/sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$7")
     fi
+    # Benchmarks run yolofs as on a kernel without multigrain timestamps (docs/benchmarks.md).
+    if [[ -n ${YOLOFS_ASSUME_COARSE_TIMESTAMPS:-} ]]; then
+        join=(/usr/bin/env YOLOFS_ASSUME_COARSE_TIMESTAMPS=1 "${join[@]}")
+    fi
     # shellcheck disable=SC2086 # the options are word-split on purpose
     # The keeper starts yolofs again on the same mount if it dies (docs/operations.md).
     start_service "$1" root "${join[@]}" "$YOLOFS_BIN" keep -- "$YOLOFS_BIN" mount --source "$2" \

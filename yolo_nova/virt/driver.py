@@ -41,6 +41,7 @@ from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
 import tenacity
 
+from yolo_common import contract
 from yolo_common import yolofs
 from yolo_nova import boot_model
 from yolo_nova import calibration
@@ -422,6 +423,18 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             yolo_stats = {'yolo_active': 'false'}
         data['stats'] = dict(data.get('stats') or {}, **yolo_stats)
         return data
+
+    def update_provider_tree(self, provider_tree, nodename, allocations=None):
+        super().update_provider_tree(provider_tree, nodename, allocations=allocations)
+        # What keeps boot images verified across touches here, for operators
+        # (`openstack yolo host list`): one trait, none while yolofs is down.
+        traits = {t for t in provider_tree.data(nodename).traits
+                  if not t.startswith(contract.TOUCH_SAFETY_TRAIT_PREFIX)}
+        status = self.yolo_backing.status()
+        mechanism = ((status or {}).get('touch_safety') or {}).get('mechanism')
+        if mechanism in contract.TOUCH_SAFETY_MECHANISMS:
+            traits.add(contract.touch_safety_trait(mechanism))
+        provider_tree.update_traits(nodename, traits)
 
     def _yolo_stats(self, resources):
         """The host_stats keys, or only ``yolo_active: false`` if yolofs is not serving."""

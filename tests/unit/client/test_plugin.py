@@ -36,7 +36,8 @@ def test_the_command_group_is_the_one_openstackclient_derives_from_the_plugin():
     group = 'openstack.%s.v%s' % (plugin.API_NAME, plugin.DEFAULT_API_VERSION.split('.')[0])
     commands = entry_points(group)
     assert sorted(n.replace('_', ' ') for n in commands) == [
-        'yolo image list', 'yolo image rebuild', 'yolo image show', 'yolo server list']
+        'yolo host list', 'yolo image list', 'yolo image rebuild', 'yolo image show',
+        'yolo server list']
     for target in commands.values():
         module, name = target.split(':')
         assert issubclass(getattr(importlib.import_module(module), name),

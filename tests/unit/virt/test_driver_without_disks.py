@@ -8,10 +8,12 @@ import time
 from unittest import mock
 
 import fixtures
+from nova.compute import provider_tree
 from nova.tests import fixtures as nova_fixtures
 from nova.virt import driver as virt_driver
 from nova.virt import fake as fake_virt
 from nova.virt.libvirt import driver as libvirt_driver
+from oslo_utils.fixture import uuidsentinel as uuids
 
 from tests.unit import nova_base
 from yolo_nova import calibration
@@ -215,3 +217,34 @@ class PrivilegedRebaseTestCase(nova_base.NoDBTestCase):
         with mock.patch.object(yolo, 'rebase_unsafe') as privileged:
             backing.rebase_unsafe('/i/disk', '/m/base', 'raw')
         privileged.assert_called_once_with('/i/disk', '/m/base', 'raw')
+
+
+class TestProviderTraits(nova_base.NoDBTestCase):
+    """The resource tracker's provider tree: one trait says what keeps boot images verified."""
+
+    def setUp(self):
+        super().setUp()
+        self.useFixture(nova_fixtures.LibvirtFixture())
+        self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
+                                                    'yolo.YoloLibvirtDriver')
+        # Libvirt's own inventory and CPU traits need a host: not what is tested here.
+        self.useFixture(fixtures.MockPatchObject(
+            libvirt_driver.LibvirtDriver, 'update_provider_tree', return_value=None))
+        self.tree = provider_tree.ProviderTree()
+        self.tree.new_root('node', uuids.node)
+        self.tree.update_traits('node', ['HW_CPU_X86_AVX', 'CUSTOM_YOLO_TOUCH_SAFETY_NONE'])
+
+    def traits_with(self, status):
+        with mock.patch.object(self.drvr.yolo_backing, 'status', return_value=status):
+            self.drvr.update_provider_tree(self.tree, 'node')
+        return self.tree.data('node').traits
+
+    def test_the_trait_follows_yolofs_status(self):
+        self.assertEqual({'HW_CPU_X86_AVX', 'CUSTOM_YOLO_TOUCH_SAFETY_LEASES'},
+                         self.traits_with({'touch_safety': {'mechanism': 'leases'}}))
+        self.assertEqual({'HW_CPU_X86_AVX', 'CUSTOM_YOLO_TOUCH_SAFETY_NONE'},
+                         self.traits_with({'touch_safety': {'mechanism': 'none'}}))
+
+    def test_no_trait_while_yolofs_is_down_or_says_nothing(self):
+        self.assertEqual({'HW_CPU_X86_AVX'}, self.traits_with(None))
+        self.assertEqual({'HW_CPU_X86_AVX'}, self.traits_with({'boot_images': []}))
