@@ -701,6 +701,8 @@ class ServiceManager:
         fields = dict(line.split('=', 1) for line in message.decode().splitlines())
         if fields.get('FDSTORE') == '1':
             self.stored[fields['FDNAME']] = fds[0]
+        if fields.get('FDSTOREREMOVE') == '1' and fields['FDNAME'] in self.stored:
+            os.close(self.stored.pop(fields['FDNAME']))
         return fields
 
     def start(self, command, log):
@@ -742,6 +744,10 @@ def test_a_killed_keeper_gets_the_mount_back_from_the_service_manager(
             keeper = manager.start(mount.command(), log)
             serving_pid(mount, other_than=child)
             if not kernel.notify_resend():
+                # The new yolofs gives the old mount up: its keeper has the service manager
+                # drop the old descriptor, which ends the old mount's connection.
+                while 'yolofs-fuse' in manager.stored:
+                    manager.receive()
                 assert_mount_given_up(mount, readers, mount_id, content)
                 return
             readers.read_on()

@@ -301,7 +301,10 @@ impl Daemon {
             Request::Touch { file } => {
                 let name = base_file_name(&file)?;
                 let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
-                let kept = self.store.touch(&self.source, name, &source).map_err(|e| format!("{name}: {e}"))?;
+                let kept = self
+                    .store
+                    .touch(&self.source, name, &source)
+                    .map_err(|e| format!("{name}: {e}"))?;
                 Ok(json!({ "file": name, "verification_kept": kept }))
             }
             Request::HostLoad => serde_json::to_value(self.host_load.current()).map_err(|e| e.to_string().into()),

@@ -9,14 +9,17 @@
 //! `/proc/sys/fs/lease-break-time`). So while [`Lease::intact`] holds, the file's bytes are the
 //! ones it had when the lease was taken, whatever its times say.
 //!
-//! The kernel signals a break with SIGIO to the process that took the lease; one thread answers
-//! by letting go of every lease being broken, so writers wait only that long. `intact` asks the
-//! kernel itself (`F_GETLEASE`), so a lease the kernel removed for any reason (a holder too slow,
-//! a break answered) is never taken for an intact one.
+//! The kernel signals a break with SIGIO to the lease's owner, set to this process (not the
+//! thread that took it, which may be gone by then); one thread answers by letting go of every
+//! lease being broken, so writers wait only that long. `intact` asks the kernel itself
+//! (`F_GETLEASE`), so a lease the kernel removed for any reason (a holder too slow, a break
+//! answered) is never taken for an intact one.
 //!
-//! What leases do not see: writes from another NFS client (and NFS refuses leases, which is
-//! reported), writes to an overlay filesystem's lower layer, a block device written under the
-//! filesystem. Where leases are refused, yolofs says why (`LeaseError`) and falls back to ctime.
+//! Leases are local: a write from another host (NFS, where a read delegation can back a lease,
+//! and a revoked one breaks nothing; a FUSE or cluster filesystem) never breaks one. So leases are
+//! taken only on local filesystems ([`LOCAL_FILESYSTEMS`]); elsewhere yolofs says why
+//! (`LeaseError`) and falls back to the ctime. Writes a lease does not see on a local filesystem
+//! either: an overlay's layers written directly, a block device written under the filesystem.
 
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
@@ -42,17 +45,46 @@ pub enum LeaseError {
     Unsupported,
     #[error("no permission to take a lease (neither the file's owner nor CAP_LEASE)")]
     NotPermitted,
+    #[error("not a local filesystem (statfs type {0:#x}): writes from other hosts break no lease")]
+    NotLocal(i64),
     #[error("leases cannot be taken: {0}")]
     Other(String),
+}
+
+/// Filesystems whose every write goes through this kernel, so that a lease sees it: ext4, XFS,
+/// Btrfs, tmpfs (`statfs` magic numbers).
+pub const LOCAL_FILESYSTEMS: [i64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
+
+/// The `statfs` type of the filesystem `file` is on.
+pub fn filesystem_type(file: &File) -> std::io::Result<i64> {
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `file` is an open descriptor and `fs` a writable statfs, read only on success.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), fs.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fstatfs returned 0, so `fs` is initialised.
+    let fs = unsafe { fs.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // f_type's width depends on the architecture
+    Ok(fs.f_type as i64)
 }
 
 impl Lease {
     /// Takes a read lease on the file `source` is open on, through a new read-only descriptor
     /// of its own (a lease belongs to one open file, and `source` may be closed first).
     pub fn take(source: &File) -> Result<Arc<Lease>, LeaseError> {
+        let fs_type = filesystem_type(source).map_err(|e| LeaseError::Other(e.to_string()))?;
+        if !LOCAL_FILESYSTEMS.contains(&fs_type) {
+            return Err(LeaseError::NotLocal(fs_type));
+        }
         let file = File::open(format!("/proc/self/fd/{}", source.as_raw_fd()))
             .map_err(|e| LeaseError::Other(format!("reopening the file: {e}")))?;
         let leases = watcher()?;
+        // The break's SIGIO goes to this process, whichever thread takes the lease (a control
+        // client's or the verifying one, gone by the time of a break).
+        // SAFETY: `file` is an open descriptor; F_SETOWN takes a pid.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETOWN, libc::getpid()) } != 0 {
+            return Err(LeaseError::Other(std::io::Error::last_os_error().to_string()));
+        }
         // SAFETY: `file` is an open descriptor; F_SETLEASE takes an int argument.
         if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } != 0 {
             let err = std::io::Error::last_os_error();
@@ -64,7 +96,11 @@ impl Lease {
             });
         }
         let lease = Arc::new(Lease { file });
-        leases.lock().unwrap().push(Arc::downgrade(&lease));
+        {
+            let mut leases = leases.lock().unwrap();
+            leases.retain(|lease| lease.strong_count() > 0);
+            leases.push(Arc::downgrade(&lease));
+        }
         // A break that came before the lease was listed was not seen by the watcher.
         if !lease.intact() {
             lease.release();
@@ -116,20 +152,12 @@ fn release_broken(leases: &Leases) {
     leases.retain(|lease| match lease.upgrade() {
         Some(lease) if !lease.intact() => {
             lease.release();
-            info!("a base file was opened for writing: its lease is released and its boot image verified again");
+            info!("a base file's lease was broken (opened for writing or truncated): its boot image is verified again");
             false
         }
         Some(_) => true,
         None => false,
     });
-}
-
-/// What keeps boot images verified across a touch of their base file on the filesystem of `dir`,
-/// found by taking a lease on a file there: for `status` and the metrics.
-pub fn probe(file: &File) -> Result<(), LeaseError> {
-    let lease = Lease::take(file)?;
-    lease.release();
-    Ok(())
 }
 
 /// Logs, once per reason, that leases are not available.
@@ -167,6 +195,19 @@ mod tests {
         let started = Instant::now();
         let _writer = OpenOptions::new().write(true).open(&path).unwrap();
         // Released by the watcher thread, not after the kernel's 45 s.
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        assert!(!lease.intact());
+    }
+
+    #[test]
+    fn a_writer_waits_little_once_the_thread_that_took_the_lease_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("base");
+        std::fs::write(&path, b"bytes").unwrap();
+        let reader = File::open(&path).unwrap();
+        let lease = std::thread::scope(|s| s.spawn(|| Lease::take(&reader).unwrap()).join().unwrap());
+        let started = Instant::now();
+        let _writer = OpenOptions::new().write(true).open(&path).unwrap();
         assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
         assert!(!lease.intact());
     }

@@ -626,7 +626,10 @@ fn probe_touch_safety(store: &BootImageStore, source: &Path) {
     }
     let safety = store.touch_safety();
     match &safety.lease_error {
-        None => info!("boot images stay verified across touches of their base files: {}", safety.mechanism),
+        None => info!(
+            "boot images stay verified across touches of their base files: {}",
+            safety.mechanism
+        ),
         Some(e) => warn!(
             "base files cannot be leased ({e}): {}",
             if safety.mechanism == "multigrain_timestamps" {

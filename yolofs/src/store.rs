@@ -214,16 +214,17 @@ pub fn ctime_moves_at_every_change(file: &File) -> bool {
     if std::env::var_os(COARSE_TIMESTAMPS_ENV).is_some() {
         return false;
     }
-    const MULTIGRAIN: [i64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
-    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // The local filesystems of leases are those with multigrain timestamps.
+    let Ok(fs_type) = lease::filesystem_type(file) else {
+        return false;
+    };
     let mut uts = std::mem::MaybeUninit::<libc::utsname>::uninit();
-    // SAFETY: `file` is an open descriptor; both buffers are writable and large enough, and are
-    // read only after the calls succeeded.
-    let (fs, uts) = unsafe {
-        if libc::fstatfs(file.as_raw_fd(), fs.as_mut_ptr()) != 0 || libc::uname(uts.as_mut_ptr()) != 0 {
+    // SAFETY: the buffer is writable and large enough, and read only after the call succeeded.
+    let uts = unsafe {
+        if libc::uname(uts.as_mut_ptr()) != 0 {
             return false;
         }
-        (fs.assume_init(), uts.assume_init())
+        uts.assume_init()
     };
     let release: String = uts
         .release
@@ -235,9 +236,7 @@ pub fn ctime_moves_at_every_change(file: &File) -> bool {
         .split(|c: char| !c.is_ascii_digit())
         .map(|n| n.parse::<u32>().unwrap_or(0));
     let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    #[allow(clippy::unnecessary_cast)] // f_type's width depends on the architecture
-    let fs_type = fs.f_type as i64;
-    version >= (6, 13) && MULTIGRAIN.contains(&fs_type)
+    version >= (6, 13) && lease::LOCAL_FILESYSTEMS.contains(&fs_type)
 }
 
 /// Path of the stamp file that goes with a boot image file.
@@ -925,7 +924,13 @@ impl BootImageStore {
             Err(e) => return Err(io(e)),
         };
         // The lease before the key: a write after the key was taken then breaks it.
-        let lease = self.take_lease(source);
+        let lease = match self.take_lease(source) {
+            Ok(lease) => lease,
+            // A writer has it open: its bytes may change without its ctime moving (a shared
+            // mapping, one long write), so it is not vouched for. Nova's base files are never
+            // open for writing once in place.
+            Err(_) => return Err(StoreError::Changing(name.into())),
+        };
         let source_key = SourceKey::settled(source, 2 * SETTLE)
             .map_err(io)?
             .ok_or_else(|| StoreError::Changing(name.into()))?;
@@ -957,19 +962,22 @@ impl BootImageStore {
         }
     }
 
-    /// A read lease on `source`, if the kernel and the filesystem give one (remembered for
-    /// [`touch_safety`](Self::touch_safety)).
-    fn take_lease(&self, source: &File) -> Option<Arc<Lease>> {
+    /// A read lease on `source`, or None where the kernel or the filesystem gives none (the
+    /// outcome remembered for [`touch_safety`](Self::touch_safety)); an error if the file is
+    /// open for writing, which says nothing of the filesystem.
+    fn take_lease(&self, source: &File) -> Result<Option<Arc<Lease>>, LeaseError> {
         let taken = Lease::take(source);
         match &taken {
-            // A writer of this file, not a property of the filesystem.
-            Err(LeaseError::OpenForWriting) => return None,
+            Err(LeaseError::OpenForWriting) => return Err(LeaseError::OpenForWriting),
             Err(e) => lease::warn_unavailable(e),
             Ok(_) => {}
         }
-        let outcome = (taken.as_ref().map(|_| ()).map_err(Clone::clone), ctime_moves_at_every_change(source));
+        let outcome = (
+            taken.as_ref().map(|_| ()).map_err(Clone::clone),
+            ctime_moves_at_every_change(source),
+        );
         *self.lease_outcome.lock().unwrap() = Some(outcome);
-        taken.ok()
+        Ok(taken.ok())
     }
 
     /// What keeps boot images verified across a touch of their base file here, as the last
@@ -1070,18 +1078,34 @@ impl BootImageStore {
     /// that kept it across a touch moves its key to a settled `source`, and its stamp with it,
     /// so that a restart finds it verified too.
     pub fn cached(&self, name: &str, source: &SourceKey) -> Option<Verified> {
-        let mut state = self.state.lock().unwrap();
-        let loaded = state.loaded.get_mut(name).filter(|loaded| loaded.holds_for(source))?;
-        if loaded.key != *source && source.is_settled() {
-            let stamped = read_stamp(&self.path_for(name)).filter(|stamp| stamp.source == loaded.key);
-            loaded.key = *source;
-            if let Some(stamp) = stamped {
-                if let Err(e) = save_stamp(&self.path_for(name), &Stamp { source: *source, ..stamp }) {
+        // Settled first: a write after the lease check below moves the ctime past `source`.
+        let settled = source.is_settled();
+        let (verified, moved_from) = {
+            let mut state = self.state.lock().unwrap();
+            let loaded = state.loaded.get_mut(name).filter(|loaded| loaded.holds_for(source))?;
+            let moved_from = (settled && source.ctime_ns > loaded.key.ctime_ns).then_some(loaded.key);
+            if moved_from.is_some() {
+                loaded.key = *source;
+            }
+            (loaded.clone(), moved_from)
+        };
+        // The stamp's file written outside the store's lock.
+        if let Some(before) = moved_from {
+            let path = self.path_for(name);
+            let image = BootImageKey::of(&verified.image);
+            if let Some(stamp) = read_stamp(&path).filter(|s| s.source == before && s.boot_image == image) {
+                if let Err(e) = save_stamp(
+                    &path,
+                    &Stamp {
+                        source: *source,
+                        ..stamp
+                    },
+                ) {
                     warn!("{name}: could not write the verification stamp: {e}");
                 }
             }
         }
-        Some(loaded.clone())
+        Some(verified)
     }
 
     /// Base file `name` in `source_dir` changed (a write, or its times set) since its boot image
@@ -1117,10 +1141,10 @@ impl BootImageStore {
     /// now, once its base file's ctime has settled.
     fn queue_reverify(self: &Arc<Self>, source_dir: &Path, name: &str) {
         let mut queue = self.reverify_queue.lock().unwrap();
-        queue
-            .due
-            .entry(name.to_string())
-            .or_insert_with(|| Instant::now() + SETTLE);
+        // A second after the last change: its ctime has settled by then.
+        let due = Instant::now() + SETTLE;
+        let entry = queue.due.entry(name.to_string()).or_insert(due);
+        *entry = (*entry).max(due);
         if queue.running {
             return;
         }
@@ -1434,42 +1458,45 @@ mod tests {
         assert!(loaded.holds_for(&now));
         assert!(f.store.cached("disk", &now).is_some());
         // The stamp follows once the change has settled, so that a restart finds it verified.
-        assert!(!stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
+        assert!(!stamp_matches(
+            &f.store.path_for("disk"),
+            BootImageKey::of(&loaded.image),
+            &now
+        ));
         std::thread::sleep(SETTLE);
         assert!(f.store.cached("disk", &now).is_some());
-        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
+        assert!(stamp_matches(
+            &f.store.path_for("disk"),
+            BootImageKey::of(&loaded.image),
+            &now
+        ));
         // An open for writing ends it, even with no byte written and the times as they were.
-        let writer = fs::OpenOptions::new().write(true).open(f.base_dir().join("disk")).unwrap();
+        let writer = fs::OpenOptions::new()
+            .write(true)
+            .open(f.base_dir().join("disk"))
+            .unwrap();
         writer.set_times(old_times).unwrap();
-        f.base().set_times(std::fs::FileTimes::new().set_modified(modified)).unwrap();
+        f.base()
+            .set_times(std::fs::FileTimes::new().set_modified(modified))
+            .unwrap();
         let changed = SourceKey::of(&f.base()).unwrap();
         assert!(!loaded.holds_for(&changed));
         assert!(f.store.cached("disk", &changed).is_none());
     }
 
     #[test]
-    fn without_a_lease_a_touch_keeps_the_verification_only_with_multigrain_timestamps() {
+    fn a_base_file_open_for_writing_is_not_served_from_its_boot_image() {
         let f = Fixture::new(1 << 30);
         f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
-        // A writer holds the file open: it cannot be leased.
-        let _writer = fs::OpenOptions::new().write(true).open(f.base_dir().join("disk")).unwrap();
-        let loaded = f.store.load("disk", &f.base()).unwrap();
-        assert!(!loaded.leased());
-        let verified = SourceKey::of(&f.base()).unwrap();
-        let keeps = ctime_moves_at_every_change(&f.base());
-        assert_eq!(f.store.touch(&f.base_dir(), "disk", &f.base()).unwrap(), keeps);
-        let now = SourceKey::of(&f.base()).unwrap();
-        assert!(now != verified);
-        if !keeps {
-            assert!(f.store.cached("disk", &now).is_none());
-            return;
-        }
-        assert!(f.store.cached("disk", &now).is_some());
-        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
-        assert!(f.store.evict("disk"));
-        assert!(f.store.touch(&f.base_dir(), "disk", &f.base()).unwrap());
-        let now = SourceKey::of(&f.base()).unwrap();
-        assert!(stamp_matches(&f.store.path_for("disk"), BootImageKey::of(&loaded.image), &now));
+        // Its bytes can change without its ctime moving (a shared mapping, one long write).
+        let writer = fs::OpenOptions::new()
+            .write(true)
+            .open(f.base_dir().join("disk"))
+            .unwrap();
+        assert!(matches!(f.store.load("disk", &f.base()), Err(StoreError::Changing(_))));
+        drop(writer);
+        assert!(f.store.load("disk", &f.base()).unwrap().leased());
+        assert_eq!(f.store.touch_safety().mechanism, "leases");
     }
 
     #[test]
