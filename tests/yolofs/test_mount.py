@@ -215,6 +215,17 @@ def served_again_after_a_touch(mount, ranges, content, verified_before, kept):
     assert verifications(mount) == verified_before + (0 if kept else 1)
 
 
+def test_touch_safety_is_known_before_any_base_file(mount_factory, tmp_path, leases):
+    empty = tmp_path / 'empty_base'
+    empty.mkdir()
+    mount = mount_factory(empty)
+    assert mount.client.status()['touch_safety']['mechanism'] == (
+        'leases' if leases else 'multigrain_timestamps' if kernel.multigrain_timestamps(empty)
+        else 'none')
+    # Tried on an unnamed file: Nova's image cache sees nothing.
+    assert list(empty.iterdir()) == []
+
+
 def test_a_base_file_whose_times_were_set_keeps_its_boot_image_under_a_lease(
         mount_factory, base_dir, boot_image_dir, content, leases):
     # Nova's image cache manager touches base files in use: their ctime moves, their bytes not.

@@ -612,14 +612,15 @@ fn wait_for_source(source: &Path) -> Result<PathBuf> {
 }
 
 /// Says at start what keeps boot images verified across touches of their base files, from a
-/// lease tried on one base file (none yet: the first boot image loaded tells).
+/// lease tried on an unnamed file in the source directory (`O_TMPFILE`: never seen by Nova, gone
+/// once closed), else on one of its base files.
 fn probe_touch_safety(store: &BootImageStore, source: &Path) {
     let bases = std::fs::read_dir(source)
         .into_iter()
         .flatten()
         .filter_map(|entry| store::open_regular_file(&entry.ok()?.path()).ok());
-    for base in bases.take(8) {
-        store.probe_touch_safety(&base);
+    for file in unnamed_file_in(source).into_iter().chain(bases.take(8)) {
+        store.probe_touch_safety(&file);
         if store.touch_safety().mechanism != "unknown" {
             break;
         }
@@ -639,6 +640,20 @@ fn probe_touch_safety(store: &BootImageStore, source: &Path) {
             }
         ),
     }
+}
+
+/// An unnamed file in `dir`, open for reading only (its writer closed, so that it can be leased).
+fn unnamed_file_in(dir: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+        .ok()?;
+    std::fs::File::open(format!("/proc/self/fd/{}", writer.as_raw_fd())).ok()
 }
 
 fn mount(args: MountArgs) -> Result<()> {
