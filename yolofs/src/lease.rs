@@ -174,13 +174,30 @@ pub fn warn_unavailable(err: &LeaseError) {
 mod tests {
     use super::*;
     use std::fs::OpenOptions;
+    use std::path::PathBuf;
     use std::time::{Duration, Instant};
 
-    #[test]
-    fn a_lease_holds_until_the_file_is_opened_for_writing_and_the_writer_waits_little() {
+    /// A file of a few bytes in a new directory.
+    fn base_file() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("base");
         std::fs::write(&path, b"bytes").unwrap();
+        (dir, path)
+    }
+
+    /// Opens `path` for writing, which breaks `lease`: let go of by the lease thread at once, not
+    /// after the kernel's 45 s.
+    fn open_for_writing(path: &PathBuf, lease: &Lease) -> File {
+        let started = Instant::now();
+        let writer = OpenOptions::new().write(true).open(path).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        assert!(!lease.intact());
+        writer
+    }
+
+    #[test]
+    fn a_lease_holds_until_the_file_is_opened_for_writing_and_the_writer_waits_little() {
+        let (_dir, path) = base_file();
         let reader = File::open(&path).unwrap();
         let lease = Lease::take(&reader).unwrap();
         assert!(lease.intact());
@@ -192,31 +209,20 @@ mod tests {
         // SAFETY: `reader` is open; `times` points to two valid timespecs.
         assert_eq!(unsafe { libc::futimens(reader.as_raw_fd(), [now, now].as_ptr()) }, 0);
         assert!(lease.intact());
-        let started = Instant::now();
-        let _writer = OpenOptions::new().write(true).open(&path).unwrap();
-        // Released by the watcher thread, not after the kernel's 45 s.
-        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
-        assert!(!lease.intact());
+        open_for_writing(&path, &lease);
     }
 
     #[test]
     fn a_writer_waits_little_once_the_thread_that_took_the_lease_is_gone() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("base");
-        std::fs::write(&path, b"bytes").unwrap();
+        let (_dir, path) = base_file();
         let reader = File::open(&path).unwrap();
         let lease = std::thread::scope(|s| s.spawn(|| Lease::take(&reader).unwrap()).join().unwrap());
-        let started = Instant::now();
-        let _writer = OpenOptions::new().write(true).open(&path).unwrap();
-        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
-        assert!(!lease.intact());
+        open_for_writing(&path, &lease);
     }
 
     #[test]
     fn a_file_open_for_writing_cannot_be_leased() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("base");
-        std::fs::write(&path, b"bytes").unwrap();
+        let (_dir, path) = base_file();
         let _writer = OpenOptions::new().write(true).open(&path).unwrap();
         let reader = File::open(&path).unwrap();
         assert_eq!(Lease::take(&reader).unwrap_err(), LeaseError::OpenForWriting);
@@ -224,9 +230,7 @@ mod tests {
 
     #[test]
     fn a_truncate_breaks_a_lease() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("base");
-        std::fs::write(&path, b"bytes").unwrap();
+        let (_dir, path) = base_file();
         let lease = Lease::take(&File::open(&path).unwrap()).unwrap();
         let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: `c_path` is a valid NUL-terminated path.

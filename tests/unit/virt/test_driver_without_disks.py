@@ -22,6 +22,12 @@ from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
 
 
+def load_driver(test):
+    """The driver as nova-compute loads it, on Nova's libvirt fixture."""
+    test.useFixture(nova_fixtures.LibvirtFixture())
+    return virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
+
+
 class TestLoading(nova_base.NoDBTestCase):
 
     def test_loaded_from_nova_virt_as_compute_driver_option(self):
@@ -39,9 +45,7 @@ class TestAvailableResource(nova_base.NoDBTestCase):
 
     def setUp(self):
         super().setUp()
-        self.useFixture(nova_fixtures.LibvirtFixture())
-        self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
-                                                    'yolo.YoloLibvirtDriver')
+        self.drvr = load_driver(self)
         self.useFixture(fixtures.MockPatchObject(
             libvirt_driver.LibvirtDriver, 'get_available_resource',
             side_effect=lambda nodename: {'vcpus': 2, 'stats': {'other': 'kept'}}))
@@ -224,9 +228,7 @@ class TestProviderTraits(nova_base.NoDBTestCase):
 
     def setUp(self):
         super().setUp()
-        self.useFixture(nova_fixtures.LibvirtFixture())
-        self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
-                                                    'yolo.YoloLibvirtDriver')
+        self.drvr = load_driver(self)
         # Libvirt's own inventory and CPU traits need a host: not what is tested here.
         self.useFixture(fixtures.MockPatchObject(
             libvirt_driver.LibvirtDriver, 'update_provider_tree', return_value=None))
