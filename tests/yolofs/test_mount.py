@@ -722,7 +722,10 @@ class ServiceManager:
         env = dict(os.environ, NOTIFY_SOCKET=str(self.path))
         if fds:
             env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=':'.join(self.stored))
-        moves = ' '.join('%d<&%d' % (3 + i, fd) for i, fd in enumerate(fds))
+        # Moved ("N<&M-": the number it had is closed), so that the child holds each once, at
+        # its number from 3, as systemd passes them.
+        moves = ' '.join('%d<&%d-' % (3 + i, fd) if fd != 3 + i else ''
+                         for i, fd in enumerate(fds))
         # bash, not sh: dash takes only one-digit descriptors in redirections.
         shell = ['bash', '-c', 'LISTEN_PID=$$ exec "$@" %s' % moves, 'bash']
         return subprocess.Popen(shell + command, env=env, pass_fds=fds, stdout=log,
