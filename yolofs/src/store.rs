@@ -894,23 +894,18 @@ impl BootImageStore {
             source,
         };
         // In memory and still verified for the file as it is: no wait for it to settle.
-        if let Some(verified) = self.cached(name, &SourceKey::of(source).map_err(io)?) {
-            return Ok(verified);
-        }
-        // A file changed within the last second could change again without its ctime moving:
-        // wait for it to settle (a fresh download, at most a second), else serve it by passthrough.
-        let source_key = SourceKey::settled(source, 2 * SETTLE)
-            .map_err(io)?
-            .ok_or_else(|| StoreError::Changing(name.into()))?;
-        if let Some(verified) = self.cached(name, &source_key) {
+        let now = SourceKey::of(source).map_err(io)?;
+        if let Some(verified) = self.cached(name, &now) {
             return Ok(verified);
         }
         let path = self.path_for(name);
         {
+            // Refused for the file as it is: a rejection's key is settled, so any write since
+            // moved the ctime past it.
             let state = self.state.lock().unwrap();
             if let Some(rejection) = state.rejected.get(name) {
                 let same_file = boot_image_file_key(&path).ok() == Some(rejection.file_key);
-                if same_file && rejection.source == source_key {
+                if same_file && rejection.source == now {
                     return Err(StoreError::Refused {
                         name: name.into(),
                         reason: rejection.reason.clone(),
@@ -923,7 +918,10 @@ impl BootImageStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::Missing(name.into())),
             Err(e) => return Err(io(e)),
         };
-        // The lease before the key: a write after the key was taken then breaks it.
+        // The lease before the key: a write after the key was taken then breaks it. A file
+        // changed within the last second could change again without its ctime moving: the key
+        // waits for it to settle (a fresh download, at most a second), else it is served by
+        // passthrough.
         let lease = match self.take_lease(source) {
             Ok(lease) => lease,
             // A writer has it open: its bytes may change without its ctime moving (a shared
