@@ -1,4 +1,4 @@
-"""Fixtures shared by YOLO's tests: the yolofs binary, the bootable test image, mounts.
+"""Fixtures shared by YOLO's tests: the yolofs binary, the bootable test images, mounts.
 
 Nova's test environment is loaded only where Nova's tests are (tests/nova_env.py).
 """
@@ -47,38 +47,51 @@ def yolofs_bin():
     return yolofs.binary()
 
 
-@pytest.fixture(scope='session')
-def test_image():
-    """The bootable Debian 12 qcow2 built (and cached) by tools/build-test-image.sh."""
-    path = os.environ.get('YOLO_TEST_IMAGE')
+def built_image(variable, builder):
+    """The image named by environment ``variable`` (tools/run-tests builds them meanwhile), or
+    the one ``builder`` (a script in tools/, cached) builds now."""
+    path = os.environ.get(variable)
     if not path:
-        build = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')],
-                               capture_output=True, text=True)
+        build = subprocess.run([str(REPO / 'tools' / builder)], capture_output=True, text=True)
         if build.returncode != 0:
-            pytest.fail('tools/build-test-image.sh failed (exit %d):\n%s'
-                        % (build.returncode, build.stderr[-4000:]))
+            pytest.fail('tools/%s failed (exit %d):\n%s'
+                        % (builder, build.returncode, build.stderr[-4000:]))
         path = build.stdout.strip().splitlines()[-1]
     assert pathlib.Path(path).is_file(), path
     return pathlib.Path(path)
 
 
 @pytest.fixture(scope='session')
-def test_image_tree_digest(test_image):
-    """The digest of the test image's files (tests.guest_disk.TREE_DIGEST)."""
-    from tests import guest_disk
-    return guest_disk.source_tree_digest(test_image)
+def tiny_image():
+    """The tiny bootable qcow2 (Debian's kernel, busybox), ready in seconds under TCG: for tests
+    of a Nova, Glance or driver path (tools/build-tiny-image.sh)."""
+    return built_image('YOLO_TINY_IMAGE', 'build-tiny-image.sh')
 
 
 @pytest.fixture(scope='session')
-def image_cache(tmp_path_factory, test_image):
-    """An image cache directory holding the test image as Nova stores it: ``_base/<sha1>``, raw."""
+def debian_image():
+    """The bootable Debian 12 qcow2, for tests that need a real distribution's boot: commands
+    in the guest through its agent, boot times to learn from (tools/build-test-image.sh)."""
+    return built_image('YOLO_TEST_IMAGE', 'build-test-image.sh')
+
+
+@pytest.fixture(scope='session')
+def debian_image_tree_digest(debian_image):
+    """The digest of the Debian image's files (tests.guest_disk.TREE_DIGEST)."""
+    from tests import guest_disk
+    return guest_disk.source_tree_digest(debian_image)
+
+
+@pytest.fixture(scope='session')
+def image_cache(tmp_path_factory, tiny_image):
+    """An image cache directory holding the tiny image as Nova stores it: ``_base/<sha1>``, raw."""
     from yolo_common import images
     instances = tmp_path_factory.mktemp('instances')
     base_dir = instances / '_base'
     base_dir.mkdir()
     image_id = str(uuid.uuid5(uuid.NAMESPACE_URL, 'yolo-test-image'))
     base = base_dir / images.base_file_name(image_id)
-    images.convert_to_raw(test_image, base)
+    images.convert_to_raw(tiny_image, base)
     return base
 
 

@@ -177,39 +177,51 @@ def cloud():
     return 'aio-admin'
 
 
-@pytest.fixture(scope='session')
-def test_image_file():
-    path = os.environ.get('YOLO_TEST_IMAGE')
-    if not path:
-        path = subprocess.run([str(REPO / 'tools' / 'build-test-image.sh')], check=True,
-                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    return pathlib.Path(path)
+def upload_public(name, image_file, *properties):
+    """``image_file`` uploaded by the admin as a public qcow2 image, as a plain upload."""
+    options = [arg for prop in properties for arg in ('--property', prop)]
+    return admin('image', 'create', '--public', '--disk-format', 'qcow2',
+                 '--container-format', 'bare', *options, '--file', image_file, name)
+
+
+def wait_for_boot_image(source):
+    """The boot image the worker publishes for ``source``: (source, boot image id)."""
+    def linked():
+        image = admin('image', 'show', source['id'])
+        status = image_property(image, 'yolo_boot_image_status')
+        if status in ('failed', 'skipped'):
+            raise AssertionError('boot image of %s: %s (%s)' % (
+                source['id'], status, image_property(image, 'yolo_boot_image_reason')))
+        return image if image_property(image, 'yolo_boot_image_id') else None
+    image = wait_until('boot image of %s' % source['name'], BOOT_IMAGE_TIMEOUT, linked, 5.0)
+    return image, image_property(image, 'yolo_boot_image_id')
 
 
 @pytest.fixture(scope='session')
-def public_image(cloud, test_image_file):
-    """The test image, uploaded by the admin as a public image, as a plain upload. Its guests
-    get the QEMU guest agent's channel (tests run commands inside them)."""
-    name = 'e2e-public-%d' % os.getpid()
-    image = admin('image', 'create', '--public', '--disk-format', 'qcow2',
-                  '--container-format', 'bare', '--property', 'hw_qemu_guest_agent=yes',
-                  '--file', test_image_file, name)
+def public_image(cloud, tiny_image):
+    """The tiny test image, a public image: for the tests of Nova's and Glance's paths."""
+    image = upload_public('e2e-public-%d' % os.getpid(), tiny_image)
     yield image
     admin('image', 'delete', image['id'], parse=False, check=False)
 
 
 @pytest.fixture(scope='session')
 def published_boot_image(public_image):
-    """The boot image the worker publishes for the public image: (source, boot image id)."""
-    def linked():
-        image = admin('image', 'show', public_image['id'])
-        status = image_property(image, 'yolo_boot_image_status')
-        if status in ('failed', 'skipped'):
-            raise AssertionError('boot image of the public image %s: %s (%s)' % (
-                public_image['id'], status, image_property(image, 'yolo_boot_image_reason')))
-        return image if image_property(image, 'yolo_boot_image_id') else None
-    image = wait_until('boot image of the public image', BOOT_IMAGE_TIMEOUT, linked, 5.0)
-    return image, image_property(image, 'yolo_boot_image_id')
+    return wait_for_boot_image(public_image)
+
+
+@pytest.fixture(scope='session')
+def debian_public_image(cloud, debian_image):
+    """The Debian test image, a public image whose guests get the QEMU guest agent's channel:
+    for tests that run commands inside the guest or learn from its boot times."""
+    image = upload_public('e2e-debian-%d' % os.getpid(), debian_image, 'hw_qemu_guest_agent=yes')
+    yield image
+    admin('image', 'delete', image['id'], parse=False, check=False)
+
+
+@pytest.fixture(scope='session')
+def published_debian_boot_image(debian_public_image):
+    return wait_for_boot_image(debian_public_image)
 
 
 @pytest.fixture(scope='session')

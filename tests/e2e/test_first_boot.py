@@ -22,15 +22,15 @@ from yolo_nova.virt import first_boot
 LOG_DIR = '/var/log/yolo-aio'
 
 
-def test_glance_serves_the_ranges_a_fill_asks_for(public_image, test_image_file):
+def test_glance_serves_the_ranges_a_fill_asks_for(public_image, tiny_image):
     """What a fill of a raw image asks of Glance, through a user's keystone session: single
     ranges (a read waiting for them) and the rest of the data from an offset (a resumed
     download)."""
     demo = connection('aio-demo')
     data = first_boot.GlanceData(demo.session, demo.image.get_endpoint(), public_image['id'])
-    with open(test_image_file, 'rb') as image:
+    with open(tiny_image, 'rb') as image:
         for offset, length in ((0, 4096), (5 << 20, 1 << 20),
-                               (os.path.getsize(test_image_file) - 1000, 1000)):
+                               (os.path.getsize(tiny_image) - 1000, 1000)):
             assert data.read(offset, length) == os.pread(image.fileno(), length, offset)
         start = (7 << 20) + 12345
         first = next(data.chunks(start, chunk_bytes=1 << 20))
@@ -39,7 +39,7 @@ def test_glance_serves_the_ranges_a_fill_asks_for(public_image, test_image_file)
 
 @pytest.mark.two_hosts
 def test_a_hosts_first_boot_of_a_public_image_runs_before_its_download(
-        second_host, published_boot_image, test_image_file):
+        second_host, published_boot_image, tiny_image):
     image, _ = published_boot_image
     name = base_file_name(image['id'])
     base = INSTANCES[second_host] / '_base' / name
@@ -76,7 +76,7 @@ def test_a_hosts_first_boot_of_a_public_image_runs_before_its_download(
     assert 'ALARM' not in compute
     # The base file holds the image's disk as Nova's download and conversion make it (qemu-img
     # compares them byte for byte), and the boot image is the host's own, verified against it.
-    subprocess.run(['qemu-img', 'compare', '-f', 'raw', '-F', 'qcow2', base, test_image_file],
+    subprocess.run(['qemu-img', 'compare', '-f', 'raw', '-F', 'qcow2', base, tiny_image],
                    check=True)
     assert not [entry for entry in os.listdir(base.parent)
                 if entry.endswith(first_boot.FILL_SUFFIX)]

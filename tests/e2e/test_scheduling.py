@@ -36,7 +36,7 @@ pytestmark = pytest.mark.two_hosts
 
 
 @pytest.fixture(scope='module')
-def warm_hosts(second_host, published_boot_image):
+def warm_hosts(second_host, published_debian_boot_image):
     """Both compute hosts with the image cached, its boot image installed, and boot-time
     parameters learned from their own boots of it (docs/scheduling.md: [yolo]
     learn_from_boots, 3 boots from a boot image), booting it where needed, placed by the admin:
@@ -44,7 +44,7 @@ def warm_hosts(second_host, published_boot_image):
     the tests before this one (a boot while yolofs restarted, under a load of its own) taught
     the first host an alpha_yolo of 0, and a host under I/O contention then ranks as fast as an
     idle one (docs/scheduling.md, "Learning from the host's own boots")."""
-    image, _ = published_boot_image
+    image, _ = published_debian_boot_image
     for host in (FIRST_HOST, SECOND_HOST):
         OBSERVED_BOOTS[host].unlink(missing_ok=True)
 
@@ -75,8 +75,8 @@ def warm_hosts(second_host, published_boot_image):
         assert learned(host), observed_boots(host)
 
 
-def test_servers_land_on_the_host_without_contention(warm_hosts, published_boot_image):
-    image, _ = published_boot_image
+def test_servers_land_on_the_host_without_contention(warm_hosts, published_debian_boot_image):
+    image, _ = published_debian_boot_image
     for busy, idle in ((FIRST_HOST, SECOND_HOST), (SECOND_HOST, FIRST_HOST)):
         # As many stressors as the scheduling benchmark, whose placements with YOLO on were 4 of 4
         # in every run as built: with one, the contended host's I/O part (x about 0.9) was no

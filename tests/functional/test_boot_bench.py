@@ -34,13 +34,13 @@ def test_throttled_disk_accounts_io_to_its_cgroup(tmp_path):
     assert not os.path.ismount(disk.root)
 
 
-def test_smoke_run_of_every_policy(tmp_path, test_image):
+def test_smoke_run_of_every_policy(tmp_path, tiny_image):
     """With Nova's cache mode (the thesis' is the learning boot's), the ready pattern given as a
     regular expression."""
     csv = tmp_path / 'boot.csv'
     cli.main(['run', '--scenario', 'multi', '--sizes', '1', '--storage', 'local',
               '--repetitions', '1', '--csv', str(csv), '--workdir', str(tmp_path / 'work'),
-              '--test-image', str(test_image), '--cache', 'none',
+              '--test-image', str(tiny_image), '--cache', 'none',
               '--ready-pattern', r'YOLO-GUEST-READY \S+'])
     measured = results.read_csv(csv)
     assert sorted(r.point.policy for r in measured) == sorted(plan.POLICIES)

@@ -1,4 +1,4 @@
-"""yolo-calibrate for real: idle boots of the test image give parameters the driver can report."""
+"""yolo-calibrate for real: idle boots of the tiny image give parameters the driver can report."""
 
 import pytest
 
@@ -10,9 +10,9 @@ from yolo_nova.cmd import calibrate
 pytestmark = pytest.mark.serial
 
 
-def test_calibrate_boots_and_saves(test_image, tmp_path):
+def test_calibrate_boots_and_saves(tiny_image, tmp_path):
     output = tmp_path / 'calibration.json'
-    assert calibrate.main(['--image', str(test_image), '--instances-path', str(tmp_path / 'i'),
+    assert calibrate.main(['--image', str(tiny_image), '--instances-path', str(tmp_path / 'i'),
                            '--boots', '1', '--output', str(output), '--disk-iops', '300',
                            '--disk-bytes-per-second', '150e6', '--accel', 'tcg']) == 0
     result = calibration.load(str(output))

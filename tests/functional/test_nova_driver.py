@@ -178,7 +178,7 @@ def domain_xml(instance, disk, console_log):
 
 
 def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount(
-        nova_host, libvirtd, world_readable_dir, test_image, test_image_tree_digest,
+        nova_host, libvirtd, world_readable_dir, debian_image, debian_image_tree_digest,
         mount_factory, tmp_path):
     """The driver's disk boots from the boot image under libvirt; once the boot is over the
     running guest moves to _base, so that it outlives yolofs: killed, the guest reads every block
@@ -188,7 +188,7 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount
     image_id = str(uuid.uuid4())
     base = root / 'instances' / '_base' / images.base_file_name(image_id)
     base.parent.mkdir(parents=True)
-    images.convert_to_raw(test_image, base)
+    images.convert_to_raw(debian_image, base)
     (root / 'instances').chmod(0o755)
     nova_host.useFixture(config_fixture.Config(CONF)).config(
         instances_path=str(root / 'instances'))
@@ -266,7 +266,7 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount
         # without a fault and its files are the source's.
         mount.process.kill()
         mount.process.wait()
-        guest_disk.check_guest_reads_its_disk(guest._domain, test_image_tree_digest)
+        guest_disk.check_guest_reads_its_disk(guest._domain, debian_image_tree_digest)
         assert guest_disk.GUEST_IO_ERROR.findall(read_bytes(console_log)) == []
         assert drvr.get_info(instance).state == power_state.RUNNING
     finally:
