@@ -7,6 +7,7 @@ a fill is started as FirstBoots.begin starts it once it has a trusted boot image
 
 import concurrent.futures
 import errno
+import fcntl
 import filecmp
 import hashlib
 import os
@@ -16,6 +17,7 @@ import threading
 import time
 
 from keystoneauth1 import session as ks_session
+from oslo_concurrency import lockutils
 import pytest
 import tenacity
 
@@ -234,6 +236,122 @@ def test_data_that_is_not_the_images_is_never_a_base_file(host, dirs, image_serv
                          ('sha256', hashlib.sha256(b'another image').hexdigest()))
     assert fill.wait(60) and fill.outcome == 'failed' and 'checksum' in fill.reason
     assert os.listdir(host.base_dir) == []
+
+
+def test_an_image_with_only_the_legacy_md5_is_verified_by_it(host, dirs, image_server, content):
+    md5 = first_boot.image_checksum({'checksum': hashlib.md5(content).hexdigest()})
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content), md5)
+    assert fill.wait(60) and fill.outcome == 'complete', fill.reason
+    (host.base_dir / NAME).unlink()
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content),
+                         ('md5', hashlib.md5(b'another image').hexdigest()))
+    assert fill.wait(60) and fill.outcome == 'failed' and 'md5 checksum' in fill.reason
+
+
+def test_bytes_the_file_does_not_hold_as_received_are_never_kept(
+        host, dirs, image_server, content, monkeypatch):
+    """A write lost on its way to the disk (the kernel took it, the file does not hold it):
+    the file, read back before the rename, is not the data received; the fill fails."""
+    real_write_data = first_boot.write_data
+    lost = []
+
+    def losing_write_data(fd, chunk, offset):
+        if offset == 8 << 20 and not lost:
+            lost.append(offset)     # the chunk at 8 MiB never reaches the file
+            return
+        real_write_data(fd, chunk, offset)
+    monkeypatch.setattr(first_boot, 'write_data', losing_write_data)
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content), sha256(content))
+    assert fill.wait(60) and fill.outcome == 'failed', fill.reason
+    assert lost and fill.reason == 'the file as written is not the data received'
+    assert os.listdir(host.base_dir) == []
+
+
+def test_an_error_before_the_fill_runs_ends_it(host, dirs, content):
+    """Whatever fails before the fill runs (Glance's endpoint not found, an unknown hash
+    algorithm) ends it: no fill is left running for later boots to join or wait for."""
+    def run(fill):
+        raise ValueError('unsupported hash type whirlpool')
+    fill = host.first_boots.start(NAME, SIZE, IMAGE_ID, 'boot-image-id',
+                                  str(build_boot_image(dirs, content)), run)
+    assert fill is None or fill.wait(10)
+    assert host.first_boots.running(NAME) is None
+    assert os.listdir(host.base_dir) == [] and os.listdir(dirs / 'incoming') == []
+
+
+def test_a_base_file_nova_is_downloading_takes_novas_path_alone(
+        host, dirs, image_server, content, monkeypatch):
+    """Nova holds its lock of the base file (its own download): the fill gives up after a
+    bounded wait, and meanwhile another image's first boot starts at once."""
+    monkeypatch.setattr(first_boot, 'NOVA_LOCK_WAIT_SECONDS', 3)
+    held, release = threading.Event(), threading.Event()
+
+    def novas_download():
+        with lockutils.lock(NAME, lock_file_prefix='nova-', external=True,
+                            lock_path=str(dirs / 'locks')):
+            held.set()
+            release.wait(60)
+    nova = threading.Thread(target=novas_download)
+    nova.start()
+    try:
+        held.wait(10)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            started = time.monotonic()
+            waiting = pool.submit(host.fill_raw, image_server, build_boot_image(dirs, content))
+            time.sleep(0.5)
+            other_name = 'a' * 40
+            other = host.first_boots.start(
+                other_name, SIZE, IMAGE_ID, 'boot-image-id',
+                str(build_boot_image(dirs, content, name='other.yolo')),
+                lambda fill: fill.run_raw(first_boot.GlanceData(
+                    ks_session.Session(), image_server.endpoint, IMAGE_ID)))
+            assert other is not None and not waiting.done()
+            assert waiting.result(30) is None
+            assert 2.5 < time.monotonic() - started < 30
+            assert other.wait(60) and other.outcome == 'complete', other.reason
+    finally:
+        release.set()
+        nova.join()
+    assert sorted(os.listdir(host.base_dir)) == [other_name]
+
+
+def test_a_fill_under_way_on_another_host_sharing_base_is_left_alone(host, dirs, content):
+    """A ``_base`` on NFS shared by hosts: a nova-compute that starts deletes the fills left
+    by its own predecessor, not another host's fill under way (its fill file is locked)."""
+    fill_path = host.base_dir / first_boot.fill_name(NAME)
+    download = host.base_dir / (fill_path.name + '.download.part')
+    with open(fill_path, 'wb') as f:
+        f.truncate(SIZE)
+    download.write_bytes(b'qcow2 data')
+    fd = os.open(fill_path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # as Fill.begin on the other host
+        first_boot.FirstBoots(host.backing, host.boot_images,
+                              str(dirs / 'locks')).abandon_leftovers()
+        assert sorted(os.listdir(host.base_dir)) == sorted([fill_path.name, download.name])
+    finally:
+        os.close(fd)
+    first_boot.FirstBoots(host.backing, host.boot_images, str(dirs / 'locks')).abandon_leftovers()
+    assert os.listdir(host.base_dir) == []
+
+
+def test_a_first_boot_that_would_fill_the_disk_takes_novas_path(dirs):
+    """A converted first boot holds Nova's download and conversion beside the fill file: where
+    ``_base`` has room for Nova's path only, Nova's path is taken."""
+    small = dirs / '_base'
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=40m', 'tmpfs', small], check=True)
+    try:
+        host = Host(dirs)
+        try:
+            room_for = host.first_boots._room_for
+            assert room_for({'size': 4 << 20}, 30 << 20, raw=True)
+            assert room_for({'size': 4 << 20}, 16 << 20, raw=False)
+            # Nova's own path: 4 + 30 MiB, which fit; the fill's: 4 + 2 x 30 MiB.
+            assert not room_for({'size': 4 << 20}, 30 << 20, raw=False)
+        finally:
+            host.mount.stop()
+    finally:
+        subprocess.run(['umount', '--lazy', small], check=True)
 
 
 def test_a_range_the_download_contradicts_fails_the_fill(

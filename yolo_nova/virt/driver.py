@@ -127,6 +127,12 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             return None
 
     def init_host(self, host):
+        if CONF.yolo.enabled and not CONF.force_raw_images:
+            # Nova would keep qcow2 base files as downloaded, and a boot image is of an image's
+            # raw data: no boot image would ever match a base file.
+            raise exception.InvalidConfiguration(
+                '[DEFAULT] force_raw_images = False: YOLO serves boot images of raw base files. '
+                'Set it to True (Nova\'s default), or [yolo] enabled = False.')
         super().init_host(host)
         if self.yolo_first_boots is not None:
             try:

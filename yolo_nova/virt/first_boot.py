@@ -24,6 +24,8 @@ file; the guests started over it are then failed as a failed download fails a no
 (``FirstBoots.on_failed``, the driver's).
 """
 
+import errno
+import fcntl
 import hashlib
 import logging as std_logging
 import os
@@ -60,6 +62,15 @@ DOWNLOAD_ATTEMPTS = 5
 DOWNLOAD_ERRORS = (requests.RequestException, ks_exceptions.ConnectionError,
                    ks_exceptions.ServiceUnavailable, ks_exceptions.BadGateway,
                    ks_exceptions.GatewayTimeout)
+# Glance's answers: connecting, and the longest wait for the next bytes. A stalled download
+# is then resumed (DOWNLOAD_ATTEMPTS) or fails the fill: no fill, and no wait for one, lasts
+# for ever.
+CONNECT_TIMEOUT_SECONDS = 30
+READ_TIMEOUT_SECONDS = 120
+# A fill starts only once it holds Nova's lock of the base file; Nova holds it while it
+# downloads the image itself (or its image cache manager looks at the file): past this wait,
+# the boot takes Nova's path, which waits for Nova's download.
+NOVA_LOCK_WAIT_SECONDS = 10
 
 
 class Pacer:
@@ -138,21 +149,26 @@ class GlanceData:
         session, auth = glance._session_and_auth(context)
         return cls(session, glance.generate_glance_url(context), image_id, auth=auth)
 
-    def _get(self, byte_range=None):
-        """The download, or the single range ``byte_range`` (``'A-B'`` or ``'A-'``) of it."""
-        headers = {'Range': 'bytes=' + byte_range} if byte_range else {}
+    def _get(self, start=None, end=None):
+        """The download, or the single range from byte ``start`` to ``end`` (included; None:
+        to the end of the image) of it."""
+        headers = {}
+        if start is not None:
+            headers['Range'] = 'bytes=%d-%s' % (start, '' if end is None else end)
         response = self.session.get(self.url, auth=self.auth, headers=headers, stream=True,
-                                    raise_exc=True)
-        # A server that ignores the range answers 200 with the whole image.
-        if byte_range and response.status_code != 206:
-            response.close()
-            raise FillFailed('Glance answered a range request with HTTP %s'
-                             % response.status_code)
+                                    raise_exc=True,
+                                    timeout=(CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS))
+        if start is not None:
+            try:
+                check_content_range(response, start, end)
+            except FillFailed:
+                response.close()
+                raise
         return response
 
     def chunks(self, start=0, chunk_bytes=CHUNK_BYTES):
         """The data from byte ``start`` on, in order."""
-        response = self._get('%d-' % start if start else None)
+        response = self._get(start if start else None)
         try:
             yield from response.iter_content(chunk_bytes)
         finally:
@@ -160,7 +176,7 @@ class GlanceData:
 
     def read(self, offset, length):
         """Exactly ``length`` bytes at ``offset``."""
-        response = self._get('%d-%d' % (offset, offset + length - 1))
+        response = self._get(offset, offset + length - 1)
         try:
             data = response.content
         finally:
@@ -168,6 +184,26 @@ class GlanceData:
         if len(data) != length:
             raise FillFailed('Glance sent %d bytes for a range of %d' % (len(data), length))
         return data
+
+
+def check_content_range(response, start, end):
+    """Raises FillFailed unless ``response`` is the 206 of bytes ``start``-``end`` (None:
+    to the end) that was asked for: a server that ignores ranges answers 200 with the whole
+    image, and a proxy or a store could answer with other bytes than those asked for."""
+    if response.status_code != 206:
+        raise FillFailed('Glance answered a range request with HTTP %s' % response.status_code)
+    content_range = response.headers.get('Content-Range', '')
+    unit, _, spec = content_range.partition(' ')
+    first, _, rest = spec.partition('-')
+    last = rest.partition('/')[0]
+    try:
+        sent = (int(first), int(last))
+    except ValueError:
+        raise FillFailed('Glance answered a range request with Content-Range %r'
+                         % content_range) from None
+    if unit != 'bytes' or sent[0] != start or (end is not None and sent[1] != end):
+        raise FillFailed('Glance sent bytes %d-%d for a request of %d-%s'
+                         % (sent[0], sent[1], start, '' if end is None else end))
 
 
 class Fill:
@@ -201,15 +237,26 @@ class Fill:
         self.disks = set()
         self.pacer = pacer or Pacer()
         self._ended = threading.Event()
+        # Set once the fill holds Nova's lock and yolofs serves its file, or has ended.
+        self.started = threading.Event()
         # Bytes below it are written by the in-order download, whose checksum is verified:
         # a range fetched for a waiting read is written only above it (see _serve_wants).
         self._cursor = 0
+        # The digest of the data written in order (``checksum``'s algorithm, or SHA-256): the
+        # file as written must read back to it.
+        self.algorithm = 'sha256'
+        self._stream = None
+        # Under it: the cursor, the writes, and the ranges fetched ahead (registered before
+        # they are written, compared with the in-order data that reaches them).
         self._write_lock = threading.Lock()
         self._no_wants = threading.Event()
         self._no_wants.set()
-        # Ranges written above the cursor, and yolofs' view of them: one reporter at a time.
         self._ahead = []
+        # Ranges written ahead as reported to yolofs: one reporter at a time.
+        self._ahead_written = []
         self._report_lock = threading.Lock()
+        # Held open, and locked, for the fill's life (see begin).
+        self._owner_fd = None
         # What reads waited for: ranges fetched on demand, their bytes and the seconds spent.
         self.fetched_ranges = self.fetched_bytes = 0
         self.fetch_seconds = 0.0
@@ -228,24 +275,30 @@ class Fill:
         self.pacer.guest_started()
 
     def begin(self):
-        """Creates the fill file, sparse, at its final size, and has yolofs serve it."""
-        with open(self.path, 'xb') as f:
-            f.truncate(self.size)
-        os.chmod(self.path, 0o644)
+        """Creates the fill file, sparse, at its final size, and has yolofs serve it. The fill
+        file stays open and locked (flock, which NFS carries to its server) until the fill ends:
+        a nova-compute that starts meanwhile, on this host or another sharing ``_base``, sees a
+        fill under way, not one left behind (FirstBoots.abandon_leftovers)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self._owner_fd = fd
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, self.size)
+        os.fchmod(fd, 0o644)
         self.client.fill_begin(self.file, self.boot_image_path, self.image_id)
 
     def run_raw(self, data, checksum=None, inspect=None):
         """Fills from ``data`` (a :class:`GlanceData` of a raw image): in order, with the
         ranges reads wait for fetched ahead. ``checksum``: (hashlib algorithm, hex digest) the
         whole must match; ``inspect(path)`` raises if the complete file is not acceptable."""
-        digest = hashlib.new(checksum[0]) if checksum else None
+        if checksum:
+            self.algorithm = checksum[0]
 
         def write_all(fd):
-            self._download(fd, data, digest)
+            self._download(fd, data)
             if self._cursor != self.size:
                 raise FillFailed('Glance sent %d of the image\'s %d bytes'
                                  % (self._cursor, self.size))
-            if digest is not None and digest.hexdigest() != checksum[1]:
+            if checksum and self._stream.hexdigest() != checksum[1]:
                 raise FillFailed('the data does not match the image\'s %s checksum'
                                  % checksum[0])
         self._run(write_all, inspect, self._wants_thread(data))
@@ -267,8 +320,14 @@ class Fill:
         """Ends a fill yolofs was never asked to serve: its fill file goes, if made."""
         self._end_failed(reason, registered=False)
 
+    def fail(self, reason):
+        """Ends a fill that did not run to its end (an error before it ran, say)."""
+        if self.running:
+            self._end_failed(reason)
+
     def _run(self, write_all, inspect, helper):
         try:
+            self._stream = hashlib.new(self.algorithm)
             fd = os.open(self.path, os.O_RDWR)
             try:
                 if helper is not None:
@@ -276,6 +335,10 @@ class Fill:
                 in_background()
                 write_all(fd)
                 os.fsync(fd)
+                # A write the kernel took short or lost: the file, read back, is the data.
+                with self._write_lock:
+                    if file_digest(fd, self.algorithm) != self._stream.hexdigest():
+                        raise FillFailed('the file as written is not the data received')
             finally:
                 os.close(fd)
             if inspect is not None:
@@ -286,6 +349,7 @@ class Fill:
             LOG.exception('Filling base file %s of image %s failed', self.name, self.image_id)
             self._end_failed(str(e) or type(e).__name__)
             return
+        self._release()
         self.outcome = 'complete'
         LOG.info('Filled base file %s of image %s (%d bytes; %d ranges, %d bytes, fetched on '
                  'demand in %.1f s)', self.name, self.image_id, self.size, self.fetched_ranges,
@@ -325,7 +389,13 @@ class Fill:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        self._release()
         self._ended.set()
+
+    def _release(self):
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)    # and its lock
+            self._owner_fd = None
 
     def _written(self, offset, length, ahead=False):
         """Reports bytes final to yolofs. A yolofs that has no fill of the file (restarted
@@ -333,7 +403,7 @@ class Fill:
         is told with the next report: the download goes on either way."""
         with self._report_lock:
             if ahead:
-                self._ahead.append((offset, length))
+                self._ahead_written.append((offset, length))
             try:
                 try:
                     self.client.fill_done(self.file, offset, length)
@@ -342,7 +412,7 @@ class Fill:
                                               self.image_id).get('new') is not True:
                         raise
                     LOG.warning('yolofs serves fill %s again (it was restarted)', self.file)
-                    for done in [(0, self._cursor)] + self._ahead:
+                    for done in [(0, self._cursor)] + self._ahead_written:
                         if done[1]:
                             self.client.fill_done(self.file, *done)
             except (OSError, ValueError) as e:
@@ -352,15 +422,13 @@ class Fill:
                     stop=tenacity.stop_after_attempt(DOWNLOAD_ATTEMPTS),
                     wait=tenacity.wait_exponential(multiplier=2, max=30), reraise=True,
                     before_sleep=tenacity.before_sleep_log(LOG, std_logging.WARNING))
-    def _download(self, fd, data, digest):
+    def _download(self, fd, data):
         """The in-order download from the cursor on: a broken one is resumed there."""
         for chunk in data.chunks(self._cursor):
             # Not read on while a guest's ranges are fetched: TCP then holds this stream back.
             self._no_wants.wait(WANTS_PRIORITY_SECONDS)
             if self._cursor + len(chunk) > self.size:
                 raise FillFailed('Glance sent more than the image\'s %d bytes' % self.size)
-            if digest is not None:
-                digest.update(chunk)
             self._write_in_order(fd, chunk)
             self.pacer.took(len(chunk))
 
@@ -369,6 +437,7 @@ class Fill:
         with self._write_lock:
             self._check_ahead(fd, chunk, self._cursor)
             write_data(fd, chunk, self._cursor)
+            self._stream.update(chunk)
             offset, self._cursor = self._cursor, self._cursor + len(chunk)
         self._written(offset, len(chunk))
 
@@ -425,9 +494,11 @@ class Fill:
         self.fetch_seconds += time.monotonic() - started
         with self._write_lock:
             # The in-order download may have passed it meanwhile: it wrote the same bytes,
-            # verified; they are not overwritten.
+            # verified; they are not overwritten. Registered before it is written: the
+            # in-order data that reaches it compares whatever of it is in the file.
             start_now = max(start, self._cursor)
             if start_now < end:
+                self._ahead.append((start_now, end - start_now))
                 write_data(fd, chunk[start_now - start:], start_now)
         if start_now < end:
             self._written(start_now, end - start_now, ahead=True)
@@ -470,6 +541,30 @@ def in_background():
     return True
 
 
+def pwrite_all(fd, data, offset):
+    """Writes all of ``data`` at ``offset``, or raises: a write the kernel takes short (the
+    disk filling up) is carried on, and then fails with the reason."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written == 0:
+            raise OSError(errno.EIO, 'a write of %d bytes at %d wrote nothing'
+                          % (len(view), offset))
+        view, offset = view[written:], offset + written
+
+
+def file_digest(fd, algorithm):
+    """The hex digest of the file open at ``fd``, all of it, read as stored."""
+    digest = hashlib.new(algorithm)
+    offset = 0
+    while True:
+        chunk = os.pread(fd, CHUNK_BYTES, offset)
+        if not chunk:
+            return digest.hexdigest()
+        digest.update(chunk)
+        offset += len(chunk)
+
+
 def write_data(fd, chunk, offset):
     """Writes ``chunk`` at ``offset`` of the fill file but for its blocks of zeros: the fill
     file is sparse, its holes read as zeros already, and the base file stays as sparse as the one
@@ -480,7 +575,7 @@ def write_data(fd, chunk, offset):
     chunk = bytes(chunk)
     tail = len(chunk) % SPARSE_BLOCK
     if ZERO_BLOCK not in chunk and not (tail and chunk[-tail:] == ZERO_BLOCK[:tail]):
-        os.pwrite(fd, chunk, offset)   # no block of zeros: most chunks of an image's data
+        pwrite_all(fd, chunk, offset)  # no block of zeros: most chunks of an image's data
         return
     view = memoryview(chunk)
     run_start = None
@@ -489,10 +584,10 @@ def write_data(fd, chunk, offset):
         if not zero and run_start is None:
             run_start = start
         elif zero and run_start is not None:
-            os.pwrite(fd, view[run_start:start], offset + run_start)
+            pwrite_all(fd, view[run_start:start], offset + run_start)
             run_start = None
     if run_start is not None:
-        os.pwrite(fd, view[run_start:], offset + run_start)
+        pwrite_all(fd, view[run_start:], offset + run_start)
 
 
 def glance_image(context, image_id):
@@ -515,6 +610,41 @@ def inspect_raw(image, image_id, path):
         raise FillFailed('the data is %s, not raw' % (fmt or info.file_format))
     if info.backing_file is not None:
         raise FillFailed('the data has a backing file')
+
+
+def filled_elsewhere(path):
+    """Whether fill file ``path`` is locked by a fill under way (Fill.begin)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)      # and the lock taken
+    return False
+
+
+def signature_checked_by_nova(image):
+    """Whether Nova's own download would check the image's signature (``[glance]
+    verify_glance_signatures``, or a signed image): such an image takes Nova's path, where the
+    check is Nova's own (cursive, its key manager, the server's trusted certificates)."""
+    import nova.conf
+    properties = image.get('properties') or {}
+    return nova.conf.CONF.glance.verify_glance_signatures or any(
+        key.startswith('img_signature') for key in properties)
+
+
+def image_checksum(image):
+    """(algorithm, hex digest) the image's data must match, as Nova's download checks it:
+    Glance's multihash, or for images uploaded before it the legacy MD5 ``checksum``."""
+    if image.get('os_hash_algo') and image.get('os_hash_value'):
+        return image['os_hash_algo'], image['os_hash_value']
+    if image.get('checksum'):
+        return 'md5', image['checksum']
+    return None
 
 
 class FirstBoots:
@@ -552,15 +682,21 @@ class FirstBoots:
         name = os.path.basename(base_path)
         fill = self.running(name)
         if fill is not None or context is None or not image_id:
-            return fill
+            return self._joined(fill)
         if self.backing_files.status() is None:
             return None
         try:
             image = self.boot_images.image_api.get(context, image_id)
+            if signature_checked_by_nova(image):
+                LOG.info('Image %s boots once downloaded: Nova verifies its signature',
+                         image_id)
+                return None
             raw = image.get('disk_format') == 'raw'
             size = image.get('size') if raw else glance_image(context, image_id).get('virtual_size')
             # Too small a flavor disk: Nova's normal path raises the error it always raises.
             if not size or (disk_size and size > disk_size):
+                return None
+            if not self._room_for(image, size, raw):
                 return None
             boot_image_id = self.boot_images.trusted_boot_image_id(context, image_id, image)
             if boot_image_id is None:
@@ -570,9 +706,7 @@ class FirstBoots:
             LOG.exception('Not booting image %s before its download', image_id)
             return None
         if raw:
-            checksum = None
-            if image.get('os_hash_algo') and image.get('os_hash_value'):
-                checksum = (image['os_hash_algo'], image['os_hash_value'])
+            checksum = image_checksum(image)
 
             def run(fill):
                 fill.run_raw(GlanceData.for_context(context, image_id), checksum,
@@ -592,53 +726,97 @@ class FirstBoots:
             os.unlink(boot_image_path)
         return fill
 
+    def _room_for(self, image, size, raw):
+        """Whether ``_base`` has room for the fill: the raw image (``size`` bytes); for other
+        formats also Nova's download and conversion, which a fill holds beside its file (Nova's
+        own path holds those two only). Where it has not, Nova's path is taken."""
+        needed = size if raw else 2 * size + (image.get('size') or 0)
+        stat = os.statvfs(self.base_dir)
+        free = stat.f_bavail * stat.f_frsize
+        if free >= needed:
+            return True
+        LOG.warning('Image %s boots once downloaded: its first boot before the download would '
+                    'need %d MiB free in %s, which has %d MiB', image.get('id'), needed >> 20,
+                    self.base_dir, free >> 20)
+        return False
+
     def start(self, name, size, image_id, boot_image_id, boot_image_path, run):
         """Starts filling base file ``name`` (``size`` bytes) with ``run(fill)`` on a thread of
         its own, served meanwhile from boot image ``boot_image_id`` at ``boot_image_path`` (the fill
         deletes when it ends). Returns the fill once yolofs serves its file (the one under way
-        if there is one), or None (the base file is there by now, yolofs refused the boot
-        image...): the caller then takes Nova's normal path."""
+        if there is one), or None (the base file is there by now, Nova is downloading it, yolofs
+        refused the boot image...): the caller then takes Nova's normal path. Other images'
+        first boots never wait for this one's start."""
         with self._lock:
             fill = self.running(name)
-            if fill is not None:
-                return fill
-            fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
-                        boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
-            fill.after_complete = self._keep_boot_image
-            started = threading.Event()
-            thread = threading.Thread(target=self._fill, args=(fill, run, started),
-                                      name='yolo-fill-%s' % name, daemon=True)
-            thread.start()
-            started.wait()
-            if not fill.running:
-                return None
-            self._fills[name] = fill
-            return fill
+            if fill is None:
+                fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
+                            boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
+                fill.after_complete = self._keep_boot_image
+                self._fills[name] = fill
+                threading.Thread(target=self._fill, args=(fill, run),
+                                 name='yolo-fill-%s' % name, daemon=True).start()
+        return self._joined(fill)
 
-    def _fill(self, fill, run, started):
-        # Nova's external lock of the base file, as its Image.cache takes it.
-        with lockutils.lock(fill.name, lock_file_prefix='nova-', external=True,
-                            lock_path=self.lock_path):
-            try:
-                if os.path.exists(fill.base_path):
-                    fill.abandon('the base file is there')
-                    return
-                fill.begin()
-            except Exception as e:
-                LOG.warning('Not filling base file %s from its boot image: %s', fill.name, e)
-                fill.abandon(str(e) or type(e).__name__)
-                return
-            finally:
-                started.set()
-            try:
-                run(fill)
-            finally:
-                os.unlink(fill.boot_image_path)
+    @staticmethod
+    def _joined(fill):
+        """``fill`` once it has started, if it runs."""
+        if fill is None:
+            return None
+        # Bounded by the wait for Nova's lock and yolofs' control timeout, with room to spare.
+        if not fill.started.wait(NOVA_LOCK_WAIT_SECONDS + 60):
+            LOG.warning('The fill of base file %s has not started; Nova\'s path is taken',
+                        fill.name)
+            return None
+        return fill if fill.running else None
+
+    def _fill(self, fill, run):
+        try:
+            self._fill_locked(fill, run)
+        except Exception as e:
+            # Whatever failed before the fill could run (Glance's endpoint, say) ends it.
+            LOG.exception('The fill of base file %s failed', fill.name)
+            fill.fail(str(e) or type(e).__name__)
+        finally:
+            fill.started.set()
         if fill.outcome == 'failed' and fill.disks and self.on_failed is not None:
             try:
                 self.on_failed(fill)
             except Exception:
                 LOG.exception('After the failed fill of base file %s', fill.name)
+
+    def _fill_locked(self, fill, run):
+        # Nova's external lock of the base file, as its Image.cache takes it; held by Nova for
+        # longer than a moment, Nova is downloading the file: its path is taken.
+        deadline = time.monotonic() + NOVA_LOCK_WAIT_SECONDS
+        while True:
+            try:
+                with lockutils.lock(fill.name, lock_file_prefix='nova-', external=True,
+                                    lock_path=self.lock_path, blocking=False):
+                    self._fill_under_novas_lock(fill, run)
+                    return
+            except lockutils.AcquireLockFailedException:
+                if time.monotonic() > deadline:
+                    fill.abandon('Nova holds the lock of the base file')
+                    return
+                time.sleep(0.2)
+
+    def _fill_under_novas_lock(self, fill, run):
+        try:
+            if os.path.exists(fill.base_path):
+                fill.abandon('the base file is there')
+                return
+            fill.begin()
+        except Exception as e:
+            LOG.warning('Not filling base file %s from its boot image: %s', fill.name, e)
+            fill.abandon(str(e) or type(e).__name__)
+            return
+        fill.started.set()
+        try:
+            run(fill)
+        finally:
+            fill.fail('the fill stopped before its end')
+            os.unlink(fill.boot_image_path)
 
     def _keep_boot_image(self, fill):
         """After a complete fill, the boot image is installed for the base file as any other
@@ -652,10 +830,12 @@ class FirstBoots:
     def abandon_leftovers(self):
         """Deletes the fill files (and converted downloads) a previous nova-compute left (it
         stopped mid-fill): yolofs fails their reads; the next start of a guest over one fills
-        its base file again."""
+        its base file again. A fill file still locked is another nova-compute's fill under way
+        (a ``_base`` shared with other hosts): it and its download are left alone."""
         for entry in os.listdir(self.base_dir):
             name, fill_suffix, _ = entry.partition(FILL_SUFFIX)
-            if not fill_suffix or self.running(name):
+            if not fill_suffix or self.running(name) or filled_elsewhere(
+                    os.path.join(self.base_dir, fill_name(name))):
                 continue
             LOG.warning('Deleting %s, left by a fill that did not end', entry)
             if entry == fill_name(name):

@@ -9,6 +9,7 @@ from unittest import mock
 
 import fixtures
 from nova.compute import provider_tree
+from nova import exception as nova_exception
 from nova.tests import fixtures as nova_fixtures
 from nova.virt import driver as virt_driver
 from nova.virt import fake as fake_virt
@@ -38,6 +39,18 @@ class TestLoading(nova_base.NoDBTestCase):
         self.assertEqual('YoloQcow2', drvr.image_backend.backend('qcow2').__name__)
         self.assertEqual('YoloQcow2', drvr.image_backend.backend('default').__name__)
         self.assertNotIn('ironic', type(drvr).__name__.lower())
+
+    def test_base_files_kept_as_downloaded_are_refused_at_start(self):
+        self.flags(force_raw_images=False)
+        drvr = load_driver(self)
+        with mock.patch.object(libvirt_driver.LibvirtDriver, 'init_host') as libvirt_init:
+            error = self.assertRaises(nova_exception.InvalidConfiguration, drvr.init_host, 'h')
+        self.assertIn('force_raw_images = False', str(error))
+        libvirt_init.assert_not_called()
+        self.flags(enabled=False, group='yolo')
+        with mock.patch.object(libvirt_driver.LibvirtDriver, 'init_host') as libvirt_init:
+            drvr.init_host('h')
+        libvirt_init.assert_called_once_with('h')
 
 
 class TestAvailableResource(nova_base.NoDBTestCase):

@@ -1,6 +1,7 @@
 """A fill writes the image's data but leaves its 4 KiB blocks of zeros as holes, as Nova's
 conversion does (qemu-img skips them), and runs behind the guests for the CPU."""
 
+import hashlib
 import os
 import subprocess
 import threading
@@ -79,3 +80,54 @@ def test_the_fill_runs_behind_the_guests_for_the_cpu():
     before = os.getpriority(os.PRIO_PROCESS, 0)
     assert first_boot.in_background() is False
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_a_write_the_kernel_takes_short_is_carried_on(tmp_path, monkeypatch):
+    """os.pwrite may write less than asked (a disk filling up): the rest is written, or the
+    error that stopped it is raised."""
+    real_pwrite = os.pwrite
+    calls = []
+
+    def short_pwrite(fd, data, offset):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_pwrite(fd, bytes(data)[:1000], offset)
+        if len(calls) == 2:
+            raise OSError(28, 'No space left on device')
+        return real_pwrite(fd, data, offset)
+    monkeypatch.setattr(first_boot.os, 'pwrite', short_pwrite)
+    chunk = os.urandom(CHUNK)
+    path = tmp_path / 'fill'
+    with open(path, 'wb') as f:
+        with pytest.raises(OSError, match='No space left'):
+            first_boot.write_data(f.fileno(), chunk, 0)
+        # Every write short: 4 KiB at a time.
+        calls.clear()
+        monkeypatch.setattr(first_boot.os, 'pwrite', lambda fd, data, offset: (
+            calls.append(len(data)) or real_pwrite(fd, bytes(data)[:4096], offset)))
+        first_boot.write_data(f.fileno(), chunk, 0)
+    assert path.read_bytes() == chunk and len(calls) == CHUNK // 4096
+
+
+def test_a_write_that_writes_nothing_fails():
+    read, write = os.pipe()
+    os.close(read)
+    with pytest.raises(OSError):
+        first_boot.pwrite_all(write, b'data', 0)
+    os.close(write)
+
+
+def test_the_file_digest_reads_holes_as_zeros(tmp_path):
+    path = tmp_path / 'sparse'
+    data = os.urandom(5000)
+    with open(path, 'wb') as f:
+        f.truncate(3 * first_boot.CHUNK_BYTES)
+        f.seek(first_boot.CHUNK_BYTES + 7)
+        f.write(data)
+    expected = bytearray(3 * first_boot.CHUNK_BYTES)
+    expected[first_boot.CHUNK_BYTES + 7:first_boot.CHUNK_BYTES + 7 + len(data)] = data
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert first_boot.file_digest(fd, 'sha512') == hashlib.sha512(expected).hexdigest()
+    finally:
+        os.close(fd)
