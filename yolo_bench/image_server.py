@@ -4,8 +4,8 @@
 or ``bytes=A-``), with 206 and those bytes, as Glance's download does. Every connection shares one
 link of ``rate`` bytes per second (0: unthrottled), as a compute host's downloads share its
 network (``throttle_ranges`` false: only downloads from an offset to the end use it); a test can
-cut the next whole download after some bytes (``break_after``) or answer 503 to everything
-(``down``).
+cut the next whole download after some bytes (``break_after``), answer 503 to everything
+(``down``), or 400 to ranges (``ranges_refused``), as Glance does where its store cannot serve them.
 """
 
 import http.server
@@ -50,6 +50,7 @@ class ImageServer(http.server.ThreadingHTTPServer):
         self.throttle_ranges = True
         self.break_after = None
         self.down = False
+        self.ranges_refused = False     # as Glance on its rbd, swift, s3 and http stores
         self.ranges = []        # (start, end) of each ranged request, in order
 
     @property
@@ -89,6 +90,9 @@ class ImageHandler(http.server.BaseHTTPRequestHandler):
         size = os.path.getsize(path)
         start, end = 0, size
         ranged = re.fullmatch(r'bytes=(\d+)-(\d*)', self.headers.get('Range', ''))
+        if ranged and server.ranges_refused:
+            self.send_error(400, 'Range requests are not supported by this store')
+            return
         if ranged:
             start = int(ranged.group(1))
             end = min(size, int(ranged.group(2)) + 1) if ranged.group(2) else size

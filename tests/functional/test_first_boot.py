@@ -15,6 +15,7 @@ import random
 import subprocess
 import threading
 import time
+from unittest import mock
 
 from keystoneauth1 import session as ks_session
 from oslo_concurrency import lockutils
@@ -246,6 +247,22 @@ def test_an_image_with_only_the_legacy_md5_is_verified_by_it(host, dirs, image_s
     fill = host.fill_raw(image_server, build_boot_image(dirs, content),
                          ('md5', hashlib.md5(b'another image').hexdigest()))
     assert fill.wait(60) and fill.outcome == 'failed' and 'md5 checksum' in fill.reason
+
+
+def test_an_image_whose_store_serves_no_ranges_takes_novas_path(dirs, image_server):
+    """Glance on Ceph (rbd), Swift, S3 or HTTP answers a range with 400: known from a range of
+    one byte before any promise, remembered per image, counted for the host's stats."""
+    data = first_boot.GlanceData(ks_session.Session(), image_server.endpoint, IMAGE_ID)
+    first_boots = first_boot.FirstBoots(mock.Mock(base_dir=str(dirs / '_base')), None, '')
+    image_server.ranges_refused = True
+    assert first_boots._serves_ranges(IMAGE_ID, data) is False
+    image_server.ranges_refused = False
+    assert first_boots._serves_ranges(IMAGE_ID, data) is False
+    assert first_boots.images_without_ranges == [IMAGE_ID]
+    other_host = first_boot.FirstBoots(mock.Mock(base_dir=str(dirs / '_base')), None, '')
+    assert other_host._serves_ranges(IMAGE_ID, data) is True
+    assert other_host.images_without_ranges == []
+    assert image_server.ranges == [(0, 1)]
 
 
 def test_bytes_the_file_does_not_hold_as_received_are_never_kept(

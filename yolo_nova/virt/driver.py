@@ -458,7 +458,12 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             params=known.params,
             boot_images=frozenset(self.yolo_boot_images.verified_image_ids(status)),
             updated_at=time.time(), **load)
-        return dict(state.to_stats(), yolo_active='true')
+        stats = dict(state.to_stats(), yolo_active='true')
+        if self.yolo_first_boots is not None:
+            # Images that boot on Nova's path here: their Glance store serves no ranges.
+            stats['yolo_first_boot_images_without_ranges'] = str(
+                len(self.yolo_first_boots.images_without_ranges))
+        return stats
 
     def _calibration(self, cpus=1):
         """nova.conf's [yolo] values, else what the guests spawned here measured (boot_timer),

@@ -668,6 +668,9 @@ class FirstBoots:
         self.paced_seconds = paced_seconds
         self._fills = {}
         self._lock = threading.Lock()
+        # Images whose Glance store serves ranges (file, cinder) and those whose store does
+        # not (rbd, swift, s3, http: Glance answers a range with 400), as probed.
+        self._ranges = {}
 
     def running(self, name):
         """The running fill of base file ``name`` (or of its fill file's name), or None."""
@@ -696,7 +699,8 @@ class FirstBoots:
             # Too small a flavor disk: Nova's normal path raises the error it always raises.
             if not size or (disk_size and size > disk_size):
                 return None
-            if not self._room_for(image, size, raw):
+            if not self._room_for(image, size, raw) or not self._serves_ranges(
+                    image_id, GlanceData.for_context(context, image_id)):
                 return None
             boot_image_id = self.boot_images.trusted_boot_image_id(context, image_id, image)
             if boot_image_id is None:
@@ -725,6 +729,28 @@ class FirstBoots:
         if fill is None or fill.boot_image_path != boot_image_path:
             os.unlink(boot_image_path)
         return fill
+
+    @property
+    def images_without_ranges(self):
+        return sorted(image_id for image_id, ranges in self._ranges.items() if not ranges)
+
+    def _serves_ranges(self, image_id, data):
+        """Whether Glance serves the image's data (``data``, a :class:`GlanceData`) by range,
+        asked once per image with a range of one byte. Without ranges, reads outside the boot
+        image could only wait for the whole download in order, a broken download could not
+        resume, and a qcow2 image's tables could not be read before its conversion: the boot
+        takes Nova's path."""
+        if image_id not in self._ranges:
+            try:
+                data.read(0, 1)
+                self._ranges[image_id] = True
+            except (FillFailed, ks_exceptions.BadRequest,
+                    ks_exceptions.RequestedRangeNotSatisfiable) as e:
+                self._ranges[image_id] = False
+                LOG.warning('Glance does not serve image %s by range (%s; its store is not '
+                            'file or cinder): it boots once downloaded, on Nova\'s path',
+                            image_id, e)
+        return self._ranges[image_id]
 
     def _room_for(self, image, size, raw):
         """Whether ``_base`` has room for the fill: the raw image (``size`` bytes); for other

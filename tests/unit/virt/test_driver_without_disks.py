@@ -74,6 +74,11 @@ class TestAvailableResource(nova_base.NoDBTestCase):
         self.assertEqual('true', stats['yolo_active'])
         self.assertEqual('kept', stats['other'])
         self.assertIn('yolo_io_utilisation', stats)
+        self.assertEqual('0', stats['yolo_first_boot_images_without_ranges'])
+        self.drvr.yolo_first_boots._ranges.update({'on-rbd': False, 'on-file': True})
+        with mock.patch.object(self.client, 'host_load', return_value=load):
+            stats = self.drvr.get_available_resource('node')['stats']
+        self.assertEqual('1', stats['yolo_first_boot_images_without_ranges'])
 
     def test_boots_under_way_are_not_in_the_reported_load(self):
         # The scheduler counts the boots under way apart (num_io_ops): while guests boot here,
