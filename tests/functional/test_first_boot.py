@@ -12,6 +12,7 @@ import filecmp
 import hashlib
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -429,6 +430,35 @@ def test_yolofs_restarted_mid_fill_serves_it_again(host, dirs, image_server, con
         served.seek(SIZE - 4096)
         assert served.read(4096) == content[-4096:]
     assert fill.wait(60) and fill.outcome == 'complete'
+    assert (host.base_dir / NAME).read_bytes() == content
+
+
+def test_yolofs_killed_mid_conversion_keeps_the_guests_reads_waiting_not_failing(
+        dirs, content):
+    """yolofs SIGKILLed under a converted fill (its keeper starts another on the mount): the
+    new one waits for the driver to tell it the fill again, which it does at once, rather than
+    failing the open file's reads before the copy phase; the fill then ends as usual."""
+    host = Host(dirs, fill_read_timeout_secs=60, kept=True)
+    try:
+        conversion = Conversion(content)
+        boot_image = build_boot_image(dirs, content)
+        extent = boot_image_extents(boot_image)[0]
+        fill = host.first_boots.start(NAME, SIZE, IMAGE_ID, 'boot-image-id', str(boot_image),
+                                      lambda fill: fill.run_converted(conversion))
+        fd = os.open(host.served(), os.O_RDONLY)
+        try:
+            pid = host.mount.client.status()['pid']
+            os.kill(pid, signal.SIGKILL)
+            start, length = extent['source_offset'], extent['length']
+            assert os.pread(fd, length, start) == content[start:start + length]
+            assert host.mount.client.status()['pid'] != pid
+            conversion.released.set()
+            assert fill.wait(60) and fill.outcome == 'complete', fill.reason
+            assert os.pread(fd, 4096, SIZE - 4096) == content[-4096:]
+        finally:
+            os.close(fd)
+    finally:
+        host.mount.stop()
     assert (host.base_dir / NAME).read_bytes() == content
 
 

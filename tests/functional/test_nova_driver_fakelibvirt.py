@@ -39,6 +39,7 @@ from yolo_nova import calibration
 from yolo_nova import host_stats
 from yolo_nova.virt import backing
 from yolo_nova.virt import driver as yolo_driver
+from yolo_nova.virt import first_boot
 
 IMAGE_ID = 'c0ffee00-0000-4000-8000-000000000001'
 BOOT_IMAGE_ID = 'b0070000-0000-4000-8000-000000000002'
@@ -888,6 +889,31 @@ class TestFailedFirstBoot(DriverTestCase):
         self.flags(first_boot_before_download=True, group='yolo')
         drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
         self.assertEqual(drvr._yolo_fail_guests_of, drvr.yolo_first_boots.on_failed)
+
+    def test_guests_over_a_fill_an_earlier_nova_compute_left_are_stopped_in_error(self):
+        self.flags(first_boot_before_download=True, group='yolo')
+        drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
+        drvr.yolo_backing.client = drvr.yolo_first_boots.client = self.client
+        self.client.fill_end = mock.Mock()
+        # The fill under way when nova-compute stopped, and a guest running over it.
+        write_raw_base(self.mount / self.name)
+        fill_file = first_boot.fill_name(self.name)
+        (self.base_dir / fill_file).write_bytes(b'')
+        self.instance_dir.mkdir()
+        images.create_overlay(self.mount / self.name, self.instance_dir / 'disk')
+        self.domain = drvr._host.get_connection().defineXML(
+            self.domain_xml(self.instance_dir / 'disk'))
+        self.domain.create()
+        self.instance.vm_state = 'active'
+        with mock.patch.object(libvirt_driver.LibvirtDriver, 'init_host'):
+            drvr.init_host('h')
+        self.assertEqual([], os.listdir(self.base_dir))
+        self.client.fill_end.assert_called_once_with(fill_file, complete=False,
+                                                     reason='nova-compute restarted')
+        self.assertFalse(self.domain.isActive())
+        self.assertEqual('error', self.instance.vm_state)
+        self.assertIn('nova-compute restarted before the download ended',
+                      str(self.faults.call_args[0][2]))
 
     def test_an_active_server_is_stopped_and_put_in_error_with_the_reason(self):
         self.instance.vm_state = 'active'

@@ -26,6 +26,7 @@ import functools
 import os
 import re
 import time
+import types
 
 from lxml import etree
 from nova.compute import utils as compute_utils
@@ -136,8 +137,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         super().init_host(host)
         if self.yolo_first_boots is not None:
             try:
-                self.yolo_first_boots.abandon_leftovers()
-            except OSError:
+                abandoned = self.yolo_first_boots.abandon_leftovers()
+                if abandoned:
+                    self._yolo_fail_guests_over(abandoned)
+            except Exception:
                 LOG.exception('Could not look for the fill files of an earlier nova-compute')
         if self.yolo_detacher is None:
             return
@@ -176,6 +179,20 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 error_once_built(context, instance_uuid, failure)
             except Exception:
                 LOG.exception('Could not put instance %s in ERROR', instance_uuid)
+
+    def _yolo_fail_guests_over(self, names):
+        """The running guests over base files ``names``, whose fills an earlier nova-compute
+        left unfinished (deleted now: the guests' reads outside their boot images could only
+        fail), are stopped and their servers put in ERROR, as after a failed fill."""
+        context = nova_context.get_admin_context()
+        for guest in self._host.list_guests(only_running=True):
+            disks = {path for _, path, name in detach.disks_on_mount(
+                guest.get_xml_desc(), self.yolo_backing) if name in names}
+            if disks:
+                image_id = objects.Instance.get_by_uuid(context, guest.uuid).image_ref
+                self._yolo_fail_guests_of(types.SimpleNamespace(
+                    image_id=image_id, disks=disks,
+                    reason='nova-compute restarted before the download ended'))
 
     def _yolo_guest(self, instance_uuid):
         """The libvirt guest of an instance, None if it has none."""

@@ -254,7 +254,7 @@ class Fill:
         self._ahead = []
         # Ranges written ahead as reported to yolofs: one reporter at a time.
         self._ahead_written = []
-        self._report_lock = threading.Lock()
+        self._report_lock = threading.RLock()
         # Held open, and locked, for the fill's life (see begin).
         self._owner_fd = None
         # What reads waited for: ranges fetched on demand, their bytes and the seconds spent.
@@ -308,11 +308,11 @@ class Fill:
         verifies the download and inspects and converts it), copied in as it is. ``ranges``: the
         disk's data by range meanwhile (a ``qcow2_ranges.Qcow2Data``), for the reads that wait."""
         self._run(lambda fd: self._copy_converted(fd, produce_raw), inspect,
-                  None if ranges is None else self._wants_thread(ranges))
+                  self._wants_thread(ranges))
 
     def _wants_thread(self, source):
-        """The thread that fetches from ``source`` (``read(offset, length)``) what reads wait
-        for, while the fill runs."""
+        """The thread that, while the fill runs, keeps yolofs serving it and fetches from
+        ``source`` (``read(offset, length)``; None: none) what reads wait for."""
         return threading.Thread(target=self._serve_wants, args=(source,),
                                 name='yolo-fill-wants-%s' % self.name, daemon=True)
 
@@ -408,15 +408,27 @@ class Fill:
                 try:
                     self.client.fill_done(self.file, offset, length)
                 except yolofs.YolofsError:
-                    if self.client.fill_begin(self.file, self.boot_image_path,
-                                              self.image_id).get('new') is not True:
+                    if not self._serve_again():
                         raise
-                    LOG.warning('yolofs serves fill %s again (it was restarted)', self.file)
-                    for done in [(0, self._cursor)] + self._ahead_written:
-                        if done[1]:
-                            self.client.fill_done(self.file, *done)
             except (OSError, ValueError) as e:
                 LOG.debug('yolofs did not take a range of fill %s: %s', self.file, e)
+
+    def _serve_again(self):
+        """Has a yolofs without the fill (restarted since) serve it again, told every range
+        written so far; whether it had none."""
+        with self._report_lock:
+            try:
+                if self.client.fill_begin(self.file, self.boot_image_path,
+                                          self.image_id).get('new') is not True:
+                    return False
+                LOG.warning('yolofs serves fill %s again (it was restarted)', self.file)
+                for done in [(0, self._cursor)] + self._ahead_written:
+                    if done[1]:
+                        self.client.fill_done(self.file, *done)
+            except (OSError, ValueError, yolofs.YolofsError) as e:
+                LOG.debug('yolofs did not take fill %s again yet: %s', self.file, e)
+                return False
+            return True
 
     @tenacity.retry(retry=tenacity.retry_if_exception_type(DOWNLOAD_ERRORS),
                     stop=tenacity.stop_after_attempt(DOWNLOAD_ATTEMPTS),
@@ -453,34 +465,52 @@ class Fill:
                                  'image\'s' % (start, stop - 1))
 
     def _serve_wants(self, data):
-        """Fetches the ranges reads wait for, while the fill runs. A failure here only leaves
-        those reads waiting for the in-order download."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY)
-        except OSError:
-            return
+        """While the fill runs: asks yolofs what reads wait for, every WANTS_POLL_SECONDS at
+        most, and fetches it from ``data`` (None: reads wait for the data in order). A yolofs
+        that has no fill of the file (restarted since: reads of it wait for it) is told it again
+        at once, with every range written so far. A failure to fetch only leaves the reads
+        waiting for the data in order."""
+        fd = os.open(self.path, os.O_WRONLY) if data is not None else None
         try:
             while self.running and self._cursor < self.size:
                 try:
                     wants = self.client.fill_wants(self.file, WANTS_POLL_SECONDS)
-                except (OSError, ValueError, yolofs.YolofsError):
-                    # yolofs restarting: the download's next report brings it back.
-                    time.sleep(WANTS_POLL_SECONDS)
+                except yolofs.YolofsError:
+                    if not self._serve_again():
+                        time.sleep(WANTS_POLL_SECONDS)
                     continue
-                self._no_wants.clear()
-                try:
-                    for offset, length in wants:
-                        self._fetch_ahead(fd, data, offset, length)
-                finally:
-                    self._no_wants.set()
+                except (OSError, ValueError):
+                    time.sleep(WANTS_POLL_SECONDS)    # yolofs restarting
+                    continue
+                if data is None:
+                    if wants:
+                        time.sleep(WANTS_POLL_SECONDS)
+                    continue
+                data = self._fetch_wants(fd, data, wants)
+        except Exception:
+            LOG.exception('Keeping yolofs serving fill %s stopped', self.file)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _fetch_wants(self, fd, data, wants):
+        """Fetches ``wants`` from ``data``; returns the source of the next ones (None once
+        fetching has failed: the reads then wait for the data in order)."""
+        self._no_wants.clear()
+        try:
+            for offset, length in wants:
+                self._fetch_ahead(fd, data, offset, length)
         except qcow2_ranges.Unsupported as e:
             LOG.warning('Reads of base file %s outside its boot image wait for the conversion '
                         'of image %s: %s', self.name, self.image_id, e)
+            return None
         except Exception:
             LOG.exception('Fetching ranges of base file %s by request stopped; its reads wait '
                           'for the download in order', self.name)
+            return None
         finally:
-            os.close(fd)
+            self._no_wants.set()
+        return data
 
     def _fetch_ahead(self, fd, data, offset, length):
         start = max(offset - offset % RANGE_ALIGN, self._cursor)
@@ -857,13 +887,16 @@ class FirstBoots:
         """Deletes the fill files (and converted downloads) a previous nova-compute left (it
         stopped mid-fill): yolofs fails their reads; the next start of a guest over one fills
         its base file again. A fill file still locked is another nova-compute's fill under way
-        (a ``_base`` shared with other hosts): it and its download are left alone."""
+        (a ``_base`` shared with other hosts): it and its download are left alone. Returns the
+        names of the base files whose fills were deleted."""
+        abandoned = set()
         for entry in os.listdir(self.base_dir):
             name, fill_suffix, _ = entry.partition(FILL_SUFFIX)
             if not fill_suffix or self.running(name) or filled_elsewhere(
                     os.path.join(self.base_dir, fill_name(name))):
                 continue
             LOG.warning('Deleting %s, left by a fill that did not end', entry)
+            abandoned.add(name)
             if entry == fill_name(name):
                 try:
                     self.client.fill_end(entry, complete=False, reason='nova-compute restarted')
@@ -873,3 +906,4 @@ class FirstBoots:
                 os.unlink(os.path.join(self.base_dir, entry))
             except FileNotFoundError:
                 pass
+        return abandoned

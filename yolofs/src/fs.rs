@@ -297,6 +297,9 @@ pub struct MirrorFs {
 /// A fill read waits this long by default: a read waiting for a whole download and conversion
 /// (formats that cannot be fetched by range) has minutes to wait, not for ever.
 pub const DEFAULT_FILL_READ_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a read of a fill file this yolofs has no fill of waits for the driver to register it
+/// (it does every few seconds while it fills, and at once after a restart of yolofs).
+pub const FILL_REGISTRATION_WAIT: Duration = Duration::from_secs(30);
 
 /// Names that are never learned: Nova's downloads in progress, and fill files.
 fn is_transient(name: &str) -> bool {
@@ -394,6 +397,22 @@ impl MirrorFs {
 
     pub fn filling(&self, name: &str) -> Option<Arc<Filling>> {
         self.fills.read().unwrap().get(name).cloned()
+    }
+
+    /// The fill of fill file `name`, waited for if this yolofs does not know it yet: restarted
+    /// since the fill began, it learns it again from the driver within seconds, and a read
+    /// meanwhile must neither fail the guest nor read the file's holes as zeros.
+    fn await_filling(&self, name: &str) -> Result<Arc<Filling>> {
+        let deadline = Instant::now() + FILL_REGISTRATION_WAIT;
+        loop {
+            if let Some(filling) = self.filling(name) {
+                return Ok(filling);
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::UnknownFill(name.to_string()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Ends the fill of `name` (its open files keep it: complete, they read the file; failed,
@@ -627,7 +646,7 @@ impl MirrorFs {
             (None, _) => None,
         };
         let filling = if is_fill_file(&name) {
-            Some(self.filling(&name).ok_or_else(|| FsError::UnknownFill(name.clone()))?)
+            Some(self.await_filling(&name)?)
         } else {
             None
         };
