@@ -30,7 +30,10 @@ def requested_image_id(spec_obj):
 
 def predict(host_state, image_id):
     """(predicted boot time in seconds or None, the host's state or None) for a VM of
-    ``image_id`` (see :func:`requested_image_id`)."""
+    ``image_id`` (see :func:`requested_image_id`; none for a volume-backed server, which boots
+    from its volume, not from an image YOLO serves)."""
+    if not image_id:
+        return None, None
     state = host_stats.from_stats(host_state.stats, CONF.yolo.stats_max_age)
     if state is None:
         return None, None

@@ -134,7 +134,14 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             raise exception.InvalidConfiguration(
                 '[DEFAULT] force_raw_images = False: YOLO serves boot images of raw base files. '
                 'Set it to True (Nova\'s default), or [yolo] enabled = False.')
+        serves_disks = yolo_serves_disks()
+        if CONF.yolo.enabled and not serves_disks:
+            LOG.warning('[libvirt] images_type = %s (use_cow_images = %s): YOLO serves qcow2 '
+                        'instance disks over _base only; this host boots without it and reports '
+                        'yolo_active=false', CONF.libvirt.images_type, CONF.use_cow_images)
         super().init_host(host)
+        if not serves_disks:
+            return
         if self.yolo_first_boots is not None:
             try:
                 abandoned = self.yolo_first_boots.abandon_leftovers()
@@ -460,7 +467,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         provider_tree.update_traits(nodename, traits)
 
     def _yolo_stats(self, resources):
-        """The host_stats keys, or only ``yolo_active: false`` if yolofs is not serving."""
+        """The host_stats keys, or only ``yolo_active: false`` if yolofs is not serving or
+        this host's instance disks are not YOLO's."""
+        if not yolo_serves_disks():
+            return {'yolo_active': 'false'}
         status = self.yolo_backing.status()
         if status is None:
             return {'yolo_active': 'false'}
@@ -539,6 +549,13 @@ for _name in ('snapshot', 'reboot', 'power_off', 'power_on', 'destroy', 'rescue'
               'volume_snapshot_create', 'volume_snapshot_delete'):
     setattr(YoloLibvirtDriver, _name,
             serialized_with_detach(getattr(libvirt_driver.LibvirtDriver, _name)))
+
+
+def yolo_serves_disks():
+    """Whether this host's instance disks are qcow2 overlays of base files in ``_base``,
+    the only disks YOLO serves: not rbd, lvm, flat/raw or ploop ones."""
+    images_type = CONF.libvirt.images_type
+    return images_type == 'qcow2' or (images_type == 'default' and CONF.use_cow_images)
 
 
 class FirstBootFailed(exception.NovaException):

@@ -10,6 +10,7 @@ from nova.tests.unit.scheduler import fakes
 from yolo_nova.boot_model import BootTimeParameters
 from yolo_nova import host_stats
 from yolo_nova.scheduler.filters import boot_time_filter
+from yolo_nova.scheduler import utils
 from yolo_nova.scheduler.weights import boot_time
 
 from tests.unit.nova_base import NoDBTestCase
@@ -126,12 +127,19 @@ class TestYoloBootFilter(NoDBTestCase):
         self.assertEqual(['a', 'b'], self.passing(hosts, spec(rebuild=True)))
         self.assertFalse(self.filt.RUN_ON_REBUILD)
 
-    def test_volume_backed_requests_have_no_boot_image(self):
-        self.flags(max_boot_time_ratio=1.5, group='yolo')
+    def test_volume_backed_requests_have_no_prediction(self):
+        # Such a server boots from its volume, not from an image on the host's disk: however
+        # loaded a host's disk, no host is filtered or preferred for it.
+        self.flags(max_boot_time_ratio=1.5, max_predicted_boot_time=1,
+                   pass_hosts_without_data=False, group='yolo')
         volume_spec = objects.RequestSpec(image=objects.ImageMeta.from_dict({}),
                                           scheduler_hints={})
         hosts = [host('a', stats(io=0.8, boot_images=[IMAGE])), host('b', stats(io=0.1))]
-        self.assertEqual(['b'], self.passing(hosts, volume_spec))
+        self.assertEqual(['a', 'b'], self.passing(hosts, volume_spec))
+        self.assertTrue(self.filt.host_passes(hosts[0], volume_spec))
+        self.assertEqual((None, None), utils.predict(hosts[0], ''))
+        self.assertEqual([0.0, 0.0], boot_time.YoloBootTimeWeigher().weigh_objects(
+            [weights.WeighedHost(h, 0.0) for h in hosts], volume_spec))
 
 
 class TestAggregateParameters(NoDBTestCase):

@@ -80,6 +80,26 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             stats = self.drvr.get_available_resource('node')['stats']
         self.assertEqual('1', stats['yolo_first_boot_images_without_ranges'])
 
+    def test_hosts_whose_disks_are_not_qcow2_over_base_stay_out_of_the_way(self):
+        load = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5}
+        for images_type, cow in (('rbd', True), ('lvm', True), ('flat', True), ('raw', True),
+                                 ('ploop', True), ('default', False)):
+            self.flags(images_type=images_type, group='libvirt')
+            self.flags(use_cow_images=cow)
+            drvr = self.drvr
+            with mock.patch.object(libvirt_driver.LibvirtDriver, 'init_host'), \
+                    self.assertLogs(yolo_driver.LOG.logger, 'WARNING') as logged:
+                drvr.init_host('h')
+            self.assertEqual(1, len(logged.records), logged.output)
+            self.assertIn('images_type = %s' % images_type, logged.output[0])
+            with mock.patch.object(self.client, 'host_load', return_value=load):
+                stats = drvr.get_available_resource('node')['stats']
+            self.assertEqual({'other': 'kept', 'yolo_active': 'false'}, stats, images_type)
+        for images_type, cow in (('qcow2', False), ('default', True)):
+            self.flags(images_type=images_type, group='libvirt')
+            self.flags(use_cow_images=cow)
+            self.assertTrue(yolo_driver.yolo_serves_disks())
+
     def test_boots_under_way_are_not_in_the_reported_load(self):
         # The scheduler counts the boots under way apart (num_io_ops): while guests boot here,
         # and until their load has left yolofs' smoothed figures, the host reports the load

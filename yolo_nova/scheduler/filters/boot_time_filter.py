@@ -23,9 +23,10 @@ class YoloBootFilter(filters.BaseHostFilter):
     def filter_all(self, filter_obj_list, spec_obj):
         # The relative limit needs every candidate's prediction before deciding on any.
         hosts = list(filter_obj_list)
-        if scheduler_utils.request_is_rebuild(spec_obj):
-            return hosts
         image_id = utils.requested_image_id(spec_obj)
+        # A volume-backed server boots from its volume: no host's prediction says anything.
+        if scheduler_utils.request_is_rebuild(spec_obj) or not image_id:
+            return hosts
         predictions = [utils.predict(host, image_id) for host in hosts]
         known = [t for t, _ in predictions if t is not None]
         best = min(known) if known else None
@@ -34,6 +35,8 @@ class YoloBootFilter(filters.BaseHostFilter):
 
     def host_passes(self, host_state, spec_obj):
         image_id = utils.requested_image_id(spec_obj)
+        if not image_id:
+            return True
         predicted, state = utils.predict(host_state, image_id)
         return self._passes(host_state, predicted, state, predicted, image_id)
 
