@@ -21,7 +21,11 @@ AGGREGATE_PARAMETERS = {'yolo_boot_time_alpha': 'alpha', 'yolo_boot_time_beta': 
 
 
 def requested_image_id(spec_obj):
-    """The Glance image id of the request ('' for volume-backed or unknown)."""
+    """The Glance image id of the request ('' for volume-backed or unknown). A server booted
+    from a volume made of an image carries that image's metadata too: it still boots from its
+    volume."""
+    if spec_obj.obj_attr_is_set('is_bfv') and spec_obj.is_bfv:
+        return ''
     image = getattr(spec_obj, 'image', None)
     if image is None or not image.obj_attr_is_set('id'):
         return ''

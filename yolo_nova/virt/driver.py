@@ -128,13 +128,13 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             return None
 
     def init_host(self, host):
-        if CONF.yolo.enabled and not CONF.force_raw_images:
+        serves_disks = yolo_serves_disks()
+        if CONF.yolo.enabled and serves_disks and not CONF.force_raw_images:
             # Nova would keep qcow2 base files as downloaded, and a boot image is of an image's
             # raw data: no boot image would ever match a base file.
             raise exception.InvalidConfiguration(
                 '[DEFAULT] force_raw_images = False: YOLO serves boot images of raw base files. '
                 'Set it to True (Nova\'s default), or [yolo] enabled = False.')
-        serves_disks = yolo_serves_disks()
         if CONF.yolo.enabled and not serves_disks:
             LOG.warning('[libvirt] images_type = %s (use_cow_images = %s): YOLO serves qcow2 '
                         'instance disks over _base only; this host boots without it and reports '
@@ -193,13 +193,16 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         fail), are stopped and their servers put in ERROR, as after a failed fill."""
         context = nova_context.get_admin_context()
         for guest in self._host.list_guests(only_running=True):
-            disks = {path for _, path, name in detach.disks_on_mount(
-                guest.get_xml_desc(), self.yolo_backing) if name in names}
-            if disks:
-                image_id = objects.Instance.get_by_uuid(context, guest.uuid).image_ref
-                self._yolo_fail_guests_of(types.SimpleNamespace(
-                    image_id=image_id, disks=disks,
-                    reason='nova-compute restarted before the download ended'))
+            try:
+                disks = {path for _, path, name in detach.disks_on_mount(
+                    guest.get_xml_desc(), self.yolo_backing) if name in names}
+                if disks:
+                    image_id = objects.Instance.get_by_uuid(context, guest.uuid).image_ref
+                    self._yolo_fail_guests_of(types.SimpleNamespace(
+                        image_id=image_id, disks=disks,
+                        reason='nova-compute restarted before the download ended'))
+            except Exception:
+                LOG.exception('Could not stop guest %s over an unfinished fill', guest.uuid)
 
     def _yolo_guest(self, instance_uuid):
         """The libvirt guest of an instance, None if it has none."""

@@ -257,6 +257,8 @@ class Fill:
         self._report_lock = threading.RLock()
         # Held open, and locked, for the fill's life (see begin).
         self._owner_fd = None
+        # Set once the fill ends: no report reaches yolofs after its end.
+        self._closing = False
         # What reads waited for: ranges fetched on demand, their bytes and the seconds spent.
         self.fetched_ranges = self.fetched_bytes = 0
         self.fetch_seconds = 0.0
@@ -281,10 +283,18 @@ class Fill:
         fill under way, not one left behind (FirstBoots.abandon_leftovers)."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._owner_fd = fd
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Blocking: another host's check of the new file (filled_elsewhere) holds it a moment.
+        fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, self.size)
         os.fchmod(fd, 0o644)
-        self.client.fill_begin(self.file, self.boot_image_path, self.image_id)
+        if self.client.fill_begin(self.file, self.boot_image_path,
+                                  self.image_id).get('new') is not True:
+            # A fill of that name yolofs was never told the end of (it did not answer then):
+            # ended now, so that nothing it held counts for this one.
+            self.client.fill_end(self.file, complete=False, reason='a new fill of the file')
+            if self.client.fill_begin(self.file, self.boot_image_path,
+                                      self.image_id).get('new') is not True:
+                raise FillFailed('yolofs serves another fill of %s' % self.file)
 
     def run_raw(self, data, checksum=None, inspect=None):
         """Fills from ``data`` (a :class:`GlanceData` of a raw image): in order, with the
@@ -343,6 +353,8 @@ class Fill:
                 os.close(fd)
             if inspect is not None:
                 inspect(self.path)
+            with self._report_lock:
+                self._closing = True
             self.boot_image_matches = self._end_complete()
             os.rename(self.path, self.base_path)
         except Exception as e:
@@ -380,15 +392,20 @@ class Fill:
 
     def _end_failed(self, reason, registered=True):
         self.outcome, self.reason = 'failed', reason
+        with self._report_lock:
+            self._closing = True    # nothing more is reported to yolofs, or registered again
         if registered:
             try:
                 self.client.fill_end(self.file, complete=False, reason=reason[:500])
             except (OSError, ValueError, yolofs.YolofsError) as e:
                 LOG.warning('yolofs did not take the end of fill %s: %s', self.file, e)
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        # Only a fill file this fill made: one there before it (another host's, on a shared
+        # _base) is not its own to delete.
+        if self._owner_fd is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         self._release()
         self._ended.set()
 
@@ -402,14 +419,15 @@ class Fill:
         since) serves it again, told every range written so far; one that does not answer
         is told with the next report: the download goes on either way."""
         with self._report_lock:
+            if self._closing:
+                return
             if ahead:
                 self._ahead_written.append((offset, length))
             try:
-                try:
-                    self.client.fill_done(self.file, offset, length)
-                except yolofs.YolofsError:
-                    if not self._serve_again():
-                        raise
+                self.client.fill_done(self.file, offset, length)
+            except yolofs.YolofsError as e:
+                if not self._serve_again():
+                    LOG.warning('yolofs did not take a range of fill %s: %s', self.file, e)
             except (OSError, ValueError) as e:
                 LOG.debug('yolofs did not take a range of fill %s: %s', self.file, e)
 
@@ -417,6 +435,8 @@ class Fill:
         """Has a yolofs without the fill (restarted since) serve it again, told every range
         written so far; whether it had none."""
         with self._report_lock:
+            if self._closing:
+                return False
             try:
                 if self.client.fill_begin(self.file, self.boot_image_path,
                                           self.image_id).get('new') is not True:
@@ -470,8 +490,10 @@ class Fill:
         that has no fill of the file (restarted since: reads of it wait for it) is told it again
         at once, with every range written so far. A failure to fetch only leaves the reads
         waiting for the data in order."""
-        fd = os.open(self.path, os.O_WRONLY) if data is not None else None
+        fd = None
         try:
+            if data is not None:
+                fd = os.open(self.path, os.O_WRONLY)
             while self.running and self._cursor < self.size:
                 try:
                     wants = self.client.fill_wants(self.file, WANTS_POLL_SECONDS)
@@ -526,10 +548,18 @@ class Fill:
             # The in-order download may have passed it meanwhile: it wrote the same bytes,
             # verified; they are not overwritten. Registered before it is written: the
             # in-order data that reaches it compares whatever of it is in the file.
+            if not self.running:
+                return
             start_now = max(start, self._cursor)
             if start_now < end:
-                self._ahead.append((start_now, end - start_now))
-                write_data(fd, chunk[start_now - start:], start_now)
+                registered = (start_now, end - start_now)
+                self._ahead.append(registered)
+                try:
+                    write_data(fd, chunk[start_now - start:], start_now)
+                except OSError:
+                    # What it wrote, if anything, the read-back of the whole file compares.
+                    self._ahead.remove(registered)
+                    raise
         if start_now < end:
             self._written(start_now, end - start_now, ahead=True)
 
@@ -642,6 +672,13 @@ def inspect_raw(image, image_id, path):
         raise FillFailed('the data has a backing file')
 
 
+def remove_file(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def filled_elsewhere(path):
     """Whether fill file ``path`` is locked by a fill under way (Fill.begin)."""
     try:
@@ -729,8 +766,13 @@ class FirstBoots:
             # Too small a flavor disk: Nova's normal path raises the error it always raises.
             if not size or (disk_size and size > disk_size):
                 return None
-            if not self._room_for(image, size, raw) or not self._serves_ranges(
-                    image_id, GlanceData.for_context(context, image_id)):
+            checksum = image_checksum(image) if raw else None
+            if checksum and checksum[0] not in hashlib.algorithms_available:
+                LOG.warning('Image %s boots once downloaded: its %s checksum cannot be '
+                            'computed here', image_id, checksum[0])
+                return None
+            data = GlanceData.for_context(context, image_id)
+            if not self._room_for(image, size, raw) or not self._serves_ranges(image_id, data):
                 return None
             boot_image_id = self.boot_images.trusted_boot_image_id(context, image_id, image)
             if boot_image_id is None:
@@ -740,25 +782,24 @@ class FirstBoots:
             LOG.exception('Not booting image %s before its download', image_id)
             return None
         if raw:
-            checksum = image_checksum(image)
-
             def run(fill):
-                fill.run_raw(GlanceData.for_context(context, image_id), checksum,
+                fill.run_raw(data, checksum,
                              inspect=lambda path: inspect_raw(image, image_id, path))
         else:
             ranges = None
             if image.get('disk_format') == 'qcow2' and image.get('size'):
-                ranges = qcow2_ranges.Qcow2Data(GlanceData.for_context(context, image_id),
-                                                image['size'])
+                ranges = qcow2_ranges.Qcow2Data(data, image['size'])
 
             def run(fill):
                 from nova.virt import images
                 fill.run_converted(lambda path: images.fetch_to_raw(context, image_id, path),
                                    ranges=ranges)
-        fill = self.start(name, size, image_id, boot_image_id, boot_image_path, run)
-        if fill is None or fill.boot_image_path != boot_image_path:
-            os.unlink(boot_image_path)
-        return fill
+        # The boot image file is the fill's from now on (it deletes it when it ends); one
+        # that joined another fill is not used.
+        fill, handed = self._start(name, size, image_id, boot_image_id, boot_image_path, run)
+        if not handed:
+            remove_file(boot_image_path)
+        return self._joined(fill)
 
     @property
     def images_without_ranges(self):
@@ -803,16 +844,24 @@ class FirstBoots:
         if there is one), or None (the base file is there by now, Nova is downloading it, yolofs
         refused the boot image...): the caller then takes Nova's normal path. Other images'
         first boots never wait for this one's start."""
+        fill, handed = self._start(name, size, image_id, boot_image_id, boot_image_path, run)
+        if not handed:
+            remove_file(boot_image_path)
+        return self._joined(fill)
+
+    def _start(self, name, size, image_id, boot_image_id, boot_image_path, run):
+        """(the fill of ``name``, whether it is a new one, which owns ``boot_image_path``)."""
         with self._lock:
             fill = self.running(name)
-            if fill is None:
-                fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
-                            boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
-                fill.after_complete = self._keep_boot_image
-                self._fills[name] = fill
-                threading.Thread(target=self._fill, args=(fill, run),
-                                 name='yolo-fill-%s' % name, daemon=True).start()
-        return self._joined(fill)
+            if fill is not None:
+                return fill, False
+            fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
+                        boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
+            fill.after_complete = self._keep_boot_image
+            self._fills[name] = fill
+            threading.Thread(target=self._fill, args=(fill, run),
+                             name='yolo-fill-%s' % name, daemon=True).start()
+            return fill, True
 
     @staticmethod
     def _joined(fill):
@@ -835,6 +884,7 @@ class FirstBoots:
             fill.fail(str(e) or type(e).__name__)
         finally:
             fill.started.set()
+            remove_file(fill.boot_image_path)
         if fill.outcome == 'failed' and fill.disks and self.on_failed is not None:
             try:
                 self.on_failed(fill)
@@ -872,7 +922,6 @@ class FirstBoots:
             run(fill)
         finally:
             fill.fail('the fill stopped before its end')
-            os.unlink(fill.boot_image_path)
 
     def _keep_boot_image(self, fill):
         """After a complete fill, the boot image is installed for the base file as any other

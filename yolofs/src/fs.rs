@@ -21,7 +21,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
@@ -290,6 +290,8 @@ pub struct MirrorFs {
     kernel_passthrough: AtomicBool,
     /// Fill files being filled, by name.
     fills: RwLock<HashMap<String, Arc<Filling>>>,
+    /// Notified when a fill begins; the number of opens waiting for one (`await_filling`).
+    fill_begun: (Mutex<usize>, Condvar),
     /// How long a read of a fill file waits for bytes not filled yet (milliseconds).
     fill_read_timeout_ms: AtomicU64,
 }
@@ -300,6 +302,8 @@ pub const DEFAULT_FILL_READ_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a read of a fill file this yolofs has no fill of waits for the driver to register it
 /// (it does every few seconds while it fills, and at once after a restart of yolofs).
 pub const FILL_REGISTRATION_WAIT: Duration = Duration::from_secs(30);
+/// Opens waiting for a fill's registration at a time (of the FUSE session's worker threads).
+const FILL_REGISTRATION_WAITERS: usize = 8;
 
 /// Names that are never learned: Nova's downloads in progress, and fill files.
 fn is_transient(name: &str) -> bool {
@@ -353,6 +357,7 @@ impl MirrorFs {
             recorder,
             kernel_passthrough: AtomicBool::new(false),
             fills: RwLock::default(),
+            fill_begun: (Mutex::new(0), Condvar::new()),
             fill_read_timeout_ms: AtomicU64::new(DEFAULT_FILL_READ_TIMEOUT.as_millis() as u64),
         })
     }
@@ -392,6 +397,10 @@ impl MirrorFs {
             boot_image: Arc::new(boot_image),
         });
         fills.insert(name.to_string(), filling.clone());
+        drop(fills);
+        let (lock, begun) = &self.fill_begun;
+        let _waiters = lock.lock().unwrap();
+        begun.notify_all();
         Ok((filling, true))
     }
 
@@ -402,17 +411,33 @@ impl MirrorFs {
     /// The fill of fill file `name`, waited for if this yolofs does not know it yet: restarted
     /// since the fill began, it learns it again from the driver within seconds, and a read
     /// meanwhile must neither fail the guest nor read the file's holes as zeros.
+    /// At most FILL_REGISTRATION_WAITERS wait at a time: the others fail at once, so that waits
+    /// never hold every FUSE worker (reads of other files go on meanwhile).
     fn await_filling(&self, name: &str) -> Result<Arc<Filling>> {
-        let deadline = Instant::now() + FILL_REGISTRATION_WAIT;
-        loop {
-            if let Some(filling) = self.filling(name) {
-                return Ok(filling);
-            }
-            if Instant::now() >= deadline {
-                return Err(FsError::UnknownFill(name.to_string()));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(filling) = self.filling(name) {
+            return Ok(filling);
         }
+        let unknown = || FsError::UnknownFill(name.to_string());
+        let (lock, begun) = &self.fill_begun;
+        let mut waiting = lock.lock().unwrap();
+        if *waiting >= FILL_REGISTRATION_WAITERS {
+            return Err(unknown());
+        }
+        *waiting += 1;
+        let deadline = Instant::now() + FILL_REGISTRATION_WAIT;
+        let found = loop {
+            // Checked under the lock begin_fill notifies under: no notification is missed.
+            if let Some(filling) = self.filling(name) {
+                break Some(filling);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break None;
+            }
+            waiting = begun.wait_timeout(waiting, deadline - now).unwrap().0;
+        };
+        *waiting -= 1;
+        found.ok_or_else(unknown)
     }
 
     /// Ends the fill of `name` (its open files keep it: complete, they read the file; failed,

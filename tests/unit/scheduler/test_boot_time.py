@@ -140,6 +140,11 @@ class TestYoloBootFilter(NoDBTestCase):
         self.assertEqual((None, None), utils.predict(hosts[0], ''))
         self.assertEqual([0.0, 0.0], boot_time.YoloBootTimeWeigher().weigh_objects(
             [weights.WeighedHost(h, 0.0) for h in hosts], volume_spec))
+        # A volume made of an image: the request carries the image's metadata, and is_bfv.
+        from_image = objects.RequestSpec(image=objects.ImageMeta.from_dict({'id': IMAGE}),
+                                         is_bfv=True, scheduler_hints={})
+        self.assertEqual(['a', 'b'], self.passing(hosts, from_image))
+        self.assertEqual('', utils.requested_image_id(from_image))
 
 
 class TestAggregateParameters(NoDBTestCase):
