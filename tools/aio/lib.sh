@@ -77,7 +77,7 @@ install_packages() {
         mariadb-server rabbitmq-server memcached sudo curl kmod
         python3-venv python3-dev build-essential pkg-config libvirt-dev
         libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
-        qemu-system-x86 qemu-utils fuse3
+        qemu-system-x86 qemu-utils fuse3 "${CEPH_PACKAGES[@]}"
     ) missing=() pkg
     for pkg in "${packages[@]}"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
@@ -370,7 +370,7 @@ setup_glance() {
         "$GLANCE_STATE/tasks" "$GLANCE_STATE/locks"
     config_file /etc/glance/glance-api.conf glance <<EOF
 [DEFAULT]
-enabled_backends = fs:file
+enabled_backends = fs:file, ceph:rbd
 transport_url = $(rabbit_url glance)
 [database]
 connection = $(db_url glance glance)
@@ -378,6 +378,10 @@ connection = $(db_url glance glance)
 default_backend = fs
 [fs]
 filesystem_store_datadir = $GLANCE_STATE/images
+[ceph]
+rbd_store_pool = $CEPH_POOL
+rbd_store_user = glance
+rbd_store_ceph_conf = $CEPH_CONF
 [os_glance_staging_store]
 filesystem_store_datadir = $GLANCE_STATE/staging
 [os_glance_tasks_store]
