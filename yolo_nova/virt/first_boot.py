@@ -371,6 +371,7 @@ class Fill:
                 self.after_complete(self)
         except Exception:
             LOG.exception('After filling base file %s', self.name)
+        remove_file(self.boot_image_path)
         self._ended.set()
 
     def _end_complete(self):
@@ -407,6 +408,7 @@ class Fill:
             except FileNotFoundError:
                 pass
         self._release()
+        remove_file(self.boot_image_path)
         self._ended.set()
 
     def _release(self):
@@ -796,10 +798,8 @@ class FirstBoots:
                                    ranges=ranges)
         # The boot image file is the fill's from now on (it deletes it when it ends); one
         # that joined another fill is not used.
-        fill, handed = self._start(name, size, image_id, boot_image_id, boot_image_path, run)
-        if not handed:
-            remove_file(boot_image_path)
-        return self._joined(fill)
+        return self._joined(
+            self._start(name, size, image_id, boot_image_id, boot_image_path, run))
 
     @property
     def images_without_ranges(self):
@@ -844,24 +844,25 @@ class FirstBoots:
         if there is one), or None (the base file is there by now, Nova is downloading it, yolofs
         refused the boot image...): the caller then takes Nova's normal path. Other images'
         first boots never wait for this one's start."""
-        fill, handed = self._start(name, size, image_id, boot_image_id, boot_image_path, run)
-        if not handed:
-            remove_file(boot_image_path)
-        return self._joined(fill)
+        return self._joined(
+            self._start(name, size, image_id, boot_image_id, boot_image_path, run))
 
     def _start(self, name, size, image_id, boot_image_id, boot_image_path, run):
-        """(the fill of ``name``, whether it is a new one, which owns ``boot_image_path``)."""
+        """The fill of ``name``: a new one, which owns ``boot_image_path`` from now on, or the one
+        under way (``boot_image_path`` is then deleted, unless it is that fill's)."""
         with self._lock:
             fill = self.running(name)
-            if fill is not None:
-                return fill, False
-            fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
-                        boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
-            fill.after_complete = self._keep_boot_image
-            self._fills[name] = fill
-            threading.Thread(target=self._fill, args=(fill, run),
-                             name='yolo-fill-%s' % name, daemon=True).start()
-            return fill, True
+            if fill is None:
+                fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
+                            boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
+                fill.after_complete = self._keep_boot_image
+                self._fills[name] = fill
+                threading.Thread(target=self._fill, args=(fill, run),
+                                 name='yolo-fill-%s' % name, daemon=True).start()
+                return fill
+        if fill.boot_image_path != boot_image_path:
+            remove_file(boot_image_path)
+        return fill
 
     @staticmethod
     def _joined(fill):
