@@ -57,7 +57,12 @@ cleanup() {
 trap cleanup EXIT
 
 echo "==> Debian's kernel and busybox" >&2
+# A machine whose package lists were never fetched (a fresh container) knows no package yet.
+if ! apt-cache show busybox-static linux-image-amd64 >/dev/null 2>&1; then
+    apt-get update -q >&2
+fi
 kernel_package=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/ {print $2; exit}')
+[[ -n $kernel_package ]] || { echo "build-tiny-image.sh: no Debian kernel package found" >&2; exit 1; }
 mkdir -p "$work/debs" "$work/kernel" "$work/busybox"
 chown _apt "$work/debs" 2>/dev/null || true   # apt downloads as _apt where that user exists
 (cd "$work/debs" && apt-get download -q "$kernel_package" busybox-static >&2)
