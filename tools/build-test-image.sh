@@ -35,23 +35,10 @@ cache_dir=${YOLO_CACHE_DIR:-/var/cache/yolo}
 output=${1:-$cache_dir/images/debian12-yolo.qcow2}
 image_size=${IMAGE_SIZE:-2G}
 here=$(cd "$(dirname "$0")" && pwd)
-script_hash=$(sha256sum "$here/build-test-image.sh" | cut -c1-16)
-stamp="$output.build-id"
-
-if [[ -f $output && -f $stamp && $(cat "$stamp") == "$script_hash" ]]; then
-    echo "$output"
-    exit 0
-fi
-
-if [[ $EUID -ne 0 ]]; then
-    echo "build-test-image.sh: must run as root (loop devices, debootstrap)" >&2
-    exit 1
-fi
-for tool in debootstrap extlinux qemu-img parted losetup mkfs.ext4; do
-    command -v "$tool" >/dev/null || { echo "build-test-image.sh: missing $tool" >&2; exit 1; }
-done
-mbr_bin=/usr/lib/syslinux/mbr/mbr.bin
-[[ -f $mbr_bin ]] || { echo "build-test-image.sh: missing $mbr_bin (syslinux-common)" >&2; exit 1; }
+# shellcheck source=tools/disk-image.sh
+source "$here/disk-image.sh"
+image_cached "$here/build-test-image.sh"
+image_requirements debootstrap
 
 mirror=${DEBIAN_MIRROR:-}
 if [[ -z $mirror ]]; then
@@ -75,13 +62,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "==> partitioning a $image_size raw disk" >&2
-truncate -s "$image_size" "$raw"
-parted -s "$raw" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on
-dd if="$mbr_bin" of="$raw" bs=440 count=1 conv=notrunc status=none
-# Loop devices here get no partition nodes: attach the partition by its offset.
-part_start=$((1024 * 1024))
-part_size=$(( $(stat -c %s "$raw") - part_start ))
-loopdev=$(losetup --find --show --offset "$part_start" --sizelimit "$part_size" "$raw")
+loopdev=$(partitioned_disk "$raw" "$image_size")
 mkfs.ext4 -q -L yoloroot "$loopdev"
 root_uuid=$(blkid -s UUID -o value "$loopdev")
 mkdir -p "$root"
@@ -154,8 +135,9 @@ chroot "$root" apt-get clean
 
 echo "==> installing extlinux" >&2
 mkdir -p "$root/boot/extlinux"
-kernel=$(cd "$root/boot" && ls vmlinuz-* | sort -V | tail -n1)
-initrd=$(cd "$root/boot" && ls initrd.img-* | sort -V | tail -n1)
+newest() { printf '%s\n' "${@##*/}" | sort -V | tail -n1; }
+kernel=$(newest "$root"/boot/vmlinuz-*)
+initrd=$(newest "$root"/boot/initrd.img-*)
 cat >"$root/boot/extlinux/extlinux.conf" <<EOF
 DEFAULT debian
 TIMEOUT 1
@@ -172,8 +154,4 @@ umount "$root"
 losetup -d "$loopdev"
 loopdev=""
 
-echo "==> converting to qcow2" >&2
-qemu-img convert -c -O qcow2 "$raw" "$output.tmp"
-mv "$output.tmp" "$output"
-echo "$script_hash" >"$stamp"
-echo "$output"
+finish_image "$raw"

@@ -24,23 +24,10 @@ cache_dir=${YOLO_CACHE_DIR:-/var/cache/yolo}
 output=${1:-$cache_dir/images/tiny-yolo.qcow2}
 image_size=${IMAGE_SIZE:-2G}
 here=$(cd "$(dirname "$0")" && pwd)
-script_hash=$(sha256sum "$here/build-tiny-image.sh" | cut -c1-16)
-stamp="$output.build-id"
-
-if [[ -f $output && -f $stamp && $(cat "$stamp") == "$script_hash" ]]; then
-    echo "$output"
-    exit 0
-fi
-
-if [[ $EUID -ne 0 ]]; then
-    echo "build-tiny-image.sh: must run as root (loop devices)" >&2
-    exit 1
-fi
-for tool in apt-get dpkg-deb depmod modprobe extlinux qemu-img parted losetup mkfs.ext4; do
-    command -v "$tool" >/dev/null || { echo "build-tiny-image.sh: missing $tool" >&2; exit 1; }
-done
-mbr_bin=/usr/lib/syslinux/mbr/mbr.bin
-[[ -f $mbr_bin ]] || { echo "build-tiny-image.sh: missing $mbr_bin (syslinux-common)" >&2; exit 1; }
+# shellcheck source=tools/disk-image.sh
+source "$here/disk-image.sh"
+image_cached "$here/build-tiny-image.sh"
+image_requirements apt-get dpkg-deb depmod modprobe
 
 mkdir -p "$(dirname "$output")"
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/yolo-tiny-image.XXXXXX")
@@ -120,13 +107,7 @@ chmod 755 "$initramfs/init"
 (cd "$initramfs" && find . | sort | "$work/busybox/bin/busybox" cpio -o -H newc 2>/dev/null) | gzip -9 >"$work/initrd.img"
 
 echo "==> root filesystem" >&2
-truncate -s "$image_size" "$raw"
-parted -s "$raw" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on
-dd if="$mbr_bin" of="$raw" bs=440 count=1 conv=notrunc status=none
-# Loop devices here get no partition nodes: attach the partition by its offset.
-part_start=$((1024 * 1024))
-part_size=$(( $(stat -c %s "$raw") - part_start ))
-loopdev=$(losetup --find --show --offset "$part_start" --sizelimit "$part_size" "$raw")
+loopdev=$(partitioned_disk "$raw" "$image_size")
 # Inode tables and journal written now: the guest's kernel would otherwise zero them in the
 # background after each boot, writes no boot of a cloud image makes.
 mkfs.ext4 -q -L yolotiny -E lazy_itable_init=0,lazy_journal_init=0 "$loopdev"
@@ -172,8 +153,4 @@ umount "$root"
 losetup -d "$loopdev"
 loopdev=""
 
-echo "==> converting to qcow2" >&2
-qemu-img convert -c -O qcow2 "$raw" "$output.tmp"
-mv "$output.tmp" "$output"
-echo "$script_hash" >"$stamp"
-echo "$output"
+finish_image "$raw"

@@ -1,0 +1,41 @@
+# shellcheck shell=bash
+# What the test images' builders share (tools/build-test-image.sh, tools/build-tiny-image.sh):
+# their cache, their tools, and a BIOS-bootable disk of one partition. Sourced by them; each sets
+# `output`, the qcow2 it makes.
+
+MBR_CODE=/usr/lib/syslinux/mbr/mbr.bin
+
+image_cached() {  # BUILDER: prints $output and exits if BUILDER and this file, as they are, made it
+    build_id=$(cat "$1" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
+    if [[ -f $output && -f $output.build-id && $(cat "$output.build-id") == "$build_id" ]]; then
+        echo "$output"
+        exit 0
+    fi
+}
+
+image_requirements() {  # TOOL...: root, these tools, the disk tools and syslinux' MBR code
+    local builder tool
+    builder=$(basename "$0")
+    [[ $EUID -eq 0 ]] || { echo "$builder: must run as root (loop devices)" >&2; exit 1; }
+    for tool in "$@" extlinux qemu-img parted losetup mkfs.ext4; do
+        command -v "$tool" >/dev/null || { echo "$builder: missing $tool" >&2; exit 1; }
+    done
+    [[ -f $MBR_CODE ]] || { echo "$builder: missing $MBR_CODE (syslinux-common)" >&2; exit 1; }
+}
+
+partitioned_disk() {  # RAW SIZE: an MBR disk, one bootable partition; prints its loop device
+    local start=$((1024 * 1024))
+    truncate -s "$2" "$1"
+    parted -s "$1" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on
+    dd if="$MBR_CODE" of="$1" bs=440 count=1 conv=notrunc status=none
+    # Loop devices here get no partition nodes: attach the partition by its offset.
+    losetup --find --show --offset "$start" --sizelimit "$(($(stat -c %s "$1") - start))" "$1"
+}
+
+finish_image() {  # RAW: $output, a compressed qcow2 of RAW, with its build id; prints its path
+    echo "==> converting to qcow2" >&2
+    qemu-img convert -c -O qcow2 "$1" "$output.tmp"
+    mv "$output.tmp" "$output"
+    echo "$build_id" >"$output.build-id"
+    echo "$output"
+}
