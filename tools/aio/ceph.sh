@@ -4,7 +4,8 @@
 # sparse file as Ceph's own vstart.sh lays it out, every pool of one replica. Glance stores
 # images in its pool "images" as client.glance (its "ceph" store, beside the file store "fs").
 # Debian's packages install the daemons and their user, ceph; they run here like the cloud's
-# other services, in the foreground under start-stop-daemon, logging to $AIO_LOG_DIR.
+# other services, in the foreground under start-stop-daemon (their output in $AIO_LOG_DIR, their
+# logs in /var/log/ceph).
 
 CEPH_PACKAGES=(ceph-mon ceph-mgr ceph-osd ceph-common python3-rados python3-rbd)
 CEPH_CONF=/etc/ceph/ceph.conf
@@ -21,7 +22,7 @@ setup_ceph() {
     wait_for "the Ceph monitor" 60 ceph_admin mon stat
     start_service ceph-mgr ceph ceph-mgr -f --conf "$CEPH_CONF" -i a
     start_service ceph-osd ceph ceph-osd -f --conf "$CEPH_CONF" -i 0
-    wait_for "the Ceph OSD" 120 bash -c "ceph --conf $CEPH_CONF osd stat -f json |
+    wait_for "the Ceph OSD" 120 bash -c "timeout 10 ceph --conf $CEPH_CONF osd stat -f json |
         grep -q '\"num_up_osds\":1'"
     if ! ceph_admin osd pool ls | grep -qx "$CEPH_POOL"; then
         ceph_admin osd pool create "$CEPH_POOL" 8 >/dev/null

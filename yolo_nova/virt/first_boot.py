@@ -35,6 +35,7 @@ import time
 from keystoneauth1 import exceptions as ks_exceptions
 from oslo_concurrency import lockutils
 from oslo_log import log as logging
+from oslo_utils import fileutils
 import requests
 import tenacity
 
@@ -371,7 +372,7 @@ class Fill:
                 self.after_complete(self)
         except Exception:
             LOG.exception('After filling base file %s', self.name)
-        remove_file(self.boot_image_path)
+        fileutils.delete_if_exists(self.boot_image_path)
         self._ended.set()
 
     def _end_complete(self):
@@ -403,12 +404,9 @@ class Fill:
         # Only a fill file this fill made: one there before it (another host's, on a shared
         # _base) is not its own to delete.
         if self._owner_fd is not None:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            fileutils.delete_if_exists(self.path)
         self._release()
-        remove_file(self.boot_image_path)
+        fileutils.delete_if_exists(self.boot_image_path)
         self._ended.set()
 
     def _release(self):
@@ -580,10 +578,7 @@ class Fill:
                     self._write_in_order(fd, chunk)
         finally:
             for leftover in (converted, converted + '.part', converted + '.converted'):
-                try:
-                    os.unlink(leftover)
-                except FileNotFoundError:
-                    pass
+                fileutils.delete_if_exists(leftover)
 
 
 def in_background():
@@ -672,13 +667,6 @@ def inspect_raw(image, image_id, path):
         raise FillFailed('the data is %s, not raw' % (fmt or info.file_format))
     if info.backing_file is not None:
         raise FillFailed('the data has a backing file')
-
-
-def remove_file(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def filled_elsewhere(path):
@@ -861,7 +849,7 @@ class FirstBoots:
                                  name='yolo-fill-%s' % name, daemon=True).start()
                 return fill
         if fill.boot_image_path != boot_image_path:
-            remove_file(boot_image_path)
+            fileutils.delete_if_exists(boot_image_path)
         return fill
 
     @staticmethod
@@ -885,7 +873,6 @@ class FirstBoots:
             fill.fail(str(e) or type(e).__name__)
         finally:
             fill.started.set()
-            remove_file(fill.boot_image_path)
         if fill.outcome == 'failed' and fill.disks and self.on_failed is not None:
             try:
                 self.on_failed(fill)
@@ -952,8 +939,5 @@ class FirstBoots:
                     self.client.fill_end(entry, complete=False, reason='nova-compute restarted')
                 except (OSError, ValueError, yolofs.YolofsError):
                     pass
-            try:
-                os.unlink(os.path.join(self.base_dir, entry))
-            except FileNotFoundError:
-                pass
+            fileutils.delete_if_exists(os.path.join(self.base_dir, entry))
         return abandoned
