@@ -107,9 +107,20 @@ function build_yolofs {
 # from $NOVA_CONF when it starts nova-compute, after this phase.
 function configure_yolo {
     local configure=$YOLO_BIN_DIR/yolo-configure
+    # First: the worker's signing key, whose public key the compute node gets.
+    if _yolo_on_glance; then
+        configure_yolo_glance
+    fi
     if _yolo_on_compute; then
+        local keys=()
+        if [[ -r $YOLO_SIGNING_PUBLIC_KEY_FILE ]]; then
+            keys=(--boot-image-signing-key-file "$YOLO_SIGNING_PUBLIC_KEY_FILE")
+        else
+            echo "WARNING: no $YOLO_SIGNING_PUBLIC_KEY_FILE: no first boot before a download here" >&2
+        fi
         "$configure" nova-compute --config-file "$NOVA_CONF" \
-            --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET"
+            --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET" \
+            "${keys[@]}"
     fi
     if _yolo_on_scheduler; then
         "$configure" nova-scheduler --config-file "$NOVA_CONF"
@@ -117,9 +128,6 @@ function configure_yolo {
     if is_service_enabled n-api; then
         # Snapshots must not inherit YOLO's links to boot images.
         "$configure" nova-api --config-file "$NOVA_CONF"
-    fi
-    if _yolo_on_glance; then
-        configure_yolo_glance
     fi
 }
 
@@ -140,7 +148,7 @@ function configure_yolo_glance {
         --transport-url "$(get_notification_url)" --auth-url "$KEYSTONE_SERVICE_URI" \
         --region-name "$REGION_NAME" --username "$YOLO_SERVICE_USER" --password "$password" \
         --project-name "$SERVICE_PROJECT_NAME" --work-dir "$YOLO_WORKER_DIR" \
-        --yolofs-binary "$YOLOFS_BIN"
+        --yolofs-binary "$YOLOFS_BIN" --signing-key-file "$YOLO_SIGNING_KEY"
 }
 
 # Unmounts yolofs and the worker's learning mounts, also those whose process died (they

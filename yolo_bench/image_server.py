@@ -51,6 +51,7 @@ class ImageServer(http.server.ThreadingHTTPServer):
         self.break_after = None
         self.down = False
         self.ranges_refused = False     # as Glance on its rbd, swift, s3 and http stores
+        self.token_expired = False      # new requests get 401; those under way go on
         self.ranges = []        # (start, end) of each ranged request, in order
 
     @property
@@ -86,6 +87,9 @@ class ImageHandler(http.server.BaseHTTPRequestHandler):
         path = server.images.get(match.group(1)) if match else None
         if server.down or path is None:
             self.send_error(503 if server.down else 404)
+            return
+        if server.token_expired:
+            self.send_error(401, 'The request you have made requires authentication.')
             return
         size = os.path.getsize(path)
         start, end = 0, size

@@ -67,6 +67,8 @@ class ShowImage(command.ShowOne):
             ('Boot Image ID', image.get(contract.BOOT_IMAGE_ID)),
             ('Boot Image Glance Status', boot_image_state),
             ('Boot Image Created At', boot_image.get('created_at')),
+            ('Boot Image Signed', (contract.SIGNATURE in boot_image) if linked else None),
+            ('Boot Image Rejected', boot_image.get(contract.REJECTED)),
             ('Boot Image Size', common.Bytes(common.boot_image_size(boot_image))),
             ('Covered Bytes', common.Bytes(common.number(boot_image.get(contract.COVERED_BYTES),
                                                          int))),
@@ -87,8 +89,9 @@ class ShowImage(command.ShowOne):
 class RebuildImage(command.ShowOne):
     """Ask the Glance worker to build an image's boot image again (admin only).
 
-    Deletes the boot images the worker published for the image (the worker keeps the oldest one
-    it finds, so an old one left in place would win over the new build), then sets the image's
+    Deletes the boot images the worker published for the image (the worker keeps the first
+    created one its key signed, so an old one left in place would win over the new build), then
+    sets the image's
     boot image status to "pending" and removes its link, reason and claim: the worker builds it
     on the image.update notification this causes, or at its next periodic scan. Compute nodes
     that already hold the old boot image keep serving it (it is still verified against their

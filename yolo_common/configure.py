@@ -6,14 +6,20 @@ settings are touched; everything else in the file (comments, order, repeated key
 ``available_filters``) is kept, and running it twice changes nothing.
 
     yolo-configure nova-compute --config-file /etc/nova/nova.conf --mount-point ... \\
-        --control-socket ...
+        --control-socket ... [--boot-image-signing-key-file /etc/yolo/boot-image-signing.pub]
     yolo-configure nova-scheduler --config-file /etc/nova/nova.conf
     yolo-configure nova-api --config-file /etc/nova/nova.conf
     yolo-configure glance-api --config-file /etc/glance/glance-api.conf \\
         [--import-config-file /etc/glance/glance-image-import.conf] \\
         [--property-protection-file /etc/glance/property-protections.conf]
     yolo-configure worker --config-file /etc/yolo/yolo-glance-worker.conf --transport-url ... \\
-        --auth-url ... --username ... --password ... [--project-name service]
+        --auth-url ... --username ... --password ... [--project-name service] \\
+        [--signing-key-file /etc/yolo/boot-image-signing.key]
+
+The worker's signing key is made if missing (readable by the user who runs yolo-configure, which
+must be the worker's), and its public key written beside it (``.pub``, one base64 line): the
+line compute hosts get in ``[yolo] boot_image_signing_keys`` (``--boot-image-signing-key-file``
+reads it).
 """
 
 import argparse
@@ -23,6 +29,7 @@ import re
 import sys
 
 from yolo_common import contract
+from yolo_common import signing
 
 DRIVER = 'yolo.YoloLibvirtDriver'
 NOVA_ALL_FILTERS = 'nova.scheduler.filters.all_filters'
@@ -183,6 +190,14 @@ def nova_compute(conf, args):
     conf.set('yolo', 'enabled', 'True')
     conf.set('yolo', 'mount_point', args.mount_point)
     conf.set('yolo', 'control_socket', args.control_socket)
+    for path in args.boot_image_signing_key_file:
+        try:
+            with open(path) as f:
+                key = f.read().strip()
+            signing.Verifier([key])
+        except (OSError, signing.SigningError) as e:
+            raise ConfigureError('--boot-image-signing-key-file %s: %s' % (path, e))
+        conf.add_to_list('yolo', 'boot_image_signing_keys', key, [])
 
 
 def nova_scheduler(conf, args):
@@ -252,6 +267,14 @@ def worker(conf, args):
         conf.set('yolo_worker', 'work_dir', args.work_dir)
     if args.yolofs_binary:
         conf.set('yolo_worker', 'yolofs_binary', args.yolofs_binary)
+    if args.signing_key_file:
+        try:
+            signer = signing.Signer.create(args.signing_key_file)
+            with open(args.signing_key_file + '.pub', 'w') as f:
+                f.write(signer.public_key + '\n')
+        except (OSError, ValueError, signing.SigningError) as e:
+            raise ConfigureError('--signing-key-file %s: %s' % (args.signing_key_file, e))
+        conf.set('yolo_worker', 'signing_key_file', args.signing_key_file)
     glance = {
         'auth_type': 'password',
         'auth_url': args.auth_url,
@@ -293,6 +316,10 @@ def parse_args(argv):
                          help='yolofs mount point (default: %(default)s)')
     compute.add_argument('--control-socket', default='/run/yolofs/control.sock',
                          help="yolofs' control socket (default: %(default)s)")
+    compute.add_argument('--boot-image-signing-key-file', action='append', default=[],
+                         help="A public key of the worker's (the .pub file `yolo-configure "
+                              "worker --signing-key-file` writes), added to [yolo] "
+                              "boot_image_signing_keys; may be repeated")
     role('nova-scheduler', 'nova.conf of nova-scheduler: YoloBootFilter and the weigher')
     role('nova-api', "nova.conf of nova-api: snapshots do not inherit YOLO's links")
     api = role('glance-api', 'glance-api.conf: notifications and the yolo container format')
@@ -312,6 +339,10 @@ def parse_args(argv):
     work.add_argument('--region-name', default=None, help='Region of the Glance endpoint')
     work.add_argument('--work-dir', default=None, help="The worker's scratch directory")
     work.add_argument('--yolofs-binary', default=None, help='The yolofs command')
+    work.add_argument('--signing-key-file', default=None,
+                      help="The worker's signing key, made if missing, its public key written "
+                           "to FILE.pub (recommended: compute hosts serve only signed boot "
+                           "images before a download)")
     return parser.parse_args(argv)
 
 

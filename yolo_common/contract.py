@@ -21,6 +21,11 @@ MAX_SECONDS = 'yolo_max_seconds'
 # On a published boot image.
 SOURCE_IMAGE_ID = 'yolo_source_image_id'
 CONTAINER_FORMAT = 'yolo'
+# The worker's signature of the boot image (yolo_common/signing.py).
+SIGNATURE = 'yolo_signature'
+# Set by a compute host whose first boot found the boot image's bytes other than the image's:
+# "<host> <time>: <reason>". No host uses a boot image that has it.
+REJECTED = 'yolo_boot_image_rejected'
 # What the worker measured, on the published boot image.
 BOOT_IMAGE_BYTES = 'yolo_boot_image_bytes'
 COVERED_BYTES = 'yolo_covered_bytes'

@@ -54,6 +54,15 @@ container_format of published boot images. Glance must accept it: add it to its
 ``[image_format] container_formats``.
 """),
     cfg.StrOpt('yolofs_binary', default='yolofs', help='The yolofs command.'),
+    cfg.StrOpt('signing_key_file',
+               help="""
+The worker's Ed25519 private key (PEM), with which it signs every boot image it publishes:
+compute hosts serve a boot image before its image's download only if its signature verifies
+with one of their ``[yolo] boot_image_signing_keys``. Readable by the worker's user only, and
+by nothing the profiling boots run. ``yolo-configure worker --signing-key-file FILE`` makes one
+and prints its public key. Unset: boot images are published unsigned, and compute hosts use
+them only once the image is downloaded (yolofs verifies them against it).
+"""),
     cfg.HostAddressOpt('metrics_address', default='127.0.0.1',
                        help="""
 Address the worker serves its Prometheus metrics on (``http://ADDRESS:PORT/metrics``, without

@@ -59,7 +59,7 @@ class Metrics:
             self.profiling_boot_duration.labels(ended_by)
         for state in ('queued', 'running'):
             self.backlog.labels(state)
-        for reason in ('source_deleted', 'duplicate'):
+        for reason in ('source_deleted', 'duplicate', 'rejected', 'not_signed'):
             self.boot_images_deleted.labels(reason)
 
     def build_finished(self, outcome, seconds):

@@ -18,6 +18,7 @@ from oslo_config import cfg
 from oslo_log import log as oslo_logging
 import oslo_messaging
 
+from yolo_common import signing
 from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
@@ -158,7 +159,8 @@ def notification_listener(conf, dispatcher, transport=None):
 
 def make_dispatcher(conf, glance=None, metrics=None):
     """The worker and its dispatcher from ``conf``; raises profiling.PluginError if a profiling
-    plugin is unknown or cannot work here."""
+    plugin is unknown or cannot work here, signing.SigningError if the signing key is
+    unusable."""
     glance = glance or glance_api.Glance.from_conf(conf)
     options = conf.yolo_profiling
     worker = worker_mod.Worker(
@@ -173,10 +175,24 @@ def make_dispatcher(conf, glance=None, metrics=None):
         yolofs_binary=conf.yolo_worker.yolofs_binary,
         runner=profiling.load_runner(options.runner),
         readiness=profiling.load_readiness(options.readiness),
-        metrics=metrics or metrics_mod.Metrics())
+        metrics=metrics or metrics_mod.Metrics(),
+        signer=load_signer(conf.yolo_worker.signing_key_file))
     worker.check()
     return Dispatcher(worker, glance, conf.yolo_worker.max_concurrent_builds,
                       conf.yolo_worker.activation_timeout)
+
+
+def load_signer(path):
+    """The worker's signing key, None if it has none (raises signing.SigningError if the
+    file cannot be read as one)."""
+    if not path:
+        LOG.warning('[yolo_worker] signing_key_file is not set: boot images are published '
+                    'unsigned, and compute hosts boot images only once they are downloaded')
+        return None
+    try:
+        return signing.Signer.from_file(path)
+    except (OSError, ValueError, signing.SigningError) as e:
+        raise signing.SigningError('[yolo_worker] signing_key_file: %s' % e) from None
 
 
 def serve_metrics(conf, metrics):
@@ -200,7 +216,7 @@ def main(argv=None):
     oslo_logging.setup(conf, 'yolo')
     try:
         dispatcher = make_dispatcher(conf)
-    except profiling.PluginError as e:
+    except (profiling.PluginError, signing.SigningError) as e:
         LOG.critical('%s', e)
         sys.exit(1)
     try:

@@ -5,9 +5,12 @@ learn its boot image from a profiling boot through a learning yolofs mount, and 
 hidden Glance image linked both ways. Every outcome is recorded on the source image in the
 ``yolo_boot_image_*`` properties; the source image's data and state are never touched.
 
-Several workers may run: a build is claimed on the source image first, and if two builds still
-race, every worker keeps the same one of the published boot images (the oldest) and deletes the
-others, so they converge.
+Each boot image is signed with the worker's key (yolo_common/signing.py): compute hosts serve
+only signed ones before an image's download. Several workers (sharing the key) may run: a build
+is claimed on the source image first, and if two builds still race, every worker keeps the same
+one of the signed boot images (the first created) and deletes the others, so they converge;
+anything else published for the image in the worker's project (unsigned, or signed with another
+key: planted) is deleted.
 """
 
 import dataclasses
@@ -29,6 +32,7 @@ from yolo_common import contract
 from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
+from yolo_common import signing
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
 from yolo_glance import profiling as profiling_mod
@@ -96,6 +100,12 @@ QEMU_IMG_LIMITS = processutils.ProcessLimits(address_space=1 << 30, cpu_time=180
 # A ready pattern comes from an image property: bounded, and matched by RE2 in linear time.
 MAX_PATTERN_LENGTH = 512
 MIN_IDLE_SECONDS = 1.0
+# Why _keep_one deletes a published boot image (yolo_worker_boot_images_deleted's reasons).
+DELETED_BECAUSE = {
+    'duplicate': 'a duplicate',
+    'rejected': 'a compute host found it other than the image',
+    'not_signed': "not signed with the worker's key",
+}
 MIN_MAX_SECONDS = 10.0
 
 
@@ -147,13 +157,17 @@ class Worker:
     """Builds, publishes and deletes boot images; one call per image, safe to call again.
 
     ``runner`` and ``readiness`` are the profiling plugins (profiling.py; TCG, and the console
-    pattern or an idle gap, by default); ``metrics`` a metrics.Metrics (a new one by default).
+    pattern or an idle gap, by default); ``metrics`` a metrics.Metrics (a new one by default);
+    ``signer`` the worker's signing.Signer (None: boot images are published unsigned).
     """
 
     def __init__(self, glance, work_dir, profiling, container_format='yolo', retries=3,
                  claim_timeout=7200, yolofs_binary='yolofs', learner=None, worker_id=None,
-                 clock=time.time, retry_delay=5.0, runner=None, readiness=None, metrics=None):
+                 clock=time.time, retry_delay=5.0, runner=None, readiness=None, metrics=None,
+                 signer=None):
         self.glance = glance
+        self.signer = signer
+        self.verifier = signer.verifier() if signer is not None else None
         self.work_dir = work_dir
         self.profiling = profiling
         self.runner = runner or profiling_mod.TcgRunner()
@@ -248,7 +262,34 @@ class Worker:
             boot_image = self.glance.get(image[glance_api.BOOT_IMAGE_ID])
         except glance_api.NotFound:
             return False
-        return boot_image.get('status') == 'active'
+        return (boot_image.get('status') == 'active' and self._ours(boot_image, image['id'])
+                and not boot_image.get(contract.REJECTED))
+
+    def _ours(self, boot_image, source_image_id):
+        """Whether ``boot_image`` is one this worker (or one with its key) published for
+        ``source_image_id``: signed with its key, over the data Glance holds. A worker without
+        a key counts any boot image of its project for the image as its own."""
+        if boot_image.get(glance_api.SOURCE_IMAGE_ID) != source_image_id:
+            return False
+        if self.verifier is None:
+            return True
+        return self.verifier.verify(boot_image.get(contract.SIGNATURE), source_image_id,
+                                    boot_image.get('os_hash_algo') or '',
+                                    boot_image.get('os_hash_value') or '')
+
+    def _sign(self, boot_image_id, source_image_id, path):
+        """Signs the published boot image, over the digest Glance computed of its data once
+        that is the digest of the file uploaded."""
+        if self.signer is None:
+            return
+        published = self.glance.get(boot_image_id)
+        algorithm = published.get('os_hash_algo')
+        digest = signing.file_digest(path, algorithm)
+        if published.get('os_hash_value') != digest:
+            raise RuntimeError('Glance holds other data for boot image %s than was uploaded'
+                               % boot_image_id)
+        self.glance.set_properties(boot_image_id, **{
+            contract.SIGNATURE: self.signer.sign(source_image_id, algorithm, digest)})
 
     def _build_and_publish(self, image):
         image_id = image['id']
@@ -262,6 +303,11 @@ class Worker:
             self.glance.get(image_id)
             published = self.glance.publish(image, built['path'], self.container_format,
                                             built['properties'])
+            try:
+                self._sign(published, image_id, built['path'])
+            except Exception:
+                self.glance.delete(published)
+                raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
         keeper = self._keep_one(image_id)
@@ -376,15 +422,27 @@ class Worker:
                               capture_output=True, text=True).stdout
 
     def _keep_one(self, image_id):
-        """The oldest published boot image of ``image_id``; the others are deleted."""
+        """The boot image of ``image_id`` to link: of those this worker's key signed and no
+        compute host rejected, the first created (every worker picks the same). The others are
+        deleted: duplicates, rejected ones, and any boot image published in the worker's
+        project that its key did not sign (planted)."""
         published = [i for i in self.glance.boot_images_of(image_id, self.container_format)
                      if i.get('status') == 'active']
-        published.sort(key=lambda i: (i.get('created_at', ''), i['id']))
-        for extra in published[1:]:
-            LOG.info('%s: deleting duplicate boot image %s', image_id, extra['id'])
+        reasons = {i['id']: ('rejected' if i.get(contract.REJECTED) else None)
+                   if self._ours(i, image_id) else 'not_signed' for i in published}
+        ours = sorted((i for i in published if reasons[i['id']] is None),
+                      key=lambda i: (i.get('created_at', ''), i['id']))
+        if not ours:
+            raise RuntimeError('the boot image published for %s is not in Glance' % image_id)
+        for extra in published:
+            if extra['id'] == ours[0]['id']:
+                continue
+            reason = reasons[extra['id']] or 'duplicate'
+            (LOG.info if reason == 'duplicate' else LOG.warning)(
+                '%s: deleting boot image %s (%s)', image_id, extra['id'], DELETED_BECAUSE[reason])
             self.glance.delete(extra['id'])
-            self.metrics.boot_images_deleted.labels('duplicate').inc()
-        return published[0]['id']
+            self.metrics.boot_images_deleted.labels(reason).inc()
+        return ours[0]['id']
 
     def _record(self, image_id, status, reason=None, claim=None, boot_image_id=None):
         properties = {glance_api.STATUS: status}

@@ -189,6 +189,15 @@ the service identity of ``[service_user]`` and only those this project owns are 
 service identity's own project (the worker and Nova's service users share the ``service``
 project in most deployments).
 """),
+    cfg.ListOpt(
+        'boot_image_signing_keys', default=[], secret=False,
+        help="""
+The public keys of yolo-glance-worker's signing key (``[yolo_worker] signing_key_file``; each
+the base64 line ``yolo-configure signing-key`` prints), several while a key is replaced. Boot
+images are used only with a signature of one of them over the bytes downloaded. Empty: boot
+images are used only once their image is downloaded (yolofs verifies them against it), and no
+first boot runs before a download (``first_boot_before_download``).
+"""),
     cfg.IntOpt(
         'max_boot_image_bytes', default=1 << 30, min=0,
         help="Boot images larger than this are not downloaded."),

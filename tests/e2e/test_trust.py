@@ -1,9 +1,37 @@
-"""Tenants cannot set or change YOLO's image properties (Glance property protections)."""
+"""Who can make a host serve a boot image: tenants cannot set or change YOLO's image properties
+(Glance property protections); Nova's own service user, whose password every compute host
+holds, can publish in the worker's project, but only what the worker signed is served before a
+download; and a served boot image found other than its image stops its guests."""
 
+import configparser
+import os
+import subprocess
+
+import openstack
 import openstack.exceptions
+import psutil
 import pytest
 
-from tests.e2e.conftest import connection, demo
+from tests.e2e.conftest import admin
+from tests.e2e.conftest import AIO_LOG_DIR
+from tests.e2e.conftest import base_file_name
+from tests.e2e.conftest import BOOT_TIMEOUT
+from tests.e2e.conftest import connection
+from tests.e2e.conftest import delete_server
+from tests.e2e.conftest import demo
+from tests.e2e.conftest import FLAVOR
+from tests.e2e.conftest import upload_public
+from tests.e2e.conftest import wait_for_boot_image
+from tests.e2e.conftest import wait_for_ready
+from tests.e2e.conftest import wait_for_status
+from tests.e2e.conftest import YOLOFS
+from yolo_bench.cloud import wait as wait_until
+from yolo_bench.scheduling import INSTANCES
+from yolo_common import contract
+from yolo_common import signing
+from yolo_nova.virt import first_boot
+
+WORKER_KEY = '/etc/yolo/boot-image-signing.key'
 
 
 def test_a_tenant_cannot_set_yolo_properties(cloud):
@@ -25,3 +53,121 @@ def test_a_tenant_cannot_set_yolo_properties(cloud):
         demo('image', 'set', '--property', 'os_distro=debian', image['id'], parse=False)
     finally:
         demo('image', 'delete', image['id'], parse=False, check=False)
+
+
+def nova_service_user():
+    """Glance as Nova's service user (nova.conf's [service_user], on every compute host)."""
+    conf = configparser.ConfigParser(strict=False, interpolation=None)
+    conf.read('/etc/nova/nova.conf')
+    section = conf['service_user']
+    return openstack.connect(
+        auth_url=section['auth_url'], username=section['username'],
+        password=section['password'], project_name=section['project_name'],
+        user_domain_name=section.get('user_domain_name', 'Default'),
+        project_domain_name=section.get('project_domain_name', 'Default'),
+        region_name=conf['placement'].get('region_name'))
+
+
+class Logs:
+    """What the second host's nova-compute and yolofs log from now on."""
+
+    def __init__(self):
+        self.since = {name: os.path.getsize(AIO_LOG_DIR / name)
+                      for name in ('nova-compute-2.log', 'yolofs-compute-2.log')}
+
+    def __getitem__(self, name):
+        with open(AIO_LOG_DIR / name, errors='replace') as log:
+            log.seek(self.since[name])
+            return log.read()
+
+
+def plant(image, tiny_image, tmp_path, signer=None, disk_signature=None):
+    """A boot image of ``image`` covering its first 4 KiB, built from its data (with the MBR's
+    disk signature changed to ``disk_signature``: the guest still boots), uploaded by Nova's
+    service user in the worker's project (signed with ``signer``'s key if given) and linked from
+    ``image``. Returns its id."""
+    raw = tmp_path / 'image.raw'
+    subprocess.run(['qemu-img', 'convert', '-O', 'raw', tiny_image, raw], check=True)
+    if disk_signature is not None:
+        with open(raw, 'r+b') as disk:
+            disk.seek(440)
+            disk.write(disk_signature)
+    trace = tmp_path / 'trace'
+    trace.write_text('0 4096\n')
+    planted = tmp_path / 'planted.yolo'
+    subprocess.run([YOLOFS, 'build', '--trace', trace, '--source', raw, '--output', planted,
+                    '--image-id', image['id']], check=True, capture_output=True)
+    raw.unlink()
+    properties = {contract.SOURCE_IMAGE_ID: image['id']}
+    if signer is not None:
+        properties[contract.SIGNATURE] = signer.sign(
+            image['id'], 'sha512', signing.file_digest(planted, 'sha512'))
+    nova = nova_service_user()
+    with open(planted, 'rb') as data:
+        boot_image = nova.image.create_image(
+            name='e2e-planted', container_format='yolo', disk_format='raw', data=data,
+            visibility='private', validate_checksum=False, **properties)
+    nova.image.update_image(image['id'], **{contract.BOOT_IMAGE_ID: boot_image.id})
+    return boot_image.id
+
+
+@pytest.mark.two_hosts
+def test_a_boot_image_nova_could_publish_is_never_served_before_a_download(
+        second_host, tiny_image, tmp_path):
+    image, _ = wait_for_boot_image(upload_public('e2e-planted-on', tiny_image))
+    try:
+        planted = plant(image, tiny_image, tmp_path)
+        logs = Logs()
+        server = admin('server', 'create', '--nic', 'none', '--image', image['id'], '--flavor',
+                       FLAVOR, '--availability-zone', 'nova:%s' % second_host, 'e2e-planted')
+        try:
+            wait_for_status('aio-admin', server['id'], 'ACTIVE')
+            wait_for_ready('aio-admin', server['id'])
+        finally:
+            delete_server('aio-admin', server['id'])
+        # Refused before a byte of it was downloaded; the image took Nova's path.
+        assert "Not using boot image %s of image %s: not signed with the worker's key" % (
+            planted, image['id']) in logs['nova-compute-2.log']
+        assert 'serving a fill' not in logs['yolofs-compute-2.log']
+    finally:
+        admin('image', 'delete', image['id'], parse=False, check=False)
+
+
+@pytest.mark.two_hosts
+def test_a_served_boot_image_other_than_its_image_stops_its_guest_and_is_rejected(
+        second_host, tiny_image, tmp_path):
+    """A boot image the worker's key signed (a worker gone wrong: the test signs it with the
+    worker's key) whose bytes are not the image's: the guest boots from them before the download,
+    and once the download is verified the host stops it, puts the server in ERROR and records
+    the rejection in Glance, where no host uses it again."""
+    image, _ = wait_for_boot_image(upload_public('e2e-mismatch', tiny_image))
+    try:
+        planted = plant(image, tiny_image, tmp_path, signer=signing.Signer.from_file(WORKER_KEY),
+                        disk_signature=b'YOLO')
+        logs = Logs()
+        server = admin('server', 'create', '--nic', 'none', '--image', image['id'], '--flavor',
+                       FLAVOR, '--availability-zone', 'nova:%s' % second_host, 'e2e-mismatch')
+        try:
+            def stopped_in_error():
+                found = connection('aio-admin').compute.get_server(server['id'])
+                return found if found.status == 'ERROR' else None
+            found = wait_until('server in ERROR', BOOT_TIMEOUT, stopped_in_error, 3.0)
+            assert 'does not hold' in found.fault['message'], found.fault
+            # Its guest is stopped: no QEMU runs it.
+            assert not [p for p in psutil.process_iter(['cmdline'])
+                        if server['id'] in ' '.join(p.info['cmdline'] or ())]
+        finally:
+            delete_server('aio-admin', server['id'])
+        name = base_file_name(image['id'])
+        assert '%s%s: serving a fill' % (name, first_boot.FILL_SUFFIX) in logs[
+            'yolofs-compute-2.log']
+        assert 'ALARM' in logs['nova-compute-2.log']
+        rejected = admin('image', 'show', planted)
+        assert 'did not match' in str(rejected.get(contract.REJECTED) or rejected.get(
+            'properties', {}).get(contract.REJECTED))
+        # The base file is Glance's data, verified.
+        base = INSTANCES[second_host] / '_base' / name
+        subprocess.run(['qemu-img', 'compare', '-f', 'raw', '-F', 'qcow2', base, tiny_image],
+                       check=True)
+    finally:
+        admin('image', 'delete', image['id'], parse=False, check=False)

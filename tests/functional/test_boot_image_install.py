@@ -21,7 +21,9 @@ import uuid
 import pytest
 
 from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
+from yolo_common import contract
 from yolo_common import images
+from yolo_common import signing
 from yolo_common import yolofs
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
@@ -60,11 +62,17 @@ def host(tmp_path, mount_factory):
     return base_dir, store, mount, glance, driver_side
 
 
-def publish(tmp_path, glance, source, image_id=IMAGE_ID):
+def publish(tmp_path, glance, source, image_id=IMAGE_ID, signer=None):
+    """Publishes a boot image of ``source`` for IMAGE_ID, as the worker with ``signer``'s key
+    does (None: unsigned)."""
     published = build(tmp_path, source, tmp_path / ('published-%s.yolo' % uuid.uuid4().hex),
                       image_id=image_id)
-    glance.images['boot-image'] = {'properties': {'yolo_source_image_id': IMAGE_ID},
-                                   'file': published}
+    digest = signing.file_digest(published, 'sha512')
+    properties = {'yolo_source_image_id': IMAGE_ID}
+    if signer is not None:
+        properties[contract.SIGNATURE] = signer.sign(IMAGE_ID, 'sha512', digest)
+    glance.images['boot-image'] = {'properties': properties, 'file': published,
+                                   'os_hash_algo': 'sha512', 'os_hash_value': digest}
     glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': 'boot-image'}}
 
 
@@ -107,6 +115,64 @@ def test_a_boot_image_of_another_image_is_refused_by_yolofs(host, tmp_path, capl
     assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
     assert 'is for image another-image, not %s' % IMAGE_ID in caplog.text
     assert not (store / (NAME + '.yolo')).exists()
+
+
+@pytest.fixture
+def signed_host(host, tmp_path):
+    """The host, its driver given the worker's public key; and the worker's key."""
+    base_dir, store, mount, glance, driver_side = host
+    worker_key = signing.Signer.generate()
+    driver_side = boot_images.BootImages(
+        driver_side.backing_files, tmp_path / 'downloads', image_api=glance,
+        boot_image_api=glance, signing_keys=[signing.Signer.generate().public_key,
+                                             worker_key.public_key])
+    return (base_dir, store, mount, glance, driver_side), worker_key
+
+
+def test_with_the_workers_keys_a_boot_image_it_signed_is_installed(signed_host, tmp_path):
+    (base_dir, store, mount, glance, driver_side), worker_key = signed_host
+    publish(tmp_path, glance, base_dir / NAME, signer=worker_key)
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'installed'
+
+
+@pytest.mark.parametrize('who', ['nobody', 'another key', 'other bytes', 'another image'])
+def test_with_the_workers_keys_a_boot_image_it_did_not_sign_is_refused(
+        signed_host, tmp_path, caplog, who):
+    (base_dir, store, mount, glance, driver_side), worker_key = signed_host
+    signer = {'nobody': None, 'another key': signing.Signer.generate()}.get(who, worker_key)
+    publish(tmp_path, glance, base_dir / NAME, signer=signer)
+    boot_image = glance.images['boot-image']
+    if who == 'other bytes':
+        # The boot image's file replaced in Glance's store after it was signed.
+        boot_image['file'] = build(tmp_path, base_dir / NAME, tmp_path / 'replaced.yolo',
+                                   image_id='c0ffee00-0000-4000-8000-00000000000b')
+    elif who == 'another image':
+        # Signed for another image, and relabelled as this one's.
+        boot_image['properties'][contract.SIGNATURE] = worker_key.sign(
+            'another-image', 'sha512', boot_image['os_hash_value'])
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
+    expected = ("not signed with the worker's key" if who == 'nobody'
+                else "its signature is not the worker's over the bytes downloaded")
+    assert expected in caplog.text
+    # Unsigned: not even downloaded. Either way nothing is left, or installed, or fetched again.
+    assert glance.downloads == ([] if who == 'nobody' else ['boot-image'])
+    assert not list((tmp_path / 'downloads').glob('*'))
+    assert not (store / (NAME + '.yolo')).exists()
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
+    assert len(glance.downloads) <= 1
+
+
+def test_a_boot_image_a_host_rejected_is_used_by_no_host(signed_host, tmp_path, caplog):
+    (base_dir, store, mount, glance, driver_side), worker_key = signed_host
+    publish(tmp_path, glance, base_dir / NAME, signer=worker_key)
+    driver_side.reject(IMAGE_ID, 'boot-image', 'did not match')
+    assert 'did not match' in glance.images['boot-image']['properties'][contract.REJECTED]
+    other_host = boot_images.BootImages(
+        driver_side.backing_files, tmp_path / 'downloads', image_api=glance,
+        boot_image_api=glance, signing_keys=[worker_key.public_key])
+    assert other_host.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
+    assert 'rejected by a compute host' in caplog.text
+    assert glance.downloads == []
 
 
 def test_nothing_is_attempted_while_yolofs_is_down(host, tmp_path):

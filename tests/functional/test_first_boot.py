@@ -23,6 +23,7 @@ from oslo_concurrency import lockutils
 import pytest
 import tenacity
 
+from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
 from tests.yolofs.test_mount import boot_image_extents
 from tests.yolofs.test_mount import holes_between
 from yolo_bench.cloud import wait as wait_until
@@ -86,7 +87,10 @@ class Host:
         self.mount.start()
         self.backing = backing.BackingFiles(self.base_dir, dirs / 'mnt', dirs / 'control.sock',
                                             10.0)
-        self.boot_images = boot_images.BootImages(self.backing, dirs / 'incoming')
+        self.glance = FakeImageAPI()
+        self.boot_images = boot_images.BootImages(self.backing, dirs / 'incoming',
+                                                  image_api=self.glance,
+                                                  boot_image_api=self.glance)
         self.first_boots = first_boot.FirstBoots(self.backing, self.boot_images,
                                                  str(dirs / 'locks'))
 
@@ -266,6 +270,27 @@ def test_an_image_whose_store_serves_no_ranges_takes_novas_path(dirs, image_serv
     assert image_server.ranges == [(0, 1)]
 
 
+def test_a_token_that_expires_mid_fill_stops_its_ranges_not_its_reads(
+        host, dirs, image_server, content, caplog):
+    """Glance refuses new requests once the booting user's token has expired (no service
+    token beside it): the ranges stop, said once in the log and counted; the download in order
+    goes on over its open connection, and the reads that wait get its bytes."""
+    image_server.rate = 4 << 20   # 6 s for the whole
+    fill = host.fill_raw(image_server, build_boot_image(dirs, content), sha256(content))
+    wait_until('the download under way', 30, lambda: fill._cursor > 0, interval=0.05)
+    image_server.token_expired = True
+    start = SIZE - (2 << 20)
+    fd = os.open(host.served(), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 8192, start) == content[start:start + 8192]
+    finally:
+        os.close(fd)
+    assert fill.wait(60) and fill.outcome == 'complete', fill.reason
+    assert (host.base_dir / NAME).read_bytes() == content
+    assert fill.ranges_unauthorized and host.first_boots.fills_with_expired_tokens == 1
+    assert caplog.text.count("the booting user's token has expired") == 1
+
+
 def test_bytes_the_file_does_not_hold_as_received_are_never_kept(
         host, dirs, image_server, content, monkeypatch):
     """A write lost on its way to the disk (the kernel took it, the file does not hold it):
@@ -392,19 +417,29 @@ def test_a_range_the_download_contradicts_fails_the_fill(
     assert os.listdir(host.base_dir) == []
 
 
-def test_a_boot_image_of_other_data_is_an_alarm_and_quarantined(
+def test_a_boot_image_of_other_data_is_an_alarm_rejected_and_its_guests_stopped(
         host, dirs, image_server, content):
     other = bytes(b ^ 0x5a for b in content[:SIZE // 2]) + content[SIZE // 2:]
+    host.glance.images['boot-image-id'] = {'properties': {}}
+    mismatched = []
+    host.first_boots.on_mismatch = mismatched.append
     fill = host.fill_raw(image_server, build_boot_image(dirs, other), sha256(content))
+    fill.add_disk('instances/a-guest/disk')
     assert fill.wait(60) and fill.outcome == 'complete'
     assert fill.boot_image_matches is False
-    # The data is Glance's, verified: the base file stands; the boot image is never used.
+    # The data is Glance's, verified: the base file stands; the boot image is never used,
+    # here or (recorded in Glance) on any host.
     assert (host.base_dir / NAME).read_bytes() == content
     assert not host.boot_images.has_boot_image(NAME, host.backing.status())
-    assert host.boot_images.trusted_boot_image_id(
+    assert host.boot_images.trusted_boot_image(
         None, IMAGE_ID, {'properties': {boot_images.BOOT_IMAGE_PROPERTY: 'boot-image-id'}}) \
         is None
+    assert 'did not match' in host.glance.images['boot-image-id']['properties'][
+        'yolo_boot_image_rejected']
     assert 'ALARM' in (dirs / 'yolofs.log').read_text()
+    # Its guests read bytes the image does not hold: the driver stops them (on_mismatch).
+    wait_until('the guests stopped', 10, lambda: mismatched, interval=0.1)
+    assert mismatched == [fill] and 'did not match' in fill.reason
 
 
 def test_yolofs_restarted_mid_fill_serves_it_again(host, dirs, image_server, content):
@@ -646,8 +681,10 @@ def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usua
 
     from tests.functional import test_nova_driver as driver_tests
     from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
+    from yolo_common import contract
     from yolo_common import images
     from yolo_common import qemu
+    from yolo_common import signing
 
     image_id = 'c2a7f9e4-0b1d-4f51-8d7e-3a2b1c0d9e8f'
     name = images.base_file_name(image_id)
@@ -664,9 +701,14 @@ def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usua
         'size': os.path.getsize(image_cache), 'os_hash_algo': 'sha256',
         'os_hash_value': hashlib.sha256(image_cache.read_bytes()).hexdigest(),
         'properties': {boot_images.BOOT_IMAGE_PROPERTY: 'boot-image-id'}}
+    # Signed by the worker, whose public key the host has.
+    worker_key = signing.Signer.generate()
+    digest = signing.file_digest(boot_image, 'sha512')
     glance.images['boot-image-id'] = {
-        'size': os.path.getsize(boot_image), 'file': boot_image,
-        'properties': {boot_images.SOURCE_IMAGE_PROPERTY: image_id}}
+        'size': os.path.getsize(boot_image), 'file': boot_image, 'os_hash_algo': 'sha512',
+        'os_hash_value': digest,
+        'properties': {boot_images.SOURCE_IMAGE_PROPERTY: image_id,
+                       contract.SIGNATURE: worker_key.sign(image_id, 'sha512', digest)}}
 
     with fixtures.Fixture() as scope, \
             ImageServer({image_id: image_cache}, rate=1 << 20) as server:
@@ -681,7 +723,7 @@ def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usua
         conf.config(mount_point=str(tmp_path / 'mnt0'),
                     control_socket=str(tmp_path / 'control0.sock'),
                     download_dir=str(tmp_path / 'downloads'), first_boot_before_download=True,
-                    group='yolo')
+                    boot_image_signing_keys=[worker_key.public_key], group='yolo')
         # Glance's download, as the booting user's session would make it.
         scope.useFixture(fixtures.MockPatch(
             'yolo_nova.virt.first_boot.GlanceData.for_context',

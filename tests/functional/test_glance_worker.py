@@ -30,7 +30,9 @@ import wsgi_intercept
 from wsgi_intercept import requests_intercept
 
 from yolo_common import configure
+from yolo_common import contract
 from yolo_common import images
+from yolo_common import signing
 from yolo_common import yolofs
 from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
@@ -123,6 +125,9 @@ class GlanceWorkerTest(functional.SynchronousAPIBase):
         worker_conf.set_override('idle_seconds', 600, group='yolo_profiling')
         worker_conf.set_override('max_seconds', BUILD_TIMEOUT, group='yolo_profiling')
         worker_conf.set_override('memory_mib', 512, group='yolo_profiling')
+        self.signer = signing.Signer.create(os.path.join(self.test_dir, 'signing.key'))
+        worker_conf.set_override('signing_key_file', os.path.join(self.test_dir, 'signing.key'),
+                                 group='yolo_worker')
         self.glance = glance_api.Glance.from_conf(worker_conf)
         self.dispatcher = service.make_dispatcher(worker_conf, self.glance)
         self.addCleanup(self.dispatcher.shutdown)
@@ -181,6 +186,10 @@ class GlanceWorkerTest(functional.SynchronousAPIBase):
         self.glance.download(boot_image['id'], downloaded)
         yolofs.run('verify', downloaded, raw)
         raw.unlink()
+        # Signed with the worker's key, over the data Glance serves.
+        self.assertTrue(self.signer.verifier().verify(
+            boot_image[contract.SIGNATURE], image_id, boot_image['os_hash_algo'],
+            signing.file_digest(downloaded, boot_image['os_hash_algo'])))
         return image, boot_image
 
 

@@ -73,6 +73,9 @@ class FakeImageAPI:
         self.downloads.append(image_id)
         shutil.copyfile(self.images[image_id]['file'], dest_path)
 
+    def reject(self, context, image_id, reason):
+        self.images[image_id]['properties']['yolo_boot_image_rejected'] = reason
+
 
 class FakeYolofs:
     """yolofs' control socket as the driver uses it. An install is checked as yolofs checks it:

@@ -4,6 +4,7 @@ import pathlib
 
 from yolo_common import configure
 from yolo_common import contract
+from yolo_common import signing
 
 NOVA_CONF = """# written by the deployment
 [DEFAULT]
@@ -96,6 +97,38 @@ def test_worker_gets_its_service_identity_and_topic(tmp_path):
     assert (conf.get('glance', 'username'), conf.get('glance', 'project_name')) == (
         'yolo', 'service')
     assert conf.get('DEFAULT', 'transport_url') == 'rabbit://u:p@h:5672/'
+
+
+def test_the_workers_signing_key_is_made_once_and_its_public_key_given_to_compute_hosts(
+        tmp_path, capsys):
+    key = tmp_path / 'signing.key'
+    worker_args = ('worker', '--transport-url', 'rabbit://u:p@h:5672/', '--auth-url',
+                   'http://k:5000', '--username', 'yolo', '--password', 'pw',
+                   '--signing-key-file', str(key))
+    run(tmp_path, '', *worker_args)
+    assert configure.ConfigFile(str(tmp_path / 'service.conf')).get(
+        'yolo_worker', 'signing_key_file') == str(key)
+    assert key.stat().st_mode & 0o777 == 0o600
+    public_key = (tmp_path / 'signing.key.pub').read_text().strip()
+    # Run again: the same key.
+    run(tmp_path, '', *worker_args)
+    assert (tmp_path / 'signing.key.pub').read_text().strip() == public_key
+    signer = signing.Signer.from_file(key)
+    assert signer.public_key == public_key
+
+    compute = tmp_path / 'nova.conf'
+    compute.write_text(NOVA_CONF)
+    for _ in range(2):
+        assert configure.main(['nova-compute', '--config-file', str(compute),
+                               '--boot-image-signing-key-file', str(key) + '.pub']) == 0
+    assert configure.ConfigFile(str(compute)).get('yolo', 'boot_image_signing_keys') == \
+        public_key
+    # A file that is not a public key is refused, the configuration left as it was.
+    before = compute.read_text()
+    assert configure.main(['nova-compute', '--config-file', str(compute),
+                           '--boot-image-signing-key-file', str(key)]) == 1
+    assert 'not an Ed25519 public key' in capsys.readouterr().err
+    assert compute.read_text() == before
 
 
 def test_unwritable_file_is_a_clear_error(tmp_path, capsys):

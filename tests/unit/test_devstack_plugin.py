@@ -143,12 +143,12 @@ def test_without_libvirt_the_socket_gets_the_stack_users_group(tmp_path):
 def test_a_controller_runs_the_scheduler_api_and_glance_parts_and_the_worker(tmp_path):
     node = Devstack(tmp_path, CONTROLLER)
     calls = node.stack()
-    assert roles(calls) == ['nova-scheduler', 'nova-api', 'glance-api', 'worker']
+    assert roles(calls) == ['glance-api', 'worker', 'nova-scheduler', 'nova-api']
     assert 'yolofs' not in started(calls)
     # The worker's learning mounts and profiling boots need yolofs and QEMU here too.
     assert named(calls, 'install_package') == [('fuse3', 'qemu-utils', 'qemu-system-x86')]
     assert '/usr/local/bin/yolofs' in [args[-1] for args in named(calls, 'sudo')]
-    glance = named(calls, 'yolo-configure')[2]
+    glance = named(calls, 'yolo-configure')[0]
     assert option(glance, '--config-file') == '/etc/glance/glance-api.conf'
     assert option(glance, '--import-config-file') == '/etc/glance/glance-image-import.conf'
     assert option(glance, '--property-protection-file') == \
@@ -172,7 +172,7 @@ def test_the_worker_has_a_keystone_user_of_its_own(tmp_path):
     assert named(calls, 'get_or_create_user') == [('yolo', 'service-secret', 'default')]
     assert named(calls, 'get_or_add_user_project_role') == [
         ('admin', 'id-of-yolo', 'service'), ('service', 'id-of-yolo', 'service')]
-    worker = named(calls, 'yolo-configure')[-1]
+    worker = named(calls, 'yolo-configure')[1]
     assert (option(worker, '--username'), option(worker, '--password'),
             option(worker, '--project-name')) == ('yolo', 'service-secret', 'service')
     assert option(worker, '--transport-url') == \
@@ -188,7 +188,7 @@ def test_the_workers_password_and_user_can_be_set(tmp_path):
                     YOLO_SERVICE_USER='boot-images')
     calls = node.stack('post-config')
     assert named(calls, 'get_or_create_user') == [('boot-images', 'yolo-secret', 'default')]
-    worker = named(calls, 'yolo-configure')[-1]
+    worker = named(calls, 'yolo-configure')[1]
     assert (option(worker, '--username'), option(worker, '--password')) == (
         'boot-images', 'yolo-secret')
     assert 'service-secret' not in node.log.read_text()
@@ -196,11 +196,28 @@ def test_the_workers_password_and_user_can_be_set(tmp_path):
 
 def test_an_all_in_one_node_runs_everything(tmp_path):
     calls = Devstack(tmp_path, ALL_IN_ONE).stack()
-    assert roles(calls) == ['nova-compute', 'nova-scheduler', 'nova-api', 'glance-api', 'worker']
+    # The worker first: its signing key's public key goes to the compute node.
+    assert roles(calls) == ['glance-api', 'worker', 'nova-compute', 'nova-scheduler', 'nova-api']
+    worker, compute = named(calls, 'yolo-configure')[1:3]
+    assert option(worker, '--signing-key-file') == '/etc/yolo/boot-image-signing.key'
     assert started(calls) == ['yolofs', 'yolo-glance-worker']
     assert [args[0] for args in named(calls, 'echo_summary')] == [
         "Installing YOLO's system packages", 'Installing YOLO', 'Configuring YOLO',
         'Starting yolo-glance-worker']
+
+
+def test_a_compute_node_gets_the_workers_public_key_where_it_is_given(tmp_path):
+    public_key = tmp_path / 'controller-key.pub'
+    public_key.write_text('the public key\n')
+    calls = Devstack(tmp_path / 'a', COMPUTE,
+                     YOLO_SIGNING_PUBLIC_KEY_FILE=str(public_key)).stack('post-config')
+    compute = named(calls, 'yolo-configure')[0]
+    assert option(compute, '--boot-image-signing-key-file') == str(public_key)
+    node = Devstack(tmp_path / 'b', COMPUTE,
+                    YOLO_SIGNING_PUBLIC_KEY_FILE=str(tmp_path / 'not-copied.pub'))
+    calls = node.stack('post-config')
+    assert '--boot-image-signing-key-file' not in named(calls, 'yolo-configure')[0]
+    assert 'no first boot before a download here' in node.stderr
 
 
 def test_a_disabled_service_is_left_out(tmp_path):

@@ -22,6 +22,7 @@ SERVICE_USERS = {
     'placement': ('admin', 'service'),
     'nova': ('admin', 'service'),
     'neutron': ('admin', 'service'),
+    'barbican': ('admin', 'service'),
     'yolo': ('admin', 'service'),
 }
 # (service type, name, URL)

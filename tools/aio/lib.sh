@@ -117,7 +117,7 @@ create_users() {
     local user home
     install -d -o root -g root -m 0755 "$(dirname "$YOLOFS_BOOT_IMAGES")" \
         "$(dirname "$YOLO_WORKER_DIR")"
-    for user in keystone glance placement nova neutron yolo; do
+    for user in keystone glance placement nova neutron barbican yolo; do
         home=$(service_home "$user")
         if ! getent passwd "$user" >/dev/null; then
             useradd --system --user-group --home-dir "$home" --no-create-home \
@@ -334,7 +334,7 @@ EOF
         --bootstrap-region-id "$AIO_REGION" >/dev/null
     start_wsgi keystone keystone "$KEYSTONE_PORT" keystone.wsgi.api:application
     local user
-    for user in glance placement nova neutron yolo; do
+    for user in glance placement nova neutron barbican yolo; do
         secret "keystone-$user" >/dev/null
     done
     secret demo >/dev/null
@@ -391,6 +391,7 @@ flavor = keystone
 [oslo_concurrency]
 lock_path = $GLANCE_STATE/locks
 $(authtoken_section glance)
+$(key_manager_section)
 EOF
     config_file /etc/glance/glance-image-import.conf glance </dev/null
     install -m 0644 "$AIO_VENV/etc/glance/glance-api-paste.ini" /etc/glance/glance-api-paste.ini
@@ -495,6 +496,7 @@ $(service_auth_section placement nova)
 $(service_auth_section neutron nova)
 [glance]
 region_name = $AIO_REGION
+$(key_manager_section)
 [yolo]
 # The test image prints no login prompt: its ready line times each boot (docs/scheduling.md).
 boot_ready_pattern = YOLO-GUEST-READY
@@ -506,7 +508,8 @@ EOF
     install -m 0644 "$AIO_VENV/etc/nova/api-paste.ini" /etc/nova/api-paste.ini
     install_nova_rootwrap
     "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova.conf \
-        --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET"
+        --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET" \
+        --boot-image-signing-key-file "$YOLO_SIGNING_KEY.pub"
     "$AIO_VENV/bin/yolo-configure" nova-scheduler --config-file /etc/nova/nova.conf
     "$AIO_VENV/bin/yolo-configure" nova-api --config-file /etc/nova/nova.conf
 
@@ -616,7 +619,9 @@ setup_yolo_worker() {
     "$AIO_VENV/bin/yolo-configure" worker --config-file /etc/yolo/yolo-glance-worker.conf \
         --transport-url "$(rabbit_url yolo)" --auth-url "http://$AIO_HOST:$KEYSTONE_PORT" \
         --username yolo --password "$(secret keystone-yolo)" --region-name "$AIO_REGION" \
-        --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$YOLOFS_BIN"
+        --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$YOLOFS_BIN" \
+        --signing-key-file "$YOLO_SIGNING_KEY"
+    chown yolo:yolo "$YOLO_SIGNING_KEY"
     # Glance's notifications are published to the glance exchange with the worker's user.
     start_service yolo-glance-worker yolo "$AIO_VENV/bin/yolo-glance-worker" \
         --config-file /etc/yolo/yolo-glance-worker.conf
@@ -705,13 +710,35 @@ calibration_file = $(dirname "$COMPUTE2_YOLOFS_BOOT_IMAGES")/calibration.json
 first_boot_before_download = true
 EOF
     "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova-compute-2.conf \
-        --mount-point "$COMPUTE2_YOLOFS_MOUNTPOINT" --control-socket "$COMPUTE2_YOLOFS_CONTROL_SOCKET"
+        --mount-point "$COMPUTE2_YOLOFS_MOUNTPOINT" --control-socket "$COMPUTE2_YOLOFS_CONTROL_SOCKET" \
+        --boot-image-signing-key-file "$YOLO_SIGNING_KEY.pub"
     start_compute2_yolofs
-    start_service nova-compute-2 nova "$AIO_VENV/bin/nova-compute" \
-        --config-file /etc/nova/nova.conf --config-file /etc/nova/nova-compute-2.conf
+    start_compute2_nova
     wait_for "$AIO_COMPUTE2_HOST in placement" 180 compute_registered \
         "$(virsh -c "$COMPUTE2_LIBVIRT_URI" hostname)"
     as_user nova nova-manage cell_v2 discover_hosts >/dev/null
+}
+
+# The second host's nova-compute. A test may add settings of its own in
+# /etc/nova/nova-compute-2.conf.d (Nova verifying image signatures, say), then restart it.
+start_compute2_nova() {
+    install -d -o root -g nova -m 0750 /etc/nova/nova-compute-2.conf.d
+    start_service nova-compute-2 nova "$AIO_VENV/bin/nova-compute" \
+        --config-file /etc/nova/nova.conf --config-file /etc/nova/nova-compute-2.conf \
+        --config-dir /etc/nova/nova-compute-2.conf.d
+}
+
+restart_compute2_nova() {
+    local log=$AIO_LOG_DIR/nova-compute-2.log since
+    stop_service nova-compute-2 60
+    since=$(stat -c %s "$log")
+    start_compute2_nova
+    # Its resource tracker's first pass: the service reports, and takes builds.
+    wait_for "nova-compute-2 started" 120 logged_since "$log" "$since" 'Final resource view'
+}
+
+logged_since() {  # FILE OFFSET TEXT: TEXT is in FILE past OFFSET
+    tail -c +"$(($2 + 1))" "$1" | grep -qF -- "$3"
 }
 
 own_disk() {  # INSTANCES MEMORY HOST LIBVIRT-RUN

@@ -5,21 +5,28 @@ who can upload an image can publish one, and tenants can set properties on their
 driver fetches boot images with its service identity (``[service_user]``, whose project the
 worker publishes them in: tenants never see them, whoever owns the source image) and uses only
 one published by that project (``[yolo] boot_image_owner``), of container format ``yolo``, that
-names the source image and is no larger than ``[yolo] max_boot_image_bytes``. It downloads it
-into a directory of its own
-(``[yolo] download_dir``) and asks yolofs to install it over the control socket: yolofs, which
-runs as root and is the only writer of its boot image store, compares every extent with the local
-base file and installs nothing that does not match. The driver never reads or writes the store.
-Any failure here is logged and leaves the image without a boot image; it never fails a boot, and
-while yolofs is not healthy nothing is attempted.
+names the source image, that no compute host rejected and is no larger than ``[yolo]
+max_boot_image_bytes``. With the worker's public keys (``[yolo] boot_image_signing_keys``) it
+also needs the worker's signature over the bytes downloaded (yolo_common/signing.py): that
+project also holds Nova's own service user, whose password every compute host has, and only a
+signed boot image may be served before its image's download (first_boot.py). It downloads it
+into a directory of its own (``[yolo] download_dir``) and asks yolofs to install it over the
+control socket: yolofs, which runs as root and is the only writer of its boot image store,
+compares every extent with the local base file and installs nothing that does not match. The
+driver never reads or writes the store. Any failure here is logged and leaves the image without
+a boot image; it never fails a boot, and while yolofs is not healthy nothing is attempted.
 """
 
 import os
+import socket
 import tempfile
 
 from oslo_log import log as logging
+from oslo_utils import fileutils
+from oslo_utils import timeutils
 
 from yolo_common import contract
+from yolo_common import signing
 from yolo_common import yolofs
 
 LOG = logging.getLogger(__name__)
@@ -49,7 +56,8 @@ class ServiceGlance:
 
     def get(self, context, image_id):
         image = dict(self.client.images.get(image_id))
-        core = ('id', 'owner', 'container_format', 'disk_format', 'status', 'size')
+        core = ('id', 'owner', 'container_format', 'disk_format', 'status', 'size',
+                'os_hash_algo', 'os_hash_value')
         return {**{k: image.get(k) for k in core},
                 'properties': {k: v for k, v in image.items() if k not in core}}
 
@@ -59,9 +67,19 @@ class ServiceGlance:
             for chunk in self.client.images.data(image_id):
                 out.write(chunk)
 
+    def reject(self, context, boot_image_id, reason):
+        """Records on the boot image that a host found it other than its image's data: no
+        host uses it again, and the worker replaces it."""
+        self.client.images.update(boot_image_id, **{contract.REJECTED: reason})
 
-def untrusted(boot_image, source_image_id, owner, max_bytes):
-    """Why a published boot image is not to be used, or None."""
+
+class Untrusted(Exception):
+    pass
+
+
+def untrusted(boot_image, source_image_id, owner, max_bytes, signed=False):
+    """Why a published boot image is not to be used, or None. ``signed``: only one that
+    carries a signature is (checked over its bytes once downloaded)."""
     properties = boot_image.get('properties') or {}
     if not owner or boot_image.get('owner') != owner:
         return 'owned by %s, not by the boot image publisher %s' % (boot_image.get('owner'), owner)
@@ -74,6 +92,10 @@ def untrusted(boot_image, source_image_id, owner, max_bytes):
         return 'status %s' % boot_image.get('status')
     if (boot_image.get('size') or 0) > max_bytes:
         return '%d bytes, over the %d-byte limit' % (boot_image['size'], max_bytes)
+    if properties.get(contract.REJECTED):
+        return 'rejected by a compute host (%s)' % properties[contract.REJECTED]
+    if signed and not properties.get(contract.SIGNATURE):
+        return "not signed with the worker's key"
     return None
 
 
@@ -82,8 +104,10 @@ class BootImages:
 
     def __init__(self, backing_files, download_dir, fetch=True, image_api=None,
                  install_timeout=120.0, boot_image_api=None, owner=None,
-                 max_bytes=1 << 30):
+                 max_bytes=1 << 30, signing_keys=()):
         self.backing_files = backing_files
+        # The worker's public keys: without them, no boot image is known to be the worker's.
+        self.verifier = signing.Verifier(signing_keys) if signing_keys else None
         self.download_dir = download_dir
         self.fetch = fetch
         self.install_timeout = install_timeout
@@ -142,19 +166,22 @@ class BootImages:
             if not self.fetch:
                 return 'none'
             image = self.image_api.get(context, image_id)
-            boot_image_id = self.trusted_boot_image_id(context, image_id, image)
-            if boot_image_id is None:
+            boot_image = self.trusted_boot_image(context, image_id, image)
+            if boot_image is None:
                 published = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
                 return 'rejected' if published else 'none'
-            return self._install(context, name, image_id, boot_image_id)
+            return self._install(context, name, image_id, boot_image)
+        except Untrusted:
+            return 'rejected'
         except Exception:
             # A boot image only makes boots faster; nothing about it may stop one.
             LOG.exception('Could not get the boot image of image %s to yolofs', image_id)
             return 'failed'
 
-    def trusted_boot_image_id(self, context, image_id, image):
-        """The id of the boot image Glance publishes for ``image`` (Nova's image API's view of
-        it) if it is one to use; else None, and if one was refused its id is remembered."""
+    def trusted_boot_image(self, context, image_id, image):
+        """The boot image Glance publishes for ``image`` (Nova's image API's view of it), as
+        the service identity sees it, if it is one to use; else None, and if one was refused
+        its id is remembered. Its signature is checked by :meth:`download`."""
         boot_image_id = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
         if not boot_image_id:
             LOG.debug('Image %s has no published boot image', image_id)
@@ -162,34 +189,54 @@ class BootImages:
         if self._refused.get(image_id) == boot_image_id:
             return None
         boot_image = self.boot_image_api.get(context, boot_image_id)
-        reason = untrusted(boot_image, image_id, self.owner, self.max_bytes)
+        reason = untrusted(boot_image, image_id, self.owner, self.max_bytes,
+                           signed=self.verifier is not None)
         if reason:
             LOG.warning('Not using boot image %s of image %s: %s', boot_image_id, image_id,
                         reason)
             self.refuse(image_id, boot_image_id)
             return None
-        return boot_image_id
+        return boot_image
 
-    def download(self, context, name, boot_image_id):
-        """Downloads a boot image into the download directory, for base file ``name``; returns
-        its path (the caller deletes it), a file yolofs (root) can read."""
+    def download(self, context, name, boot_image, image_id):
+        """Downloads ``boot_image`` (of image ``image_id``) into the download directory, for
+        base file ``name``, and checks its signature over the bytes downloaded; returns its
+        path (the caller deletes it), a file yolofs (root) can read. Raises Untrusted (the boot
+        image is refused) if the signature does not verify."""
         os.makedirs(self.download_dir, mode=0o755, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix=name + '.', suffix='.yolo', dir=self.download_dir)
         os.close(fd)
         try:
-            LOG.info('Downloading boot image %s for base file %s', boot_image_id, name)
-            self.boot_image_api.download(context, boot_image_id, dest_path=path)
+            LOG.info('Downloading boot image %s for base file %s', boot_image['id'], name)
+            self.boot_image_api.download(context, boot_image['id'], dest_path=path)
+            if self.verifier is not None:
+                self._check_signature(boot_image, image_id, path)
             # yolofs runs as root and reads it (root could anyway); it must stay our own file.
             os.chmod(path, 0o644)
         except BaseException:
-            os.unlink(path)
+            fileutils.delete_if_exists(path)
             raise
         return path
 
-    def _install(self, context, name, image_id, boot_image_id):
-        path = self.download(context, name, boot_image_id)
+    def _check_signature(self, boot_image, image_id, path):
+        algorithm = boot_image.get('os_hash_algo') or ''
         try:
-            return self.install_file(name, path, image_id, boot_image_id)
+            signature = (boot_image.get('properties') or {}).get(contract.SIGNATURE)
+            if self.verifier.verify(signature, image_id, algorithm,
+                                    signing.file_digest(path, algorithm)):
+                return
+            reason = "its signature is not the worker's over the bytes downloaded"
+        except signing.SigningError as e:
+            reason = str(e)
+        LOG.error('ALARM: not using boot image %s of image %s: %s', boot_image['id'],
+                  image_id, reason)
+        self.refuse(image_id, boot_image['id'])
+        raise Untrusted(reason)
+
+    def _install(self, context, name, image_id, boot_image):
+        path = self.download(context, name, boot_image, image_id)
+        try:
+            return self.install_file(name, path, image_id, boot_image['id'])
         finally:
             os.unlink(path)
 
@@ -215,6 +262,18 @@ class BootImages:
     def refuse(self, image_id, boot_image_id):
         """Boot image ``boot_image_id`` of image ``image_id`` is never used again here."""
         self._refused[image_id] = boot_image_id
+
+    def reject(self, image_id, boot_image_id, reason):
+        """Boot image ``boot_image_id`` served bytes its image ``image_id`` does not hold: it
+        is refused here, and the rejection recorded in Glance for every host and the worker."""
+        self.refuse(image_id, boot_image_id)
+        record = '%s %s: %s' % (socket.gethostname(), timeutils.utcnow().isoformat(
+            timespec='seconds'), reason)
+        try:
+            self.boot_image_api.reject(None, boot_image_id, record[:255])
+        except Exception:
+            LOG.exception('Could not record in Glance that boot image %s was rejected',
+                          boot_image_id)
 
     def verified_image_ids(self, status=None):
         """Glance image ids yolofs serves a verified, unrefused boot image for (``status``: an

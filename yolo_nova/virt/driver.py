@@ -76,7 +76,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             self.yolo_backing,
             CONF.yolo.download_dir or os.path.join(CONF.instances_path, 'yolo-incoming'),
             fetch=CONF.yolo.fetch_boot_images, install_timeout=CONF.yolo.install_timeout,
-            owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes)
+            owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes,
+            signing_keys=CONF.yolo.boot_image_signing_keys)
         self.yolo_first_boots = None
         if CONF.yolo.first_boot_before_download and CONF.yolo.fetch_boot_images:
             # Nova's image backend takes its locks of base files there (Image.lock_path).
@@ -87,6 +88,16 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 paced_seconds=CONF.yolo.first_boot_paced_seconds)
             self.yolo_backing.first_boots = self.yolo_first_boots
             self.yolo_first_boots.on_failed = self._yolo_fail_guests_of
+            self.yolo_first_boots.on_mismatch = functools.partial(
+                self._yolo_fail_guests_of, failure=BootImageMismatch)
+            if not CONF.service_user.send_service_user_token:
+                LOG.warning('[service_user] send_service_user_token is off: a fill that '
+                            "outlasts the booting user's token loses its ranges (its reads "
+                            'wait for the download in order)')
+            if self.yolo_boot_images.verifier is None:
+                LOG.warning('No first boot before a download: [yolo] boot_image_signing_keys '
+                            'is empty, and only a boot image signed by the worker may be '
+                            'served before its image is downloaded')
         self.image_backend = imagebackend.YoloBackend(
             CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images,
             self.yolo_first_boots)
@@ -165,14 +176,16 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         except Exception:
             LOG.exception('Could not look for guests to detach from yolofs')
 
-    def _yolo_fail_guests_of(self, fill):
+    def _yolo_fail_guests_of(self, fill, failure=None):
         """A fill failed under guests started over it: as a failed download fails a normal
         boot, each is stopped (its disk's backing file is gone, its reads would fail) and its
         server put in ERROR with the reason. A build still under way fails by itself, its guest
         gone or its backing file missing, and Nova reschedules it: its server is put in ERROR
-        only if its build nevertheless ends ACTIVE."""
+        only if its build nevertheless ends ACTIVE. ``failure``: the fault's class
+        (FirstBootFailed; BootImageMismatch when the guests read bytes the image does not
+        hold)."""
         context = nova_context.get_admin_context()
-        failure = FirstBootFailed(image_id=fill.image_id, reason=fill.reason)
+        failure = (failure or FirstBootFailed)(image_id=fill.image_id, reason=fill.reason)
         for disk in sorted(fill.disks):
             instance_uuid = os.path.basename(os.path.dirname(disk))
             guest = self._yolo_guest(instance_uuid)
@@ -493,6 +506,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             # Images that boot on Nova's path here: their Glance store serves no ranges.
             stats['yolo_first_boot_images_without_ranges'] = str(
                 len(self.yolo_first_boots.images_without_ranges))
+            # Fills whose ranges stopped: the booting user's token expired without a service
+            # token beside it.
+            stats['yolo_first_boot_fills_token_expired'] = str(
+                self.yolo_first_boots.fills_with_expired_tokens)
         return stats
 
     def _calibration(self, cpus=1):
@@ -564,6 +581,11 @@ def yolo_serves_disks():
 class FirstBootFailed(exception.NovaException):
     msg_fmt = ('The download of image %(image_id)s failed after the server had started: '
                '%(reason)s')
+
+
+class BootImageMismatch(exception.NovaException):
+    msg_fmt = ('The server was stopped: it booted from data that image %(image_id)s does not '
+               'hold (%(reason)s)')
 
 
 @tenacity.retry(retry=tenacity.retry_if_result(lambda built: built is None),

@@ -40,6 +40,7 @@ import requests
 import tenacity
 
 from yolo_common import yolofs
+from yolo_nova.virt import boot_images as boot_images_mod
 from yolo_nova.virt import qcow2_ranges
 
 LOG = logging.getLogger(__name__)
@@ -263,6 +264,8 @@ class Fill:
         # What reads waited for: ranges fetched on demand, their bytes and the seconds spent.
         self.fetched_ranges = self.fetched_bytes = 0
         self.fetch_seconds = 0.0
+        # Set when Glance refused a range for an expired token.
+        self.ranges_unauthorized = False
 
     def wait(self, timeout=None):
         """Whether the fill has ended within ``timeout`` seconds."""
@@ -526,6 +529,16 @@ class Fill:
             LOG.warning('Reads of base file %s outside its boot image wait for the conversion '
                         'of image %s: %s', self.name, self.image_id, e)
             return None
+        except ks_exceptions.Unauthorized:
+            # The booting user's token expired mid-fill, and Glance had no service token to
+            # accept it with: the download in order goes on over its open connection.
+            self.ranges_unauthorized = True
+            LOG.warning("Glance refused a range of base file %s (image %s) with 401: the "
+                        "booting user's token has expired. Its reads wait for the download in "
+                        "order; with [service_user] send_service_user_token = true, Glance "
+                        "accepts an expired user token beside Nova's service token",
+                        self.name, self.image_id)
+            return None
         except Exception:
             LOG.exception('Fetching ranges of base file %s by request stopped; its reads wait '
                           'for the download in order', self.name)
@@ -684,14 +697,19 @@ def filled_elsewhere(path):
     return False
 
 
-def signature_checked_by_nova(image):
-    """Whether Nova's own download would check the image's signature (``[glance]
-    verify_glance_signatures``, or a signed image): such an image takes Nova's path, where the
-    check is Nova's own (cursive, its key manager, the server's trusted certificates)."""
+def signature_checked_by_nova(image, trusted_certs=None):
+    """Whether Nova's own download would check the image's signature: Nova verifies signatures
+    (``[glance] verify_glance_signatures``), the server asks for trusted certificates (its own,
+    or ``[glance] default_trusted_certificate_ids`` with ``enable_certificate_validation``), or
+    the image is signed. Such a boot takes Nova's path, where the check is Nova's own (cursive,
+    its key manager, the certificates), and refuses what Nova refuses."""
     import nova.conf
+    conf = nova.conf.CONF.glance
     properties = image.get('properties') or {}
-    return nova.conf.CONF.glance.verify_glance_signatures or any(
-        key.startswith('img_signature') for key in properties)
+    return bool(
+        conf.verify_glance_signatures or trusted_certs
+        or (conf.enable_certificate_validation and conf.default_trusted_certificate_ids)
+        or any(key.startswith('img_signature') for key in properties))
 
 
 def image_checksum(image):
@@ -710,10 +728,13 @@ class FirstBoots:
     ``lock_path``: the directory of Nova's external locks of base files (its image backend's
     ``lock_path``); a fill holds the base file's lock from its start to its end, as Nova's own
     download does, so Nova never fetches a base file being filled, nor the other way round.
-    ``on_failed(fill)``, if set, is called after a fill over which disks were made has failed.
-    ``paced_rate``, ``paced_seconds``: the :class:`Pacer` of each raw image's download.
+    ``on_failed(fill)``, if set, is called after a fill over which disks were made has failed,
+    ``on_mismatch(fill)`` after one whose boot image did not match the image's data has ended
+    (``fill.reason`` says so). ``paced_rate``, ``paced_seconds``: the :class:`Pacer` of each
+    raw image's download.
     """
     on_failed = None
+    on_mismatch = None
 
     def __init__(self, backing_files, boot_images, lock_path, paced_rate=0, paced_seconds=0.0):
         self.backing_files = backing_files
@@ -725,6 +746,8 @@ class FirstBoots:
         self.paced_seconds = paced_seconds
         self._fills = {}
         self._lock = threading.Lock()
+        # Fills that ended since the start whose ranges Glance refused for an expired token.
+        self.fills_with_expired_tokens = 0
         # Images whose Glance store serves ranges (file, cinder) and those whose store does
         # not (rbd, swift, s3, http: Glance answers a range with 400), as probed.
         self._ranges = {}
@@ -734,16 +757,21 @@ class FirstBoots:
         fill = self._fills.get(base_name_of(name))
         return fill if fill is not None and fill.running else None
 
-    def begin(self, context, image_id, base_path, disk_size):
+    def begin(self, context, image_id, base_path, disk_size, trusted_certs=None):
         """Starts (or joins) the fill of the base file of Glance image ``image_id`` if it can
         be booted before its download: yolofs is healthy, Glance publishes a boot image to use,
-        and the image's size is known and fits ``disk_size``. Returns the fill, or None: Nova's
-        normal path then downloads the image. Never raises."""
+        the image's size is known and fits ``disk_size``, and Nova would not check its
+        signature (``trusted_certs``: the server's). Returns the fill, or None: Nova's normal
+        path then downloads the image. Never raises."""
         name = os.path.basename(base_path)
+        if trusted_certs:
+            LOG.info('Image %s boots on Nova\'s path: the server asks for trusted '
+                     'certificates', image_id)
+            return None
         fill = self.running(name)
         if fill is not None or context is None or not image_id:
             return self._joined(fill)
-        if self.backing_files.status() is None:
+        if self.backing_files.status() is None or self.boot_images.verifier is None:
             return None
         try:
             image = self.boot_images.image_api.get(context, image_id)
@@ -764,10 +792,13 @@ class FirstBoots:
             data = GlanceData.for_context(context, image_id)
             if not self._room_for(image, size, raw) or not self._serves_ranges(image_id, data):
                 return None
-            boot_image_id = self.boot_images.trusted_boot_image_id(context, image_id, image)
-            if boot_image_id is None:
+            boot_image = self.boot_images.trusted_boot_image(context, image_id, image)
+            if boot_image is None:
                 return None
-            boot_image_path = self.boot_images.download(context, name, boot_image_id)
+            boot_image_id = boot_image['id']
+            boot_image_path = self.boot_images.download(context, name, boot_image, image_id)
+        except boot_images_mod.Untrusted:
+            return None
         except Exception:
             LOG.exception('Not booting image %s before its download', image_id)
             return None
@@ -873,11 +904,20 @@ class FirstBoots:
             fill.fail(str(e) or type(e).__name__)
         finally:
             fill.started.set()
-        if fill.outcome == 'failed' and fill.disks and self.on_failed is not None:
+        if fill.ranges_unauthorized:
+            self.fills_with_expired_tokens += 1
+        if not fill.disks:
+            return
+        if fill.outcome == 'failed' and self.on_failed is not None:
             try:
                 self.on_failed(fill)
             except Exception:
                 LOG.exception('After the failed fill of base file %s', fill.name)
+        elif fill.boot_image_matches is False and self.on_mismatch is not None:
+            try:
+                self.on_mismatch(fill)
+            except Exception:
+                LOG.exception('After the fill of base file %s', fill.name)
 
     def _fill_locked(self, fill, run):
         # Nova's external lock of the base file, as its Image.cache takes it; held by Nova for
@@ -913,9 +953,13 @@ class FirstBoots:
 
     def _keep_boot_image(self, fill):
         """After a complete fill, the boot image is installed for the base file as any other
-        (yolofs compares it with the data again); one that did not match is never used again."""
+        (yolofs compares it with the data again). One that did not match served bytes the
+        image does not hold: it is rejected (here and in Glance, for every host), and the
+        guests started over the fill are failed (``on_mismatch``)."""
         if fill.boot_image_matches is False:
-            self.boot_images.refuse(fill.image_id, fill.boot_image_id)
+            fill.reason = ("its boot image %s did not match the image's data"
+                           % fill.boot_image_id)
+            self.boot_images.reject(fill.image_id, fill.boot_image_id, fill.reason)
             return
         self.boot_images.install_file(fill.name, fill.boot_image_path, fill.image_id,
                                       fill.boot_image_id)

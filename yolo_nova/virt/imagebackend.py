@@ -45,7 +45,8 @@ class YoloQcow2(imagebackend.Qcow2):
         if self.first_boots is None or os.path.exists(base) \
                 or not self.backing_files.is_image_base(name):
             return False
-        fill = self.first_boots.begin(kwargs.get('context'), kwargs.get('image_id'), base, size)
+        fill = self.first_boots.begin(kwargs.get('context'), kwargs.get('image_id'), base, size,
+                                      trusted_certs=kwargs.get('trusted_certs'))
         if fill is None:
             return False
         if not os.path.exists(self.path):

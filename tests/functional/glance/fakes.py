@@ -1,10 +1,12 @@
 """An in-memory Glance and a profiling boot that always reads the same, for the worker's tests."""
 
 import copy
+import hashlib
 import itertools
 import pathlib
 import shutil
 
+from yolo_common import contract
 from yolo_common import learning
 from yolo_glance import glance as glance_api
 
@@ -28,6 +30,9 @@ class FakeGlance:
                      self.images), 'owner': 'p1',
                  'size': None if data is None else len(data), **fields}
         if data is not None:
+            # Glance's own digest of the data it stored (its default hashing_algorithm).
+            image.setdefault('os_hash_algo', 'sha512')
+            image.setdefault('os_hash_value', hashlib.sha512(data).hexdigest())
             path = self.root / image_id
             path.write_bytes(data)
             image['file'] = path
@@ -89,3 +94,12 @@ def fake_learner(reads=((0, 65536), (MiB, 8192))):
         return learning.Learned(trace, None, 12.5, 0.1, 'ready')
     learn.calls = calls
     return learn
+
+
+def publish_signed(glance, signer, source, data=b'other', **fields):
+    """A boot image of ``source`` as another worker with the same key publishes it."""
+    boot_image = glance.add(data, container_format='yolo', os_hidden=True,
+                            **{glance_api.SOURCE_IMAGE_ID: source}, **fields)
+    glance.set_properties(boot_image, **{contract.SIGNATURE: signer.sign(
+        source, 'sha512', hashlib.sha512(data).hexdigest())})
+    return boot_image

@@ -10,6 +10,7 @@ from oslo_config import cfg
 import pytest
 
 from tests.functional.glance.fakes import MiB
+from tests.functional.glance.fakes import publish_signed
 from tests.functional.glance.fakes import raw_disk
 from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
@@ -97,14 +98,13 @@ def test_backlog_counts_queued_and_running_jobs(glance, make_worker):
     assert value(metrics, 'yolo_worker_builds_finished_total', outcome='ready') == 2
 
 
-def test_deletions(glance, make_worker):
+def test_deletions(glance, make_worker, signer):
     dispatcher = service.Dispatcher(make_worker(), glance)
     metrics = dispatcher.metrics
     source = glance.add(raw_disk())
     raced = glance.add(raw_disk())
     # Another worker published a boot image of `raced` first: this one's is the duplicate.
-    glance.add(b'other', container_format='yolo', os_hidden=True,
-               created_at='2000-01-01T00:00:00', **{glance_api.SOURCE_IMAGE_ID: raced})
+    publish_signed(glance, signer, raced, created_at='2000-01-01T00:00:00')
     assert dispatcher.build(source).result(60) == 'ready'
     assert dispatcher.build(raced).result(60) == 'present'
     glance.delete(source)

@@ -6,6 +6,7 @@ real boots); downloads, format checks, the qemu-img conversion and every yolofs 
 """
 
 import copy
+import hashlib
 import subprocess
 import threading
 from unittest import mock
@@ -14,9 +15,12 @@ import pytest
 
 from tests.functional.glance.fakes import fake_learner
 from tests.functional.glance.fakes import MiB
+from tests.functional.glance.fakes import publish_signed
 from tests.functional.glance.fakes import raw_disk
+from yolo_common import contract
 from yolo_common import images
 from yolo_common import learning
+from yolo_common import signing
 from yolo_common import yolofs
 from yolo_glance import glance as glance_api
 from yolo_glance import service
@@ -170,15 +174,55 @@ def test_a_fresh_claim_is_respected_a_stale_one_taken_over(glance, make_worker):
     assert make_worker(clock=lambda: 1000 + 7201).build(source) == 'ready'
 
 
-def test_racing_workers_converge_on_one_boot_image(glance, make_worker):
+def test_racing_workers_converge_on_one_boot_image(glance, make_worker, signer):
     source = glance.add(raw_disk())
     # Another worker published first (an older image) while this one was booting.
-    earlier = glance.add(b'other', container_format='yolo', os_hidden=True,
-                         created_at='2000-01-01T00:00:00',
-                         **{glance_api.SOURCE_IMAGE_ID: source})
+    earlier = publish_signed(glance, signer, source, created_at='2000-01-01T00:00:00')
     assert make_worker().build(source) == 'present'
     assert glance.images[source][glance_api.BOOT_IMAGE_ID] == earlier
     assert [i['id'] for i in glance.boot_images_of(source, 'yolo')] == [earlier]
+
+
+def test_boot_images_the_workers_key_did_not_sign_are_deleted_however_old(
+        glance, make_worker, signer):
+    source = glance.add(raw_disk())
+    # Planted in the worker's project before the build (by Nova's service user, say): one
+    # unsigned, one signed with another key, one with the signature of other data.
+    planted = [
+        glance.add(b'planted', container_format='yolo', os_hidden=True,
+                   created_at='2000-01-01T00:00:00', **{glance_api.SOURCE_IMAGE_ID: source}),
+        publish_signed(glance, signing.Signer.generate(), source,
+                       created_at='2000-01-01T00:00:01'),
+        publish_signed(glance, signer, source, created_at='2000-01-01T00:00:02')]
+    glance.images[planted[2]].update(os_hash_value=hashlib.sha512(b'x').hexdigest())
+    # Linked from the source too: not "present" for that.
+    glance.set_properties(source, **{glance_api.BOOT_IMAGE_ID: planted[0]})
+    worker = make_worker()
+    assert worker.build(source) == 'ready'
+    kept = glance.images[source][glance_api.BOOT_IMAGE_ID]
+    assert kept not in planted
+    assert [i['id'] for i in glance.boot_images_of(source, 'yolo')] == [kept]
+    boot_image = glance.images[kept]
+    assert signer.verifier().verify(boot_image[contract.SIGNATURE], source, 'sha512',
+                                    hashlib.sha512(boot_image['file'].read_bytes()).hexdigest())
+
+
+def test_a_boot_image_a_compute_host_rejected_is_built_again(glance, make_worker):
+    source = glance.add(raw_disk())
+    worker = make_worker()
+    assert worker.build(source) == 'ready'
+    first = glance.images[source][glance_api.BOOT_IMAGE_ID]
+    glance.set_properties(first, **{contract.REJECTED: 'compute-1 2026-11-28: mismatch'})
+    assert worker.build(source) == 'ready'
+    assert glance.images[source][glance_api.BOOT_IMAGE_ID] != first
+    assert first not in glance.images
+
+
+def test_without_a_key_boot_images_are_published_unsigned(glance, make_worker):
+    source = glance.add(raw_disk())
+    assert make_worker(signer=None).build(source) == 'ready'
+    assert contract.SIGNATURE not in glance.images[glance.images[source][
+        glance_api.BOOT_IMAGE_ID]]
 
 
 def test_deleting_the_source_deletes_its_boot_images(glance, make_worker):

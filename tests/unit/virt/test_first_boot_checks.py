@@ -72,6 +72,20 @@ class TestSignedImages(nova_base.NoDBTestCase):
         self.assertFalse(first_boot.signature_checked_by_nova(unsigned))
         self.assertFalse(first_boot.signature_checked_by_nova({}))
 
+    def test_a_server_that_asks_for_trusted_certificates_takes_novas_path(self):
+        unsigned = {'properties': {}}
+        self.assertTrue(first_boot.signature_checked_by_nova(unsigned, ['cert-id']))
+        self.flags(enable_certificate_validation=True, group='glance')
+        self.assertFalse(first_boot.signature_checked_by_nova(unsigned))
+        self.flags(default_trusted_certificate_ids=['cert-id'], group='glance')
+        self.assertTrue(first_boot.signature_checked_by_nova(unsigned))
+        first_boots = first_boot.FirstBoots(mock.Mock(base_dir='/nonexistent/_base'), mock.Mock(),
+                                            '/nonexistent/locks')
+        self.assertIsNone(first_boots.begin(mock.sentinel.context, 'an-image',
+                                            '/nonexistent/_base/abc', 1 << 30,
+                                            trusted_certs=['cert-id']))
+        first_boots.boot_images.image_api.get.assert_not_called()
+
     def test_a_signed_image_boots_once_downloaded_by_nova(self):
         backing = mock.Mock(base_dir='/nonexistent/_base')
         backing.status.return_value = {'boot_images': []}
@@ -83,5 +97,5 @@ class TestSignedImages(nova_base.NoDBTestCase):
         self.flags(verify_glance_signatures=True, group='glance')
         self.assertIsNone(first_boots.begin(mock.sentinel.context, 'an-image',
                                             '/nonexistent/_base/abc', 1 << 30))
-        boot_images.trusted_boot_image_id.assert_not_called()
+        boot_images.trusted_boot_image.assert_not_called()
         boot_images.download.assert_not_called()
