@@ -269,18 +269,28 @@ def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=Non
             conn.compute.wait_for_delete(server, wait=timeout)
 
 
-def public_image(admin, name, image_file=None):
+def public_image(admin, name, image_file=None, disk_format='qcow2', store=None):
     """The public image ``name``, uploaded from ``image_file`` (default: the test image) if
-    missing."""
+    missing, into Glance's store ``store`` (default: Glance's default store)."""
     image = admin.image.find_image(name)
     if image is None:
         image_file = image_file or pathlib.Path(subprocess.run(
             [str(REPO / 'tools' / 'build-test-image.sh')], check=True, capture_output=True,
             text=True).stdout.splitlines()[-1])
-        print('==> uploading %s as the public image %s' % (image_file, name), flush=True)
-        image = admin.image.create_image(name=name, filename=str(image_file),
-                                         disk_format='qcow2', container_format='bare',
-                                         visibility='public', wait=True)
+        print('==> uploading %s as the public image %s%s' % (
+            image_file, name, ' to store %s' % store if store else ''), flush=True)
+        if store is None:
+            return admin.image.create_image(name=name, filename=str(image_file),
+                                            disk_format=disk_format, container_format='bare',
+                                            visibility='public', wait=True)
+        # The upload's X-Image-Meta-Store header: neither the SDK nor the client has an option.
+        created = admin.image.post('/images', json={
+            'name': name, 'disk_format': disk_format, 'container_format': 'bare',
+            'visibility': 'public'}).json()
+        with open(image_file, 'rb') as data:
+            admin.image.put('/images/%s/file' % created['id'], data=data, headers={
+                'Content-Type': 'application/octet-stream', 'X-Image-Meta-Store': store})
+        image = admin.image.get_image(created['id'])
     return image
 
 

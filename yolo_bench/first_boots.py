@@ -2,7 +2,7 @@
 ``openstack server create`` to the guest's ready marker (docs/first-boot.md).
 
     python -m yolo_bench.first_boots [--rates 1000,100] [--rounds 3] [--image-format qcow2]
-                                     [--large]
+                                     [--large] [--store ceph]
 
 Every boot runs on the all-in-one's second compute host (tools/aio/aio add-compute: the one with
 ``[yolo] first_boot_before_download`` on), created by the admin with ``--availability-zone
@@ -177,16 +177,22 @@ def parse_args(argv):
                              'system (uploaded as IMAGE-large[-raw] if missing)')
     parser.add_argument('--flavor',
                         help='(default: m1.yolo, with --large %s)' % LARGE_FLAVOR)
+    parser.add_argument('--store', default=None,
+                        help="Glance's store for the image (the all-in-one's: fs, file, its "
+                             "default; ceph, rbd, which serves no ranges: YOLO's first boot is "
+                             "then Nova's); the image is uploaded as IMAGE-STORE")
     parser.add_argument('--timeout', type=float, default=1800.0)
     return parser.parse_args(argv)
 
 
-def public_image(admin, name, disk_format, large):
+def public_image(admin, name, disk_format, large, store=None):
     """The public image to boot: the test image as built (qcow2), or made raw, or grown
-    (``large``); uploaded if missing as ``name`` with ``-large`` and ``-raw`` appended."""
-    name += ('-large' if large else '') + ('-raw' if disk_format == 'raw' else '')
+    (``large``), in Glance's store ``store``; uploaded if missing as ``name`` with ``-large``,
+    ``-raw`` and ``-STORE`` appended."""
+    name += (('-large' if large else '') + ('-raw' if disk_format == 'raw' else '')
+             + ('-' + store if store else ''))
     if disk_format == 'qcow2' and not large:
-        return cloud.public_image(admin, name)
+        return cloud.public_image(admin, name, store=store)
     image = admin.image.find_image(name)
     if image is None:
         test_image = pathlib.Path(subprocess.run(
@@ -201,10 +207,7 @@ def public_image(admin, name, disk_format, large):
             if disk_format == 'qcow2':
                 subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2', str(raw),
                                 str(upload)], check=True)
-            print('==> uploading %s as the public image %s' % (upload, name), flush=True)
-            image = admin.image.create_image(
-                name=name, filename=str(upload), disk_format=disk_format,
-                container_format='bare', visibility='public', wait=True)
+            image = cloud.public_image(admin, name, upload, disk_format, store)
         finally:
             raw.unlink(missing_ok=True)
             upload.unlink(missing_ok=True)
@@ -236,10 +239,11 @@ def main(argv=None):
     except TimeoutError:
         sys.exit('this benchmark boots on the all-in-one\'s second compute host (tools/aio/aio '
                  'add-compute), which is not up')
-    image = public_image(admin, args.image, args.image_format, args.large)
+    image = public_image(admin, args.image, args.image_format, args.large, args.store)
     image = admin.image.get_image(image.id)     # as Glance has it now (its size)
-    print('==> image %s (%s, %.1f MiB in Glance); waiting for its boot image'
-          % (image.name, image.disk_format, image.size / (1 << 20)), flush=True)
+    print('==> image %s (%s, %.1f MiB in Glance\'s store %s); waiting for its boot image'
+          % (image.name, image.disk_format, image.size / (1 << 20),
+             admin.image.get('/images/%s' % image.id).json().get('stores')), flush=True)
     cloud.wait_for_boot_image(admin, image, args.timeout)
     flavor = boot_flavor(admin, args.flavor, args.large)
     host = Host(image)

@@ -2,9 +2,16 @@
 the all-in-one cloud: the second compute host runs with ``first_boot_before_download`` and has
 never booted the public image."""
 
+import configparser
+import datetime
 import os
 import subprocess
 
+from keystoneauth1 import exceptions as ks_exceptions
+from keystoneauth1.identity import v3
+from keystoneauth1 import service_token
+from keystoneauth1 import session as ks_session
+from keystoneauth1 import token_endpoint
 import pytest
 
 from tests.e2e.conftest import admin
@@ -35,6 +42,45 @@ def test_glance_serves_the_ranges_a_fill_asks_for(public_image, tiny_image):
         start = (7 << 20) + 12345
         first = next(data.chunks(start, chunk_bytes=1 << 20))
         assert first == os.pread(image.fileno(), len(first), start) and first
+
+
+def test_a_fills_ranges_outlive_the_users_token_beside_novas_service_token(
+        public_image, tiny_image):
+    """A long fill's ranges go on after the booting user's token has expired: Nova sends its
+    service token beside it (``[service_user] send_service_user_token``, on here), and Glance's
+    keystonemiddleware accepts an expired user token with a valid service token. The user's
+    token here is one keystone issued for an application credential that expires 15 s later
+    (keystone ends its tokens with their credential)."""
+    demo = connection('aio-demo')
+    expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=15)
+    credential = demo.identity.create_application_credential(
+        demo.current_user_id, name='e2e-expiring-%d' % os.getpid(),
+        expires_at=expires.strftime('%Y-%m-%dT%H:%M:%S'))
+    auth_url = demo.config.config['auth']['auth_url']
+    user = v3.ApplicationCredential(auth_url=auth_url,
+                                    application_credential_id=credential.id,
+                                    application_credential_secret=credential.secret)
+    # As Nova's request context carries it: the token alone.
+    token = token_endpoint.Token(None, ks_session.Session(auth=user).get_token())
+    nova = configparser.ConfigParser(strict=False, interpolation=None)
+    nova.read('/etc/nova/nova.conf')
+    service = v3.Password(**{key: nova['service_user'][key] for key in (
+        'auth_url', 'username', 'password', 'project_name', 'user_domain_name',
+        'project_domain_name')})
+    endpoint = demo.image.get_endpoint()
+    with_service_token = first_boot.GlanceData(
+        ks_session.Session(), endpoint, public_image['id'],
+        auth=service_token.ServiceTokenAuthWrapper(user_auth=token, service_auth=service))
+    user_only = first_boot.GlanceData(ks_session.Session(), endpoint, public_image['id'],
+                                      auth=token)
+    with open(tiny_image, 'rb') as image:
+        expected = os.pread(image.fileno(), 4096, 1 << 20)
+    assert user_only.read(1 << 20, 4096) == expected
+    wait_until('the token expired', 60, lambda: datetime.datetime.now(
+        datetime.timezone.utc) > expires + datetime.timedelta(seconds=2))
+    with pytest.raises(ks_exceptions.Unauthorized):
+        user_only.read(1 << 20, 4096)
+    assert with_service_token.read(1 << 20, 4096) == expected
 
 
 @pytest.mark.two_hosts

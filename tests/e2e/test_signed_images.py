@@ -35,8 +35,9 @@ VERIFY_CONF = '/etc/nova/nova-compute-2.conf.d/verify-signatures.conf'
 
 @pytest.fixture(scope='module')
 def signing_certificate(cloud):
-    """An RSA key and its self-signed certificate, stored in Barbican as the admin (who uploads
-    and boots the images here): (private key, the certificate's secret id)."""
+    """An RSA key and its self-signed certificate, stored in Barbican (PEM, as Glance documents
+    it) by the admin, who uploads and boots the images here: (private key, the certificate's
+    secret id)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, 'yolo e2e image signing')])
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -47,9 +48,10 @@ def signing_certificate(cloud):
                    .sign(key, hashes.SHA256()))
     secret = connection('aio-admin').key_manager.create_secret(
         name='yolo-e2e-signing-certificate', secret_type='certificate', algorithm='RSA',
-        payload=base64.b64encode(certificate.public_bytes(serialization.Encoding.DER)).decode(),
+        payload=base64.b64encode(certificate.public_bytes(serialization.Encoding.PEM)).decode(),
         payload_content_type='application/octet-stream', payload_content_encoding='base64')
-    yield key, secret.id
+    # The SDK's id is the secret's URL; images name the secret by its UUID.
+    yield key, secret.id.rstrip('/').rsplit('/', 1)[-1]
     connection('aio-admin').key_manager.delete_secret(secret)
 
 
@@ -114,10 +116,10 @@ def test_while_nova_verifies_signatures_every_image_takes_its_path(
     it; it refuses an unsigned image, and YOLO boots neither before the download."""
     signed = upload_signed('e2e-signed-verified', tiny_image, signing_certificate)
     unsigned = upload_public('e2e-unsigned-verified', tiny_image)
-    with open(VERIFY_CONF, 'w') as conf:
-        conf.write('[glance]\nverify_glance_signatures = true\n')
-    subprocess.run([str(AIO), 'restart-compute2'], check=True)
     try:
+        with open(VERIFY_CONF, 'w') as conf:
+            conf.write('[glance]\nverify_glance_signatures = true\n')
+        subprocess.run([str(AIO), 'restart-compute2'], check=True)
         compute, yolofs = Logs('nova-compute-2.log'), Logs('yolofs-compute-2.log')
         server = boot_on(second_host, signed['id'], 'e2e-signed-verified')
         try:
@@ -125,7 +127,7 @@ def test_while_nova_verifies_signatures_every_image_takes_its_path(
             wait_for_ready('aio-admin', server['id'])
         finally:
             delete_server('aio-admin', server['id'])
-        assert 'Image signature verification succeeded for image: %s' % signed['id'] in \
+        assert 'Image signature verification succeeded for image %s' % signed['id'] in \
             compute.read()
         assert_took_novas_path(compute, yolofs, signed['id'])
 
@@ -141,7 +143,8 @@ def test_while_nova_verifies_signatures_every_image_takes_its_path(
             compute.read()
         assert_took_novas_path(compute, yolofs, unsigned['id'])
     finally:
-        os.unlink(VERIFY_CONF)
+        if os.path.exists(VERIFY_CONF):
+            os.unlink(VERIFY_CONF)
         subprocess.run([str(AIO), 'restart-compute2'], check=True)
         for image in (signed, unsigned):
             admin('image', 'delete', image['id'], parse=False, check=False)

@@ -15,8 +15,8 @@ setup_barbican() {
     config_file /etc/barbican/barbican.conf barbican <<EOF2
 [DEFAULT]
 host_href = http://$AIO_HOST:$BARBICAN_PORT
-sql_connection = $(db_url barbican barbican)
-db_auto_create = false
+[database]
+connection = $(db_url barbican barbican)
 [secretstore]
 enabled_secretstore_plugins = store_crypto
 [crypto]

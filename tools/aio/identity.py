@@ -31,6 +31,7 @@ SERVICES = [
     ('placement', 'placement', 'http://%s:8778' % HOST),
     ('compute', 'nova', 'http://%s:8774/v2.1' % HOST),
     ('network', 'neutron', 'http://%s:9696' % HOST),
+    ('key-manager', 'barbican', 'http://%s:9311' % HOST),
 ]
 # Non-admin users, each in a project of its own: (user, project).
 TENANTS = [('demo', 'demo'), ('alt', 'alt')]

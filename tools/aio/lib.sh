@@ -729,16 +729,19 @@ start_compute2_nova() {
 }
 
 restart_compute2_nova() {
-    local log=$AIO_LOG_DIR/nova-compute-2.log since
+    local restarted
     stop_service nova-compute-2 60
-    since=$(stat -c %s "$log")
+    restarted=$(date +%s)
     start_compute2_nova
-    # Its resource tracker's first pass: the service reports, and takes builds.
-    wait_for "nova-compute-2 started" 120 logged_since "$log" "$since" 'Final resource view'
+    # Its first report comes once its resource tracker has run: it takes builds.
+    wait_for "nova-compute-2 reporting" 120 compute_reported_since "$AIO_COMPUTE2_HOST" "$restarted"
 }
 
-logged_since() {  # FILE OFFSET TEXT: TEXT is in FILE past OFFSET
-    tail -c +"$(($2 + 1))" "$1" | grep -qF -- "$3"
+compute_reported_since() {  # HOST EPOCH: the host's nova-compute has reported since EPOCH
+    local updated
+    updated=$(admin_openstack compute service list --service nova-compute --host "$1" \
+        -f value -c 'Updated At') || return 1
+    [[ -n $updated ]] && (($(date -u -d "$updated" +%s) > $2))
 }
 
 own_disk() {  # INSTANCES MEMORY HOST LIBVIRT-RUN
