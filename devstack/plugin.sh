@@ -26,7 +26,7 @@ function _yolo_on_scheduler {
 }
 
 # pre-install: yolofs mounts with fusermount3 and the driver rebases disks with qemu-img; the
-# worker's profiling boots also need QEMU itself.
+# worker's profiling boots also need QEMU itself, and bubblewrap, their sandbox.
 function preinstall_yolo {
     local qemu_img="qemu-img" qemu="qemu-kvm"
     if is_ubuntu; then
@@ -34,7 +34,7 @@ function preinstall_yolo {
         qemu="qemu-system-x86"
     fi
     if _yolo_on_glance; then
-        install_package fuse3 "$qemu_img" "$qemu"
+        install_package fuse3 "$qemu_img" "$qemu" bubblewrap
     elif _yolo_on_compute; then
         install_package fuse3 "$qemu_img"
     fi

@@ -7,6 +7,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 debian_packages=(
     qemu-system-x86 qemu-utils          # real boots (TCG) and Nova's disk handling
     fuse3                               # fusermount3, used by yolofs to mount
+    bubblewrap                          # the worker's profiling sandbox
     debootstrap extlinux syslinux-common parted e2fsprogs  # the bootable test images
     fio vmtouch iproute2                # benchmarks (tc: the rate of the link to Glance)
     libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev  # driver tests

@@ -22,9 +22,12 @@ class Learned:
     ended_by: str = 'ready'      # 'ready' (console pattern), 'idle' or 'max' (yolofs' window)
 
 
-def learn_boot_image(base, work, boot_timeout=900, idle_seconds=None, **boot_options):
+def learn_boot_image(base, work, boot_timeout=900, idle_seconds=None, sandbox=None,
+                     **boot_options):
     """Boots ``base`` once through a learning yolofs mount of its directory and returns what was
-    learned. The mount, its store (``work/boot-images``), socket and log live under ``work``.
+    learned. The mount, its store (``work/boot-images``), socket and log live under ``work``,
+    the guest's overlay in ``work/guest``. ``sandbox`` (a ``yolo_glance.sandbox.Sandbox``):
+    QEMU runs in it, seeing the mount (read-only) and the overlay's directory only.
 
     The window ends when the guest is ready (``ready_marker`` on its console, ended with
     ``record_stop``), or, if ``idle_seconds`` is given, when yolofs sees that long without a
@@ -40,8 +43,14 @@ def learn_boot_image(base, work, boot_timeout=900, idle_seconds=None, **boot_opt
     with yolofs.Mount(source=base.parent, mountpoint=work / 'mnt', boot_images=store,
                       control_socket=work / 'control.sock', log_path=work / 'yolofs-learn.log',
                       learn=True, **window) as mount:
-        overlay = work / 'learn.qcow2'
+        guest_dir = work / 'guest'
+        guest_dir.mkdir(exist_ok=True)
+        overlay = guest_dir / 'learn.qcow2'
         images.create_overlay(mount.mountpoint / base.name, overlay)
+        if sandbox is not None:
+            boot_options['wrapper'] = sandbox.wrapper(read_only=[mount.mountpoint],
+                                                      writable=[guest_dir])
+            boot_options['preexec_fn'] = sandbox.set_limits
         try:
             with qemu.Guest(overlay, **boot_options) as guest:
                 if idle_seconds is None:

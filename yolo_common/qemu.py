@@ -25,19 +25,20 @@ class Guest:
     (bytes, or a compiled bytes regular expression).
 
     ``preexec_fn`` runs in the child before QEMU starts (to join a cgroup, say). ``network``
-    False gives the guest no network device at all.
+    False gives the guest no network device at all. ``wrapper``: the command QEMU's runs under
+    (a sandbox's, say), its arguments first.
     """
 
     def __init__(self, disk, *, disk_format='qcow2', cache='none',
                  memory_mib=512, cpus=1, accel='tcg',
                  ready_marker=READY_MARKER, console_log=None, extra_args=(),
-                 preexec_fn=None, network=True):
+                 preexec_fn=None, network=True, wrapper=()):
         self.disk = str(disk)
         self.preexec_fn = preexec_fn
         self.ready_marker = ready_marker
         self.console_log = console_log
         self.command = [
-            QEMU, '-accel', accel, '-m', str(memory_mib), '-smp', str(cpus),
+            *wrapper, QEMU, '-accel', accel, '-m', str(memory_mib), '-smp', str(cpus),
             '-display', 'none', '-monitor', 'none', '-serial', 'stdio',
             '-no-reboot',
             '-drive', 'file=%s,format=%s,if=virtio,cache=%s' % (

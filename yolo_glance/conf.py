@@ -53,6 +53,14 @@ Seconds after which a build claimed by another worker that never finished is tak
 container_format of published boot images. Glance must accept it: add it to its
 ``[image_format] container_formats``.
 """),
+    cfg.IntOpt('max_virtual_size_gib', default=128, min=1,
+               help="""
+Images whose disk (virtual size) is larger get no boot image (skipped, with the reason). A build
+converts the image to raw in ``work_dir``, as large as its virtual size whatever the upload's
+size (a small qcow2 image can describe a large disk of data): this bounds the scratch space a
+tenant's upload can take. A build starts only with that much free in ``work_dir`` (plus 1 GiB),
+and qemu-img may write no file larger.
+"""),
     cfg.StrOpt('yolofs_binary', default='yolofs', help='The yolofs command.'),
     cfg.StrOpt('signing_key_file',
                help="""
@@ -95,6 +103,15 @@ How profiling boots run QEMU: a plugin of the ``yolo.profiling.runners`` entry p
 ``tcg`` (QEMU's emulation: works on every host) and ``kvm`` (hardware virtualization: the worker's
 user needs ``/dev/kvm``) come with YOLO. Whatever the runner, the guest has no network device and
 runs in QEMU's seccomp sandbox, within ``max_seconds`` and ``max_memory_mib``.
+"""),
+    cfg.BoolOpt('sandbox', default=True,
+                help="""
+Run profiling boots' QEMU in the worker's sandbox (bubblewrap: no network, none of the host's
+files but ``/usr`` and the boot's own, no other process in sight, resource limits;
+docs/glance-worker.md, "Threat model"). It needs the ``bubblewrap`` package and unprivileged user
+namespaces; the worker refuses to start if it cannot run. Off: QEMU runs as the worker's user
+with all it can read and reach (its configuration's credentials, the cloud's services): only for
+a worker that profiles trusted images.
 """),
     cfg.ListOpt('readiness', default=['console', 'idle'],
                 help="""

@@ -176,7 +176,9 @@ def make_dispatcher(conf, glance=None, metrics=None):
         runner=profiling.load_runner(options.runner),
         readiness=profiling.load_readiness(options.readiness),
         metrics=metrics or metrics_mod.Metrics(),
-        signer=load_signer(conf.yolo_worker.signing_key_file))
+        signer=load_signer(conf.yolo_worker.signing_key_file),
+        sandboxed=options.sandbox,
+        max_virtual_size=conf.yolo_worker.max_virtual_size_gib * worker_mod.GiB)
     worker.check()
     return Dispatcher(worker, glance, conf.yolo_worker.max_concurrent_builds,
                       conf.yolo_worker.activation_timeout)

@@ -36,6 +36,7 @@ from yolo_common import signing
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
 from yolo_glance import profiling as profiling_mod
+from yolo_glance import sandbox as sandbox_mod
 
 LOG = logging.getLogger(__name__)
 
@@ -53,6 +54,14 @@ PENDING, BUILDING, READY, SKIPPED, FAILED = (
 
 class Unbootable(Exception):
     """The image cannot give a boot image (a reason for the operator, not a transient error)."""
+
+
+class TooLarge(Exception):
+    """The image's disk is larger than the worker builds boot images for: skipped."""
+
+
+class NoRoom(Exception):
+    """The worker's scratch space cannot hold the conversion now (a transient error)."""
 
 
 def guest_devices(image):
@@ -85,6 +94,10 @@ def why_not(image, container_format):
 # privileges, no processes spawned, no obsolete system calls, no resource control). The worker
 # adds both whatever the runner plugin (profiling.py).
 SANDBOX = ('-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny')
+# Only the devices the worker names (QEMU's defaults add a floppy and a CD-ROM drive, among
+# others); the standard VGA is kept, which QEMU's defaults and Nova's guests have, so that a
+# boot reads what it reads under Nova.
+NO_DEFAULT_DEVICES = ('-nodefaults', '-vga', 'std')
 # Nova gives the guests of an image with hw_qemu_guest_agent=yes a virtio-serial port for the QEMU
 # guest agent, and the guest's agent starts when it sees the port, reading its files during the
 # boot. The profiling boot gets the same port so that those reads are in the boot image; its host
@@ -95,8 +108,11 @@ GUEST_AGENT_PORT = ('-chardev', 'null,id=yolo-qga', '-device', 'virtio-serial-pc
 # info to 1 GiB of address space; a conversion also gets CPU time for a large image). Threads
 # take their stacks' size from the stack limit: 2 MiB, not 8, keeps the up to 64 threads of a
 # busy conversion's pool well inside the address space.
-QEMU_IMG_LIMITS = processutils.ProcessLimits(address_space=1 << 30, cpu_time=1800,
-                                             stack_size=2 << 20)
+QEMU_IMG_LIMITS = dict(address_space=1 << 30, cpu_time=1800, stack_size=2 << 20)
+GiB = 1 << 30
+# Scratch space kept free beyond a conversion's raw file (the learning boot's overlay and its
+# boot image, the work directory's other files).
+SCRATCH_MARGIN_BYTES = 1 << 30
 # A ready pattern comes from an image property: bounded, and matched by RE2 in linear time.
 MAX_PATTERN_LENGTH = 512
 MIN_IDLE_SECONDS = 1.0
@@ -164,8 +180,10 @@ class Worker:
     def __init__(self, glance, work_dir, profiling, container_format='yolo', retries=3,
                  claim_timeout=7200, yolofs_binary='yolofs', learner=None, worker_id=None,
                  clock=time.time, retry_delay=5.0, runner=None, readiness=None, metrics=None,
-                 signer=None):
+                 signer=None, sandboxed=True, max_virtual_size=128 * GiB):
         self.glance = glance
+        self.max_virtual_size = max_virtual_size
+        self.sandboxed = sandboxed
         self.signer = signer
         self.verifier = signer.verifier() if signer is not None else None
         self.work_dir = work_dir
@@ -188,8 +206,11 @@ class Worker:
         profiling.PluginError saying what is wrong."""
         try:
             self.runner.check_host()
-            profiling_mod.runner_options(self.runner, self.profiling)
+            accel, _ = profiling_mod.runner_options(self.runner, self.profiling)
             self._window(self.profiling)
+            sandbox = self._sandbox(self.profiling, accel)
+            if sandbox is not None:
+                sandbox.check_host()
         except Unbootable as e:
             raise profiling_mod.PluginError('[yolo_profiling]: %s' % e)
 
@@ -206,6 +227,14 @@ class Worker:
         if status == BUILDING and not self._claim_expired(image):
             return False
         return not image.get(glance_api.BOOT_IMAGE_ID)
+
+    def _too_large(self, image):
+        """Why ``image`` is too large to build for, by the virtual size Glance found when it
+        stored it (the worker checks its own reading of the data too), or None."""
+        if (image.get('virtual_size') or 0) > self.max_virtual_size:
+            return ('its virtual size, %.1f GiB, is over the %.1f GiB this cloud builds boot '
+                    'images for' % (image['virtual_size'] / GiB, self.max_virtual_size / GiB))
+        return None
 
     def _claim_expired(self, image):
         try:
@@ -227,7 +256,7 @@ class Worker:
             return 'ignored'
         if image.get(glance_api.BOOT_IMAGE_ID) and self._published(image):
             return 'present'
-        reason = why_not(image, self.container_format)
+        reason = why_not(image, self.container_format) or self._too_large(image)
         if reason:
             LOG.info('%s: no boot image: %s', image_id, reason)
             self._record(image_id, SKIPPED, reason)
@@ -243,6 +272,10 @@ class Worker:
                 LOG.info('%s: deleted while its boot image was built', image_id)
                 self.delete(image_id)
                 return 'gone'
+            except TooLarge as e:
+                LOG.info('%s: no boot image: %s', image_id, e)
+                self._record(image_id, SKIPPED, str(e))
+                return SKIPPED
             except (Unbootable, learning.LearningFailed, qemu.BootTimeout,
                     profiling_mod.PluginError) as e:
                 LOG.warning('%s: no boot image: %s', image_id, e)
@@ -336,12 +369,29 @@ class Worker:
             raise Unbootable('image data is not a valid %s image: %s' % (declared, e))
         if str(inspector) != declared and not (declared == 'raw' and str(inspector) == 'gpt'):
             raise Unbootable('image data is %s, not the declared %s' % (inspector, declared))
+        # A small upload can hold a large disk (a qcow2 image's tables may point every cluster
+        # at the same data): the raw conversion is bounded by the virtual size, which is.
+        # (A raw image's disk is its data; the inspector reads only the start of it.)
+        virtual_size = (os.path.getsize(download) if declared == 'raw'
+                        else inspector.virtual_size)
+        if not virtual_size:
+            raise Unbootable('image data has no disk size the worker can read')
+        if virtual_size > self.max_virtual_size:
+            raise TooLarge('its virtual size, %.1f GiB, is over the %.1f GiB this cloud builds '
+                           'boot images for' % (virtual_size / GiB, self.max_virtual_size / GiB))
+        free = shutil.disk_usage(work).free
+        if free < virtual_size + SCRATCH_MARGIN_BYTES:
+            raise NoRoom('the worker\'s scratch space has %.1f GiB free; converting this image '
+                         'needs %.1f GiB' % (free / GiB, (virtual_size + SCRATCH_MARGIN_BYTES)
+                                             / GiB))
         base_dir = os.path.join(work, '_base')
         os.makedirs(base_dir)
         base = os.path.join(base_dir, images.base_file_name(image['id']))
         try:
+            # No file qemu-img writes may outgrow the disk it converts.
             images.convert_to_raw(download, base, fmt=QEMU_FORMATS[declared],
-                                  limits=QEMU_IMG_LIMITS)
+                                  limits=processutils.ProcessLimits(
+                                      file_size=virtual_size, **QEMU_IMG_LIMITS))
         except processutils.ProcessExecutionError as e:
             # A truncated or damaged upload that still looks like its format.
             raise Unbootable('image data could not be converted to raw: %s'
@@ -363,6 +413,13 @@ class Worker:
         matcher = matchers[0] if len(matchers) == 1 else profiling_mod.AnyOf(matchers)
         return matcher, min(idle) if idle else None
 
+    def _sandbox(self, options, accel):
+        """The sandbox of a profiling boot with ``options`` (None: not sandboxed)."""
+        if not self.sandboxed:
+            return None
+        devices = (profiling_mod.KVM_DEVICE,) if accel.split(',')[0] == 'kvm' else ()
+        return sandbox_mod.Sandbox(options.memory_mib, options.max_seconds, devices=devices)
+
     def _learn(self, image, base, work):
         options = self.profiling.for_image(image)
         ready_marker, idle_seconds = self._window(options)
@@ -378,8 +435,9 @@ class Worker:
                                idle_seconds=idle_seconds, ready_marker=ready_marker,
                                accel=accel, memory_mib=options.memory_mib,
                                console_log=os.path.join(work, 'console.log'),
-                               network=False,
-                               extra_args=SANDBOX + guest_devices(image) + runner_args)
+                               network=False, sandbox=self._sandbox(options, accel),
+                               extra_args=(SANDBOX + NO_DEFAULT_DEVICES + guest_devices(image)
+                                           + runner_args))
         LOG.info('%s: profiling boot ended by %s after %.1fs', image['id'], learned.ended_by,
                  learned.boot_seconds)
         self.metrics.profiling_boot_duration.labels(learned.ended_by).observe(

@@ -146,7 +146,8 @@ def test_a_controller_runs_the_scheduler_api_and_glance_parts_and_the_worker(tmp
     assert roles(calls) == ['glance-api', 'worker', 'nova-scheduler', 'nova-api']
     assert 'yolofs' not in started(calls)
     # The worker's learning mounts and profiling boots need yolofs and QEMU here too.
-    assert named(calls, 'install_package') == [('fuse3', 'qemu-utils', 'qemu-system-x86')]
+    assert named(calls, 'install_package') == [
+        ('fuse3', 'qemu-utils', 'qemu-system-x86', 'bubblewrap')]
     assert '/usr/local/bin/yolofs' in [args[-1] for args in named(calls, 'sudo')]
     glance = named(calls, 'yolo-configure')[0]
     assert option(glance, '--config-file') == '/etc/glance/glance-api.conf'
@@ -256,7 +257,7 @@ def test_paths_and_options_come_from_local_conf(tmp_path):
 
 def test_other_distributions_get_their_package_names(tmp_path):
     calls = Devstack(tmp_path, CONTROLLER, STANDIN_PACKAGES='rpm').stack('pre-install')
-    assert named(calls, 'install_package') == [('fuse3', 'qemu-img', 'qemu-kvm')]
+    assert named(calls, 'install_package') == [('fuse3', 'qemu-img', 'qemu-kvm', 'bubblewrap')]
 
 
 # --- the Rust toolchain ----------------------------------------------------------------------

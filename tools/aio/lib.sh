@@ -77,7 +77,7 @@ install_packages() {
         mariadb-server rabbitmq-server memcached sudo curl kmod
         python3-venv python3-dev build-essential pkg-config libvirt-dev
         libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
-        qemu-system-x86 qemu-utils fuse3 "${CEPH_PACKAGES[@]}"
+        qemu-system-x86 qemu-utils fuse3 bubblewrap "${CEPH_PACKAGES[@]}"
     ) missing=() pkg
     for pkg in "${packages[@]}"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||

@@ -21,12 +21,14 @@ from yolo_glance import profiling
 from yolo_glance import service
 from yolo_glance import worker as worker_mod
 
-# Today's profiling boot, as QEMU gets it: TCG, no network device, the seccomp sandbox.
+# Today's profiling boot, as QEMU gets it: TCG, no network device, the seccomp sandbox, no
+# default device but the VGA (all of it inside the worker's sandbox: test_sandbox.py).
 TODAYS_COMMAND = [
     qemu.QEMU, '-accel', 'tcg', '-m', '1024', '-smp', '1', '-display', 'none',
     '-monitor', 'none', '-serial', 'stdio', '-no-reboot',
     '-drive', 'file=learn.qcow2,format=qcow2,if=virtio,cache=none', '-nic', 'none',
-    '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny']
+    '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny',
+    '-nodefaults', '-vga', 'std']
 
 
 def worker_conf(tmp_path, config=None, **profiling_options):
@@ -48,7 +50,8 @@ def worker_conf(tmp_path, config=None, **profiling_options):
 def boot_command(learner_call):
     """The QEMU command line the learner would boot with (learning.learn_boot_image passes
     everything but the window to qemu.Guest)."""
-    options = {k: v for k, v in learner_call.items() if k not in ('boot_timeout', 'idle_seconds')}
+    options = {k: v for k, v in learner_call.items()
+               if k not in ('boot_timeout', 'idle_seconds', 'sandbox')}
     return qemu.Guest('learn.qcow2', **options).command
 
 

@@ -23,6 +23,7 @@ from yolo_common import learning
 from yolo_common import signing
 from yolo_common import yolofs
 from yolo_glance import glance as glance_api
+from yolo_glance import sandbox as sandbox_mod
 from yolo_glance import service
 from yolo_glance import worker as worker_mod
 
@@ -254,6 +255,13 @@ def test_profiling_boots_have_no_network_and_run_sandboxed(glance, make_worker):
     call = worker.learner.calls[0]
     assert call['network'] is False
     assert call['extra_args'][0] == '-sandbox' and call['extra_args'][1].startswith('on,')
+    assert '-nodefaults' in call['extra_args']
+    # QEMU runs in the worker's sandbox, with the boot's memory and window as its limits.
+    assert call['sandbox'].memory_bytes == (1024 << 20) + sandbox_mod.QEMU_OVERHEAD_BYTES
+    assert call['sandbox'].devices == ()
+    unboxed = make_worker(sandboxed=False)
+    assert unboxed.build(glance.add(raw_disk())) == 'ready'
+    assert unboxed.learner.calls[0]['sandbox'] is None
 
 
 @pytest.mark.parametrize('value, has_port', [
@@ -317,7 +325,11 @@ def test_the_worker_converts_uploads_under_its_limits(glance, make_worker, tmp_p
     source = glance.add(raw_disk())
     with mock.patch.object(images, 'convert_to_raw', wraps=images.convert_to_raw) as convert:
         make_worker().build(source)
-    assert convert.call_args.kwargs['limits'] is worker_mod.QEMU_IMG_LIMITS
+    limits = convert.call_args.kwargs['limits']
+    assert (limits.address_space, limits.cpu_time, limits.stack_size) == (
+        1 << 30, 1800, 2 << 20)
+    # No file it writes may outgrow the disk: the raw image's 4 MiB.
+    assert limits.file_size == 4 * MiB
 
 
 def test_shutdown_lets_running_builds_finish_and_drops_queued_ones(glance, make_worker):
