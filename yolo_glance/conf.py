@@ -18,6 +18,13 @@ worker_opts = [
                help='Scratch space: downloads, raw conversions, learning mounts.'),
     cfg.IntOpt('max_concurrent_builds', default=1, min=1,
                help='Boot images built at once (each one downloads, converts and boots).'),
+    cfg.IntOpt('max_queued_per_project', default=50, min=1,
+               help="""
+Builds queued at most per project (an image's owner). Projects take turns for the build slots,
+so one project's uploads delay another's next build by one build at most; builds past this
+bound are not queued (``yolo_worker_jobs_refused_total``), and the periodic scan queues them
+again later.
+"""),
     cfg.StrOpt('notification_pool',
                help="""
 oslo.messaging pool of the notification listener. Unset (the default), workers consume the

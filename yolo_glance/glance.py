@@ -68,6 +68,13 @@ class Glance:
                     filters={'status': 'active', 'visibility': 'all', 'os_hidden': hidden}):
                 yield dict(image)
 
+    def boot_images(self, container_format):
+        """Every boot image this worker's identity published."""
+        filters = {'os_hidden': True, 'container_format': container_format}
+        if self.project_id:
+            filters['owner'] = self.project_id
+        return [dict(i) for i in self.client.images.list(filters=filters)]
+
     @retry_transient
     def boot_images_of(self, source_image_id, container_format):
         """The boot images this worker's identity published for an image. Anyone can upload a

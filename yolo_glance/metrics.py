@@ -49,6 +49,10 @@ class Metrics:
         self.boot_images_deleted = prometheus_client.Counter(
             'yolo_worker_boot_images_deleted', 'Boot images deleted, by reason.', ['reason'],
             **on)
+        self.jobs_refused = prometheus_client.Counter(
+            'yolo_worker_jobs_refused',
+            "Builds not queued: their project's queue was full ([yolo_worker] "
+            'max_queued_per_project; the periodic scan queues them again).', **on)
         self.deletions_failed = prometheus_client.Counter(
             'yolo_worker_deletions_failed',
             'Deletion jobs that failed (the boot images of a deleted image may remain).', **on)

@@ -7,6 +7,7 @@ images uploaded before the worker ran. Its metrics are served for Prometheus on
 ``[yolo_worker] metrics_address`` and ``metrics_port``.
 """
 
+import collections
 import concurrent.futures
 import logging
 import signal
@@ -32,26 +33,88 @@ OWN_STATUSES = (worker_mod.BUILDING, worker_mod.READY, worker_mod.SKIPPED, worke
 
 
 class Dispatcher:
-    """Runs the worker's builds and deletions on a bounded pool, one job per image at a time."""
+    """Runs the worker's builds and deletions on ``max_concurrent_builds`` threads, one job per
+    image at a time, fairly between projects: each project (an image's owner) has a queue of
+    its own, at most ``max_queued_per_project`` long, and the threads take the next job from
+    the project served longest ago, so that one project's backlog delays another's next build
+    by the builds running at most. Deletions (cheap, and of images whose owner is gone) have a
+    queue of their own, served first. A job refused for a full queue is counted; the periodic
+    scan queues it again.
+    """
 
-    def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120):
+    DELETIONS = object()     # the queue of deletions
+
+    def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120,
+                 max_queued_per_project=50):
         self.worker = worker
         self.glance = glance
         self.activation_timeout = activation_timeout
+        self.max_queued_per_project = max_queued_per_project
         self.metrics = worker.metrics   # one registry for the worker's and the queue's
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_concurrent_builds,
-                                                          thread_name_prefix='yolo-build')
         self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)
         self.in_flight = {}
+        # Project -> its queued jobs; project -> when it was last served (a count of jobs).
+        self.queues = {}
+        self.served = {}
+        self.jobs_started = 0
+        self.stopping = False
+        self.threads = [threading.Thread(target=self._serve, name='yolo-build-%d' % n,
+                                         daemon=True) for n in range(max_concurrent_builds)]
+        for thread in self.threads:
+            thread.start()
 
-    def submit(self, image_id, job, *args):
+    def submit(self, image_id, job, *args, project=None):
+        """Queues ``job(image_id, *args)`` for ``project``'s turn; returns its future (the one
+        already queued or running for the image, if any; one already cancelled if the project's
+        queue is full)."""
         with self.lock:
             if image_id in self.in_flight:
                 return self.in_flight[image_id]
-            self.metrics.backlog.labels('queued').inc()
-            future = self.pool.submit(self._run, image_id, job, *args)
+            future = concurrent.futures.Future()
+            queue = self.queues.setdefault(project, collections.deque())
+            if self.stopping or (project is not self.DELETIONS
+                                 and len(queue) >= self.max_queued_per_project):
+                if not queue:
+                    del self.queues[project]
+                if not self.stopping:
+                    LOG.warning('%s: not queued: project %s has %d jobs queued already (the '
+                                'scan queues it again)', image_id, project, len(queue))
+                    self.metrics.jobs_refused.inc()
+                future.cancel()
+                return future
+            queue.append((image_id, job, args, future))
             self.in_flight[image_id] = future
+            self.metrics.backlog.labels('queued').inc()
+            self.work.notify()
             return future
+
+    def _next(self):
+        """The next job: a deletion, else the next job of the project with jobs queued that
+        was served longest ago (never: first); None once stopping."""
+        with self.lock:
+            while not self.queues and not self.stopping:
+                self.work.wait()
+            if self.stopping:
+                return None
+            project = self.DELETIONS if self.DELETIONS in self.queues else min(
+                self.queues, key=lambda p: self.served.get(p, -1))
+            queue = self.queues[project]
+            job = queue.popleft()
+            if not queue:
+                del self.queues[project]
+            self.jobs_started += 1
+            self.served[project] = self.jobs_started
+            return job
+
+    def _serve(self):
+        while True:
+            job = self._next()
+            if job is None:
+                return
+            image_id, function, args, future = job
+            if future.set_running_or_notify_cancel():
+                future.set_result(self._run(image_id, function, *args))
 
     def _run(self, image_id, job, *args):
         self.metrics.backlog.labels('queued').dec()
@@ -68,11 +131,12 @@ class Dispatcher:
                 self.in_flight.pop(image_id, None)
             self.metrics.backlog.labels('running').dec()
 
-    def build(self, image_id, wait_active=False):
-        return self.submit(image_id, self._build, wait_active)
+    def build(self, image_id, wait_active=False, project=None):
+        """Queues the build of ``image_id``, owned by ``project``."""
+        return self.submit(image_id, self._build, wait_active, project=project)
 
     def delete(self, image_id):
-        return self.submit(image_id, self._delete)
+        return self.submit(image_id, self._delete, project=self.DELETIONS)
 
     def _delete(self, image_id):
         try:
@@ -108,17 +172,34 @@ class Dispatcher:
         return self.worker.build(image_id)
 
     def scan(self):
-        """Queues every active image that still needs a boot image; returns their ids."""
-        queued = [image['id'] for image in self.glance.active_images()
-                  if self.worker.needs_build(image)]
-        for image_id in queued:
-            self.build(image_id)
+        """Queues every active image that still needs a boot image, and the deletion of the
+        boot images of images that are gone (their image.delete notification lost); returns
+        the ids of the images queued for a build."""
+        queued, active = [], set()
+        for image in self.glance.active_images():
+            active.add(image['id'])
+            if self.worker.needs_build(image):
+                self.build(image['id'], project=image.get('owner'))
+                queued.append(image['id'])
+        for source_id in self.worker.orphaned_sources(active):
+            self.delete(source_id)
         return queued
 
     def shutdown(self, wait=True):
         """Stops: queued jobs are dropped (a scan queues them again), running ones finish if
         ``wait``."""
-        self.pool.shutdown(wait=wait, cancel_futures=True)
+        with self.lock:
+            self.stopping = True
+            for queue in self.queues.values():
+                for image_id, _, _, future in queue:
+                    future.cancel()
+                    self.in_flight.pop(image_id, None)
+                    self.metrics.backlog.labels('queued').dec()
+            self.queues.clear()
+            self.work.notify_all()
+        if wait:
+            for thread in self.threads:
+                thread.join()
 
 
 class NotificationEndpoint:
@@ -134,10 +215,10 @@ class NotificationEndpoint:
         if event_type == 'image.delete':
             self.dispatcher.delete(image_id)
         elif event_type == 'image.activate':
-            self.dispatcher.build(image_id, wait_active=True)
+            self.dispatcher.build(image_id, wait_active=True, project=payload.get('owner'))
         elif payload.get('status') == 'active' \
                 and (payload.get('properties') or {}).get(glance_api.STATUS) not in OWN_STATUSES:
-            self.dispatcher.build(image_id)
+            self.dispatcher.build(image_id, project=payload.get('owner'))
         return oslo_messaging.NotificationResult.HANDLED
 
     def warn(self, ctxt, publisher_id, event_type, payload, metadata):
@@ -181,7 +262,8 @@ def make_dispatcher(conf, glance=None, metrics=None):
         max_virtual_size=conf.yolo_worker.max_virtual_size_gib * worker_mod.GiB)
     worker.check()
     return Dispatcher(worker, glance, conf.yolo_worker.max_concurrent_builds,
-                      conf.yolo_worker.activation_timeout)
+                      conf.yolo_worker.activation_timeout,
+                      conf.yolo_worker.max_queued_per_project)
 
 
 def load_signer(path):

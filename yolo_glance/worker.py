@@ -18,10 +18,12 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
+import uuid
 
 from oslo_concurrency import processutils
 from oslo_utils.imageutils import format_inspector
@@ -197,7 +199,11 @@ class Worker:
         self.claim_timeout = claim_timeout
         self.yolofs_binary = yolofs_binary
         self.learner = learner or learning.learn_boot_image
-        self.worker_id = worker_id or '%s:%d' % (socket.gethostname(), os.getpid())
+        # Claims on images name it, which their owners read: an id of its own, logged with the
+        # host and process it stands for.
+        self.worker_id = worker_id or 'worker-%s' % uuid.uuid4().hex[:12]
+        LOG.info('worker id %s is %s, process %d', self.worker_id, socket.gethostname(),
+                 os.getpid())
         self.clock = clock
         self.retry_delay = retry_delay
 
@@ -286,8 +292,11 @@ class Worker:
                 self.metrics.build_transient_errors.inc()
                 last_error = e
                 time.sleep(self.retry_delay * (attempt + 1))
-        self._record(image_id, FAILED, 'gave up after %d attempts: %s'
-                     % (self.retries + 1, last_error))
+        # The image's owner reads the reason: what they can act on, not the worker's internals
+        # (its log has those). The lack of scratch space is the operator's to act on.
+        self._record(image_id, FAILED, 'gave up after %d attempts: %s' % (
+            self.retries + 1, last_error if isinstance(last_error, NoRoom)
+            else 'the worker met a transient error (its log says which)'))
         return FAILED
 
     def _published(self, image):
@@ -394,8 +403,10 @@ class Worker:
                                       file_size=virtual_size, **QEMU_IMG_LIMITS))
         except processutils.ProcessExecutionError as e:
             # A truncated or damaged upload that still looks like its format.
-            raise Unbootable('image data could not be converted to raw: %s'
-                             % (e.stderr.strip().splitlines() or ['qemu-img failed'])[-1])
+            message = (e.stderr.strip().splitlines() or ['qemu-img failed'])[-1]
+            # (the worker's paths are its own business)
+            raise Unbootable('image data could not be converted to raw: %s' % re.sub(
+                re.escape(work) + r"""/[^\s:'"]*""", '(image)', message))
         os.unlink(download)
         return base
 
@@ -517,6 +528,19 @@ class Worker:
             pass
 
     # -- deleting ---------------------------------------------------------------------------
+
+    def orphaned_sources(self, active_ids):
+        """The source images, gone from Glance, that boot images of the worker's project were
+        published for (``active_ids``: the active images' ids, known to be there)."""
+        sources = {boot_image.get(glance_api.SOURCE_IMAGE_ID)
+                   for boot_image in self.glance.boot_images(self.container_format)}
+        orphaned = []
+        for source_id in sorted(sources - set(active_ids) - {None}):
+            try:
+                self.glance.get(source_id)
+            except glance_api.NotFound:
+                orphaned.append(source_id)
+        return orphaned
 
     def delete(self, image_id):
         """Deletes the boot images published for a deleted source image; returns how many."""

@@ -47,6 +47,10 @@ class FakeGlance:
     def active_images(self):
         return [copy.deepcopy(i) for i in self.images.values() if i['status'] == 'active']
 
+    def boot_images(self, container_format):
+        return [copy.deepcopy(i) for i in self.images.values()
+                if i['container_format'] == container_format]
+
     def boot_images_of(self, source_id, container_format):
         return [copy.deepcopy(i) for i in self.images.values()
                 if i.get(glance_api.SOURCE_IMAGE_ID) == source_id

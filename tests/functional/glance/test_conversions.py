@@ -19,7 +19,9 @@ def test_truncated_qcow2_fails_with_a_reason(glance, make_worker, tiny_image):
     data = tiny_image.read_bytes()
     source = glance.add(data[:len(data) // 2], disk_format='qcow2')
     assert make_worker().build(source) == 'failed'
-    assert 'could not be converted to raw' in glance.images[source][glance_api.REASON]
+    reason = glance.images[source][glance_api.REASON]
+    assert 'could not be converted to raw: qemu-img: ' in reason, reason
+    assert '/work' not in reason      # no path of the worker's
     assert glance.downloads == 1  # not retried
 
 

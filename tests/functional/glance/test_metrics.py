@@ -12,6 +12,7 @@ import pytest
 from tests.functional.glance.fakes import MiB
 from tests.functional.glance.fakes import publish_signed
 from tests.functional.glance.fakes import raw_disk
+from yolo_bench.cloud import wait as wait_until
 from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
@@ -84,9 +85,9 @@ def test_backlog_counts_queued_and_running_jobs(glance, make_worker):
     dispatcher = service.Dispatcher(worker, glance)
     metrics = dispatcher.metrics
     running = dispatcher.build('img-1')
+    assert started.wait(10)
     queued = [dispatcher.build('img-2'), dispatcher.delete('img-3')]
     dispatcher.build('img-2')          # already queued: one job
-    assert started.wait(10)
     assert value(metrics, 'yolo_worker_backlog_jobs', state='running') == 1
     assert value(metrics, 'yolo_worker_backlog_jobs', state='queued') == 2
     finish.set()
@@ -175,3 +176,48 @@ def test_the_worker_serves_its_metrics_where_configured(make_worker):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def blocked_worker(make_worker):
+    """A worker whose builds wait for ``worker.finish``, recording their order."""
+    worker = make_worker()
+    worker.started, worker.finish, worker.order = threading.Event(), threading.Event(), []
+
+    def slow_build(image_id):
+        worker.order.append(image_id)
+        worker.started.set()
+        worker.finish.wait(30)
+        return 'ready'
+    worker.build = slow_build
+    return worker
+
+
+def test_projects_take_turns_and_their_queues_are_bounded(glance, make_worker):
+    worker = blocked_worker(make_worker)
+    dispatcher = service.Dispatcher(worker, glance, max_queued_per_project=3)
+    running = dispatcher.build('a-0', project='tenant-a')
+    assert worker.started.wait(10)
+    # One tenant's many uploads, then another's one: the other's comes next.
+    futures = [dispatcher.build('a-%d' % n, project='tenant-a') for n in range(1, 6)]
+    futures.append(dispatcher.build('b-0', project='tenant-b'))
+    # Past its bound, a project's builds are refused, counted, and left to the scan.
+    assert [f.cancelled() for f in futures] == [False] * 3 + [True] * 2 + [False]
+    assert value(dispatcher.metrics, 'yolo_worker_jobs_refused_total') == 2
+    worker.finish.set()
+    for future in [running] + futures:
+        assert future.cancelled() or future.result(30) == 'ready'
+    assert worker.order == ['a-0', 'b-0', 'a-1', 'a-2', 'a-3']
+    dispatcher.shutdown()
+
+
+def test_the_scan_deletes_boot_images_of_images_gone(glance, make_worker):
+    dispatcher = service.Dispatcher(make_worker(), glance)
+    kept, gone = glance.add(raw_disk()), glance.add(raw_disk())
+    assert dispatcher.build(kept).result(60) == 'ready'
+    assert dispatcher.build(gone).result(60) == 'ready'
+    glance.delete(gone)       # its image.delete notification lost
+    dispatcher.scan()
+    wait_until('the boot images of the image gone deleted', 30,
+               lambda: not glance.boot_images_of(gone, 'yolo'), interval=0.1)
+    assert len(glance.boot_images_of(kept, 'yolo')) == 1
+    dispatcher.shutdown()

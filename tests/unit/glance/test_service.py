@@ -16,15 +16,16 @@ class TestNotifications:
         return dispatcher
 
     def test_activate_builds_once_active(self):
-        self.notify('image.activate', {'id': 'i1', 'status': 'importing'}) \
-            .build.assert_called_once_with('i1', wait_active=True)
+        self.notify('image.activate', {'id': 'i1', 'status': 'importing', 'owner': 'p1'}) \
+            .build.assert_called_once_with('i1', wait_active=True, project='p1')
 
     def test_delete_deletes(self):
         self.notify('image.delete', {'id': 'i1'}).delete.assert_called_once_with('i1')
 
     def test_updates_of_active_images_build_but_not_our_own(self):
-        self.notify('image.update', {'id': 'i1', 'status': 'active', 'properties': {}}) \
-            .build.assert_called_once_with('i1')
+        self.notify('image.update', {'id': 'i1', 'status': 'active', 'properties': {},
+                                     'owner': 'p1'}) \
+            .build.assert_called_once_with('i1', project='p1')
         for status in service.OWN_STATUSES:
             dispatcher = self.notify('image.update', {
                 'id': 'i1', 'status': 'active',
