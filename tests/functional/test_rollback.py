@@ -168,6 +168,29 @@ def test_apply_rewrites_stopped_disks_only(node, running, capsys, tmp_path):
     assert code == 0 and report['counts'] == {'on_base': 5}
 
 
+def test_only_the_disks_nova_made_are_read_and_rewritten(node, capsys):
+    """A guest writes its console log, and can make it look like a qcow2 header over the mount:
+    it is neither inspected nor rewritten (as root). An instance's disk.info, Nova's record of
+    its disks, decides which files are its disks."""
+    console = node.instances / 'stopped' / 'console.log'
+    console.unlink()
+    qemu_img('create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', node.mount / NAME, console)
+    named = node.instances / 'named'
+    named.mkdir()
+    for name in ('root.qcow2', 'disk'):
+        qemu_img('create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', node.mount / NAME,
+                 named / name)
+    (named / 'disk.info').write_text(json.dumps({str(named / 'root.qcow2'): 'qcow2',
+                                                 '/etc/shadow': 'qcow2'}))
+    code, out = node.run(capsys, '--apply')
+    assert str(console) not in out.out
+    assert backing(console) == (str(node.mount / NAME), 'raw')
+    assert '%s: rewritten' % (named / 'root.qcow2') in out.out
+    assert backing(named / 'root.qcow2') == (str(node.base_dir / NAME), 'raw')
+    # Not in its disk.info: not one of its disks.
+    assert backing(named / 'disk') == (str(node.mount / NAME), 'raw')
+
+
 def test_bad_arguments(tmp_path, capsys):
     code = rollback.main(['--instances-path', str(tmp_path / 'nowhere')])
     err = capsys.readouterr().err

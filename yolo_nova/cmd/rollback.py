@@ -6,9 +6,13 @@ Run as root on a compute node, after ``[yolo] enabled = false`` (docs/install.md
                   [--instances-path /var/lib/nova/instances] [--base-dir INSTANCES/_base]
                   [--mount-point /var/lib/nova/yolofs]
 
-Every qcow2 file under the instances path whose backing file is on the yolofs mount gets the
+Every instance disk (the qcow2 disks an instance directory's ``disk.info`` names, Nova's record
+of them, else its files of Nova's disk names) whose backing file is on the yolofs mount gets the
 file of the same name in ``_base`` as its backing file (``qemu-img rebase -u``: both hold the
-same bytes, so only the header changes), as the driver does when yolofs is down. Disks open in a
+same bytes, so only the header changes), as the driver does when yolofs is down. Nothing else
+in an instance directory is read: guests write some of it (``console.log``), and a file a guest
+wrote to look like a qcow2 header would otherwise be inspected and rewritten by root. qemu-img
+runs with ``-f qcow2`` and under Nova's limits of qemu-img. Disks open in a
 QEMU process (running guests) are left: QEMU locks them, and it reads the backing file it opened
 at start, on the mount, until the guest stops. Exit status: 0 when no disk is left on the mount,
 1 when some are (or could not be inspected), 2 on errors.
@@ -24,6 +28,14 @@ from oslo_concurrency import processutils
 import psutil
 
 QCOW2_MAGIC = b'QFI\xfb'
+# The files of an instance directory that Nova's libvirt driver makes as qcow2 disks over
+# _base (root, rescue, ephemeral and swap disks), where it has no disk.info.
+NOVA_DISK_NAMES = ('disk', 'disk.rescue', 'disk.local', 'disk.swap')
+NOVA_EPHEMERAL_PREFIX = 'disk.eph'
+DISK_INFO = 'disk.info'
+MAX_DISK_INFO_BYTES = 64 << 10
+# As Nova bounds qemu-img on its host's files (nova.virt.images.QEMU_IMG_LIMITS).
+QEMU_IMG_LIMITS = processutils.ProcessLimits(address_space=1 << 30, cpu_time=30)
 
 ON_BASE = 'on_base'
 TO_REWRITE = 'to_rewrite'
@@ -55,13 +67,32 @@ def is_qcow2(path):
         return False
 
 
-def qcow2_files(instances_path, skip):
-    """Every qcow2 file under ``instances_path``, outside the directories in ``skip``."""
-    for root, dirs, files in os.walk(instances_path):
+def named_disks(directory):
+    """The disks Nova made in instance directory ``directory``: the qcow2 ones its disk.info
+    names, or, without one, its files of Nova's disk names."""
+    info_path = os.path.join(directory, DISK_INFO)
+    try:
+        with open(info_path, 'rb') as f:
+            named = json.loads(f.read(MAX_DISK_INFO_BYTES + 1)[:MAX_DISK_INFO_BYTES])
+        return sorted(path for path, fmt in named.items()
+                      if fmt == 'qcow2' and os.path.dirname(path) == directory)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, AttributeError):
+        return []      # a disk.info Nova did not write as it writes one
+    return [os.path.join(directory, name) for name in sorted(os.listdir(directory))
+            if name in NOVA_DISK_NAMES or name.startswith(NOVA_EPHEMERAL_PREFIX)]
+
+
+def instance_disks(instances_path, skip):
+    """The qcow2 instance disks under ``instances_path`` (one directory per instance), outside
+    the directories in ``skip``: regular files, not links, with qcow2's magic."""
+    for entry in sorted(os.listdir(instances_path)):
+        directory = os.path.join(instances_path, entry)
         # Never into the mount: a dead yolofs answers ENOTCONN.
-        dirs[:] = sorted(d for d in dirs if os.path.join(root, d) not in skip)
-        for name in sorted(files):
-            path = os.path.join(root, name)
+        if directory in skip or os.path.islink(directory) or not os.path.isdir(directory):
+            continue
+        for path in named_disks(directory):
             if os.path.isfile(path) and not os.path.islink(path) and is_qcow2(path):
                 yield path
 
@@ -69,7 +100,8 @@ def qcow2_files(instances_path, skip):
 def qemu_img_info(path):
     # --force-share: a running guest's disk is locked by its QEMU. qemu-img info does not open
     # the backing file, so a dead mount does not matter here.
-    out, _ = processutils.execute('qemu-img', 'info', '--force-share', '--output=json', path)
+    out, _ = processutils.execute('qemu-img', 'info', '-f', 'qcow2', '--force-share',
+                                  '--output=json', path, prlimit=QEMU_IMG_LIMITS)
     return json.loads(out)
 
 
@@ -112,7 +144,7 @@ class Rollback:
         in_qemu = files_open_in_qemu()
         skip = self.mount_dirs | {self.base_dir}
         records = []
-        for disk in qcow2_files(self.instances_path, skip):
+        for disk in instance_disks(self.instances_path, skip):
             try:
                 info = qemu_img_info(disk)
             except (processutils.ProcessExecutionError, ValueError) as e:
@@ -142,7 +174,8 @@ class Rollback:
             return self.record(disk, backing, TO_REWRITE)
         try:
             # -u: the header only; the _base file holds the same bytes as its mirror.
-            processutils.execute('qemu-img', 'rebase', '-u', '-F', fmt, '-b', base_file, disk)
+            processutils.execute('qemu-img', 'rebase', '-u', '-f', 'qcow2', '-F', fmt, '-b',
+                                 base_file, disk, prlimit=QEMU_IMG_LIMITS)
         except processutils.ProcessExecutionError as e:
             # Also a guest that started since the scan: QEMU holds the disk's lock.
             return self.record(disk, backing, FAILED, error='qemu-img rebase: %s' % error_text(e))
