@@ -13,9 +13,11 @@ import pathlib
 import pwd
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 import pytest
@@ -325,3 +327,65 @@ def test_an_unprivileged_client_installs_only_its_own_files(tmp_path, public_dir
         assert yolofs.boot_images(mount.client.status())[NAME]['verified'] is True
     finally:
         mount.stop()
+
+
+def test_preload_opens_no_link_and_no_fifo(tmp_path, mount_factory):
+    """A name in a request is opened as install opens one: a link to a file the client may not
+    read is refused before anything of that file is told, and a FIFO blocks no thread."""
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    secret = tmp_path / 'root-only'
+    secret.write_bytes(random.Random(5).randbytes(SIZE))
+    secret.chmod(0o600)
+    link, fifo = images.base_file_name('link'), images.base_file_name('fifo')
+    (base_dir / link).symlink_to(secret)
+    os.mkfifo(base_dir / fifo)
+    mount = mount_factory(base_dir)
+    with pytest.raises(yolofs.YolofsError, match='is a symbolic link'):
+        mount.client.preload(link)
+    with pytest.raises(yolofs.YolofsError, match='is not a regular file'):
+        mount.client.request('preload', file=fifo, timeout=10)
+    assert mount.client.status()['ok']
+
+
+def test_control_clients_are_bounded_in_number_size_and_idleness(tmp_path, mount_factory):
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    mount = mount_factory(base_dir, control_max_clients=2, control_idle_secs=2)
+
+    def connect():
+        sock = socket.socket(socket.AF_UNIX)
+        sock.settimeout(10)
+        sock.connect(str(mount.control_socket))
+        return sock
+
+    def answer(sock):
+        with sock.makefile('rb') as lines:
+            line = lines.readline()
+            return json.loads(line), lines.read()      # then the end of the connection
+
+    def served():
+        """A client that yolofs serves (once the threads of clients gone have ended)."""
+        for attempt in range(50):
+            sock = connect()
+            sock.sendall(b'{"op": "host_load"}\n')
+            if json.loads(sock.makefile('rb').readline())['ok']:
+                return sock
+            sock.close()
+            time.sleep(0.1)
+        raise AssertionError('yolofs served no client')
+
+    idle = [served(), served()]
+    # One client more than the bound is told so and let go.
+    refused, rest = answer(connect())
+    assert 'serves 2 clients already' in refused['error'] and rest == b''
+    # Clients that send nothing are let go after the idle time, which frees their places.
+    for sock in idle:
+        assert sock.recv(4096) == b''
+    assert mount.client.status()['ok']
+    # A request line longer than the bound is refused and its client let go.
+    sock = connect()
+    sock.sendall(b'{"op": "status", "x": "' + b'a' * (70 << 10) + b'"}\n')
+    refused, rest = answer(sock)
+    assert refused['error'] == 'request longer than 65536 bytes' and rest == b''
+    assert mount.client.status()['ok']

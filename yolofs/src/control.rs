@@ -11,12 +11,13 @@
 //! while it still has the mode the umask gave it.
 
 use std::ffi::CString;
-use std::fs::{self, DirBuilder, File};
-use std::io::{BufRead, BufReader, Write};
+use std::fs::{self, DirBuilder};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
@@ -288,7 +289,9 @@ impl Daemon {
             Request::Stats { file } => Ok(json!({ "files": self.stats.snapshot(file.as_deref()) })),
             Request::Preload { file } => {
                 let name = base_file_name(&file)?;
-                let source = File::open(self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
+                // Not followed if a link, never a FIFO: the answers would tell a client about
+                // a file it may not read, or a control thread would block.
+                let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
                 let image = self.store.load(name, &source).map_err(|e| e.to_string())?.image;
                 Ok(
                     json!({ "file": name, "extents": image.extents.len(), "bytes": image.data_len(), "locked": image.is_locked() }),
@@ -428,20 +431,56 @@ impl Daemon {
         }
     }
 
-    fn serve_client(&self, stream: UnixStream) -> std::io::Result<()> {
+    fn serve_client(&self, stream: UnixStream, limits: ClientLimits) -> std::io::Result<()> {
         // A client whose uid cannot be known is nobody's: it may install only files nobody owns.
         let client_uid = peer_uid(&stream).unwrap_or(u32::MAX);
+        // A client that sends nothing, or reads no answer, for so long is let go.
+        stream.set_read_timeout(Some(limits.idle))?;
+        stream.set_write_timeout(Some(limits.idle))?;
         let mut writer = stream.try_clone()?;
-        for line in BufReader::new(stream).lines() {
-            let line = line?;
+        let mut reader = BufReader::new(stream);
+        loop {
+            let mut line = Vec::new();
+            (&mut reader)
+                .take(MAX_REQUEST_BYTES as u64 + 1)
+                .read_until(b'\n', &mut line)?;
+            if line.is_empty() {
+                return Ok(());
+            }
+            if line.len() > MAX_REQUEST_BYTES {
+                let refused = json!({"ok": false, "error": format!("request longer than {MAX_REQUEST_BYTES} bytes")});
+                writeln!(writer, "{refused}")?;
+                return Ok(());
+            }
+            let line = String::from_utf8_lossy(&line);
             if line.trim().is_empty() {
                 continue;
             }
             let answer = self.answer(&line, client_uid);
-            debug!("control: {line} -> ok={}", answer["ok"]);
+            debug!("control: {} -> ok={}", line.trim_end(), answer["ok"]);
             writeln!(writer, "{answer}")?;
         }
-        Ok(())
+    }
+}
+
+/// The longest request line; a longer one is refused and its client let go.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// What one client of the control socket may take of a daemon that the OOM killer spares last.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientLimits {
+    /// Clients served at once (a thread each); one more is told so and let go.
+    pub max_clients: usize,
+    /// How long a client may send nothing, or read no answer, before it is let go.
+    pub idle: std::time::Duration,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            max_clients: 32,
+            idle: std::time::Duration::from_secs(60),
+        }
     }
 }
 
@@ -475,19 +514,33 @@ pub fn bind(path: &Path, access: SocketAccess) -> std::io::Result<UnixListener> 
     bound
 }
 
-/// Listens on `path` (see [`bind`]) and serves each client in its own thread.
-pub fn serve(path: &Path, access: SocketAccess, daemon: Arc<Daemon>) -> std::io::Result<()> {
+/// Listens on `path` (see [`bind`]) and serves each client in its own thread, within `limits`.
+pub fn serve(path: &Path, access: SocketAccess, daemon: Arc<Daemon>, limits: ClientLimits) -> std::io::Result<()> {
     let listener = bind(path, access)?;
+    let clients = Arc::new(AtomicUsize::new(0));
     thread::Builder::new().name("yolofs-control".into()).spawn(move || {
         for stream in listener.incoming() {
             match stream {
-                Ok(stream) => {
+                Ok(mut stream) => {
+                    if clients.fetch_add(1, Ordering::SeqCst) >= limits.max_clients {
+                        clients.fetch_sub(1, Ordering::SeqCst);
+                        warn!("control socket: {} clients already: one more let go", limits.max_clients);
+                        let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(1)));
+                        let busy = json!({"ok": false, "error": format!("yolofs serves {} clients already: try again", limits.max_clients)});
+                        let _ = writeln!(stream, "{busy}");
+                        continue;
+                    }
                     let daemon = daemon.clone();
-                    let _ = thread::Builder::new().name("yolofs-client".into()).spawn(move || {
-                        if let Err(e) = daemon.serve_client(stream) {
+                    let served = clients.clone();
+                    let spawned = thread::Builder::new().name("yolofs-client".into()).spawn(move || {
+                        if let Err(e) = daemon.serve_client(stream, limits) {
                             debug!("control client: {e}");
                         }
+                        served.fetch_sub(1, Ordering::SeqCst);
                     });
+                    if spawned.is_err() {
+                        clients.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
                 Err(e) => warn!("control socket: {e}"),
             }

@@ -127,6 +127,12 @@ struct MountArgs {
     /// Mode of the control socket, in octal.
     #[arg(long, default_value = "0660", value_parser = control::parse_mode)]
     control_socket_mode: u32,
+    /// Control socket clients served at once; one more is told so and let go.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    control_max_clients: u32,
+    /// Seconds a control socket client may send nothing (or read no answer) before it is let go.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    control_idle_secs: u64,
     /// Largest boot image file an `install` request may hand in, in bytes.
     #[arg(long, default_value_t = 1 << 30)]
     max_boot_image_bytes: u64,
@@ -798,7 +804,11 @@ fn mount(args: MountArgs) -> Result<()> {
             yolofs::metrics::serve(address, daemon.clone()).with_context(|| format!("metrics address {address}"))?;
         info!("metrics on http://{bound}/metrics");
     }
-    control::serve(&args.control_socket, socket_access, daemon)
+    let client_limits = control::ClientLimits {
+        max_clients: args.control_max_clients as usize,
+        idle: Duration::from_secs(args.control_idle_secs),
+    };
+    control::serve(&args.control_socket, socket_access, daemon, client_limits)
         .with_context(|| format!("control socket {}", args.control_socket.display()))?;
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     info!(
