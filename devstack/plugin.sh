@@ -4,7 +4,9 @@
 # glance-api. In local.conf:
 #
 #   [[local|localrc]]
-#   enable_plugin yolo <URL or path of this repository>
+#   enable_plugin yolo <URL or path of this repository> main
+#
+# (the branch named: devstack's default is master, which this repository does not have)
 #
 # devstack/settings lists the services and every variable with its default; docs/devstack.md
 # says what each phase does.
@@ -107,6 +109,12 @@ function build_yolofs {
 # from $NOVA_CONF when it starts nova-compute, after this phase.
 function configure_yolo {
     local configure=$YOLO_BIN_DIR/yolo-configure
+    # stack.sh edits nova.conf in the background meanwhile (configure_neutron_nova, run
+    # async): yolo-configure rewrites the file, so one of the two would lose its settings.
+    # Waited for here first (stack.sh's own wait for it later then finds it done).
+    if is_service_enabled nova && declare -F async_wait >/dev/null; then
+        async_wait configure_neutron_nova
+    fi
     # First: the worker's signing key, whose public key the compute node gets.
     if _yolo_on_glance; then
         configure_yolo_glance

@@ -207,6 +207,15 @@ def test_an_all_in_one_node_runs_everything(tmp_path):
         'Starting yolo-glance-worker']
 
 
+def test_nova_conf_is_rewritten_only_once_devstacks_own_edit_of_it_is_done(tmp_path):
+    calls = Devstack(tmp_path, ALL_IN_ONE).stack('post-config')
+    names = [call[0] if call[0] != 'yolo-configure' else call[1] for call in calls]
+    assert ('async_wait', 'configure_neutron_nova') in calls
+    waited = names.index('async_wait')
+    assert all(names.index(role) > waited
+               for role in ('nova-compute', 'nova-scheduler', 'nova-api'))
+
+
 def test_a_compute_node_gets_the_workers_public_key_where_it_is_given(tmp_path):
     public_key = tmp_path / 'controller-key.pub'
     public_key.write_text('the public key\n')

@@ -37,11 +37,12 @@ REGION_NAME=${REGION_NAME:-RegionOne}
 RABBIT_URL=${RABBIT_URL:-rabbit://stackrabbit:rabbit-secret@controller:5672/}
 
 # --- queries ---------------------------------------------------------------------------------
-# Any of the services enabled (devstack's special cases for catch-all names are left out).
+# Any of the services enabled (of devstack's catch-all names, only nova's: any n-* service).
 function is_service_enabled {
     local service
     for service in "$@"; do
         [[ ,$ENABLED_SERVICES, == *,$service,* ]] && return 0
+        [[ $service == nova && ,$ENABLED_SERVICES, == *,n-* ]] && return 0
     done
     return 1
 }
@@ -98,6 +99,11 @@ function disable_service {
 
 function echo_summary {
     _standin_record echo_summary "$@"
+}
+
+# stack.sh's background jobs (inc/async): configure_neutron_nova edits nova.conf meanwhile.
+function async_wait {
+    _standin_record async_wait "$@"
 }
 
 function die {
