@@ -41,8 +41,11 @@ def file_digest(path, algorithm):
     """The hex digest of the file at ``path``."""
     if algorithm not in ALGORITHMS:
         raise SigningError('digest %r is not one a signature may name' % algorithm)
+    digest = hashlib.new(algorithm)
     with open(path, 'rb') as f:
-        return hashlib.file_digest(f, algorithm).hexdigest()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def public_key_text(public_key):
@@ -60,6 +63,9 @@ class Signer:
     @classmethod
     def from_file(cls, path):
         with open(path, 'rb') as f:
+            if os.fstat(f.fileno()).st_mode & 0o077:
+                raise SigningError('%s may be read by others than its owner: chmod 0600 it'
+                                   % path)
             key = serialization.load_pem_private_key(f.read(), password=None)
         if not isinstance(key, ed25519.Ed25519PrivateKey):
             raise SigningError('%s is not an Ed25519 private key' % path)

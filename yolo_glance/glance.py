@@ -68,22 +68,20 @@ class Glance:
                     filters={'status': 'active', 'visibility': 'all', 'os_hidden': hidden}):
                 yield dict(image)
 
-    def boot_images(self, container_format):
-        """Every boot image this worker's identity published."""
-        filters = {'os_hidden': True, 'container_format': container_format}
+    def boot_images(self, container_format, **filters):
+        """The boot images of the worker's project (``filters``: Glance's list filters), hidden
+        or not: the worker publishes hidden ones, anything else of its project is a plant."""
+        filters['container_format'] = container_format
         if self.project_id:
             filters['owner'] = self.project_id
-        return [dict(i) for i in self.client.images.list(filters=filters)]
+        return [dict(i) for hidden in (True, False)
+                for i in self.client.images.list(filters=dict(filters, os_hidden=hidden))]
 
     @retry_transient
     def boot_images_of(self, source_image_id, container_format):
-        """The boot images this worker's identity published for an image. Anyone can upload a
-        hidden image that names a source image: only the worker's own are ever adopted."""
-        filters = {SOURCE_IMAGE_ID: source_image_id, 'os_hidden': True,
-                   'container_format': container_format}
-        if self.project_id:
-            filters['owner'] = self.project_id
-        return [dict(i) for i in self.client.images.list(filters=filters)]
+        """The boot images of the worker's project for an image. Anyone can upload an image
+        that names a source image: only the worker's own are ever adopted."""
+        return self.boot_images(container_format, **{SOURCE_IMAGE_ID: source_image_id})
 
     def download(self, image_id, path, progress_interval=30.0):
         """Writes the image's data to ``path``, logging progress of long downloads; glanceclient

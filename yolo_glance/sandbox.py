@@ -15,7 +15,8 @@ worker's user may run without privileges (it builds unprivileged user namespaces
   no ``/run``, no home;
 * resource limits set before bubblewrap starts, inherited by QEMU: address space (guest memory
   plus QEMU's own: its TCG translation cache is up to 1 GiB), CPU seconds, the size of any file
-  it writes (the overlay), no core dumps; the worker kills it at the window's end.
+  it writes (the overlay), its threads' stacks, no core dumps; the worker kills it at the
+  window's end.
 
 QEMU adds its own seccomp sandbox inside (worker.SANDBOX).
 """
@@ -28,9 +29,13 @@ import subprocess
 from yolo_glance import profiling
 
 BWRAP = 'bwrap'
-# QEMU's own memory beyond the guest's: TCG's translation cache (1 GiB by default on 64-bit
-# hosts), its libraries and device models.
-QEMU_OVERHEAD_BYTES = 2 << 30
+# QEMU's own address space beyond the guest's memory: TCG's translation cache (1 GiB by default
+# on 64-bit hosts), its libraries and device models, and its threads' stacks (up to 64 I/O
+# threads, each with a stack of STACK_BYTES). With 2 GiB a TCG boot of a Debian image failed to
+# create a thread.
+QEMU_OVERHEAD_BYTES = 3 << 30
+# Threads take their stacks' size from the stack limit: 2 MiB, not 8.
+STACK_BYTES = 2 << 20
 
 
 class Sandbox:
@@ -72,6 +77,7 @@ class Sandbox:
         for limit, value in ((resource.RLIMIT_AS, self.memory_bytes),
                              (resource.RLIMIT_CPU, self.cpu_seconds),
                              (resource.RLIMIT_FSIZE, self.max_file_bytes),
+                             (resource.RLIMIT_STACK, STACK_BYTES),
                              (resource.RLIMIT_CORE, 0)):
             resource.setrlimit(limit, (value, value))
 

@@ -172,16 +172,19 @@ class Dispatcher:
         return self.worker.build(image_id)
 
     def scan(self):
-        """Queues every active image that still needs a boot image, and the deletion of the
-        boot images of images that are gone (their image.delete notification lost); returns
-        the ids of the images queued for a build."""
+        """Queues every active image that still needs a boot image (none, or one that no
+        longer counts: rejected, unsigned), and the deletion of the boot images of images that
+        are gone (their image.delete notification lost); returns the ids of the images queued
+        for a build."""
         queued, active = [], set()
+        published = self.worker.published()
+        usable = self.worker.usable_ids(published)
         for image in self.glance.active_images():
             active.add(image['id'])
-            if self.worker.needs_build(image):
+            if self.worker.needs_build(image, usable):
                 self.build(image['id'], project=image.get('owner'))
                 queued.append(image['id'])
-        for source_id in self.worker.orphaned_sources(active):
+        for source_id in self.worker.orphaned_sources(active, published):
             self.delete(source_id)
         return queued
 

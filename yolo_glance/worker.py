@@ -222,8 +222,11 @@ class Worker:
 
     # -- decisions --------------------------------------------------------------------------
 
-    def needs_build(self, image):
-        """Whether ``image`` (as listed) still needs work: the periodic scan's question."""
+    def needs_build(self, image, usable=None):
+        """Whether ``image`` (as listed) still needs work: the periodic scan's question.
+        ``usable``: the ids of the boot images that count (:meth:`usable_ids`); an image that
+        links another (rejected by a compute host, unsigned: published before the worker had
+        its key) needs a new one."""
         if (image.get('status') != 'active'
                 or contract.is_boot_image(image, self.container_format)):
             return False
@@ -232,7 +235,18 @@ class Worker:
             return False      # recorded; an operator clears the status to retry
         if status == BUILDING and not self._claim_expired(image):
             return False
-        return not image.get(glance_api.BOOT_IMAGE_ID)
+        linked = image.get(glance_api.BOOT_IMAGE_ID)
+        return not linked or (usable is not None and linked not in usable)
+
+    def published(self):
+        """The active boot images of the worker's project (one listing)."""
+        return [i for i in self.glance.boot_images(self.container_format)
+                if i.get('status') == 'active']
+
+    def usable_ids(self, published):
+        """The ids of the boot images of ``published`` that count: its key's, not rejected."""
+        return {i['id'] for i in published if not i.get(contract.REJECTED)
+                and self._ours(i, i.get(glance_api.SOURCE_IMAGE_ID))}
 
     def _too_large(self, image):
         """Why ``image`` is too large to build for, by the virtual size Glance found when it
@@ -529,11 +543,11 @@ class Worker:
 
     # -- deleting ---------------------------------------------------------------------------
 
-    def orphaned_sources(self, active_ids):
-        """The source images, gone from Glance, that boot images of the worker's project were
-        published for (``active_ids``: the active images' ids, known to be there)."""
-        sources = {boot_image.get(glance_api.SOURCE_IMAGE_ID)
-                   for boot_image in self.glance.boot_images(self.container_format)}
+    def orphaned_sources(self, active_ids, published):
+        """The source images, gone from Glance, that boot images of the worker's project
+        (``published``) were published for (``active_ids``: the active images' ids, known to be
+        there)."""
+        sources = {boot_image.get(glance_api.SOURCE_IMAGE_ID) for boot_image in published}
         orphaned = []
         for source_id in sorted(sources - set(active_ids) - {None}):
             try:

@@ -44,6 +44,10 @@ def test_keys_on_disk(tmp_path):
     data = tmp_path / 'data'
     data.write_bytes(b'a boot image')
     assert signing.file_digest(data, 'sha512') == DIGEST
+    path.chmod(0o640)
+    with pytest.raises(signing.SigningError, match='may be read by others'):
+        signing.Signer.from_file(str(path))
+    path.chmod(0o600)
     path.write_text('not a key')
     with pytest.raises(ValueError):
         signing.Signer.from_file(str(path))

@@ -70,7 +70,8 @@ for pid in args['pids']:
 try:
     with open('/proc/self/limits') as f:
         for line in f:
-            if line.startswith(('Max file size', 'Max address space', 'Max cpu time')):
+            if line.startswith(('Max file size', 'Max address space', 'Max cpu time',
+                                'Max stack size')):
                 found['limits'][line[:26].strip()] = line[26:47].strip()
 except OSError:
     pass
@@ -167,6 +168,7 @@ def test_in_the_sandbox_nothing_worth_stealing_and_nothing_reachable(layout, san
     assert found['too_big'] == 'File too large'
     assert found['limits'] == {'Max cpu time': '%d' % sandbox.cpu_seconds,
                                'Max file size': '%d' % sandbox.max_file_bytes,
+                               'Max stack size': '%d' % sandbox_mod.STACK_BYTES,
                                'Max address space': '%d' % sandbox.memory_bytes}
 
 

@@ -211,15 +211,24 @@ def test_boot_images_the_workers_key_did_not_sign_are_deleted_however_old(
                                     hashlib.sha512(boot_image['file'].read_bytes()).hexdigest())
 
 
-def test_a_boot_image_a_compute_host_rejected_is_built_again(glance, make_worker):
-    source = glance.add(raw_disk())
-    worker = make_worker()
-    assert worker.build(source) == 'ready'
-    first = glance.images[source][glance_api.BOOT_IMAGE_ID]
-    glance.set_properties(first, **{contract.REJECTED: 'compute-1 2026-11-28: mismatch'})
-    assert worker.build(source) == 'ready'
-    assert glance.images[source][glance_api.BOOT_IMAGE_ID] != first
-    assert first not in glance.images
+def test_boot_images_that_no_longer_count_are_built_again_by_the_scan(
+        glance, make_worker, signer):
+    """A boot image a compute host rejected, and one published unsigned (before the worker had
+    its key): the periodic scan builds a new one, the old one goes."""
+    rejected, unsigned = glance.add(raw_disk()), glance.add(raw_disk())
+    assert make_worker().build(rejected) == 'ready'
+    assert make_worker(signer=None).build(unsigned) == 'ready'
+    old = {source: glance.images[source][glance_api.BOOT_IMAGE_ID]
+           for source in (rejected, unsigned)}
+    glance.set_properties(old[rejected], **{contract.REJECTED: 'compute-1 2026-11-28: mismatch'})
+    dispatcher = service.Dispatcher(make_worker(), glance)
+    assert sorted(dispatcher.scan()) == sorted([rejected, unsigned])
+    for source in (rejected, unsigned):
+        wait_until('a new boot image of %s' % source, 60, lambda: glance.images[source].get(
+            glance_api.BOOT_IMAGE_ID) not in (old[source], None), interval=0.1)
+        assert old[source] not in glance.images
+    assert dispatcher.scan() == []
+    dispatcher.shutdown()
 
 
 def test_without_a_key_boot_images_are_published_unsigned(glance, make_worker):

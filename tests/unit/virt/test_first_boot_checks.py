@@ -86,6 +86,16 @@ class TestSignedImages(nova_base.NoDBTestCase):
                                             trusted_certs=['cert-id']))
         first_boots.boot_images.image_api.get.assert_not_called()
 
+    def test_without_the_workers_keys_no_image_boots_before_its_download(self):
+        backing = mock.Mock(base_dir='/nonexistent/_base')
+        backing.status.return_value = {'boot_images': []}
+        boot_images = mock.Mock(verifier=None)
+        first_boots = first_boot.FirstBoots(backing, boot_images, '/nonexistent/locks')
+        self.assertIsNone(first_boots.begin(mock.sentinel.context, 'an-image',
+                                            '/nonexistent/_base/abc', 1 << 30))
+        boot_images.image_api.get.assert_not_called()
+        boot_images.download.assert_not_called()
+
     def test_a_signed_image_boots_once_downloaded_by_nova(self):
         backing = mock.Mock(base_dir='/nonexistent/_base')
         backing.status.return_value = {'boot_images': []}
