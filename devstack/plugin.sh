@@ -137,6 +137,10 @@ function configure_yolo {
         # Snapshots must not inherit YOLO's links to boot images.
         "$configure" nova-api --config-file "$NOVA_CONF"
     fi
+    if is_service_enabled c-api; then
+        # Nor volumes uploaded as images (Glance would refuse a tenant's upload).
+        "$configure" cinder-api --config-file "$CINDER_CONF"
+    fi
 }
 
 function configure_yolo_glance {

@@ -9,6 +9,7 @@ settings are touched; everything else in the file (comments, order, repeated key
         --control-socket ... [--boot-image-signing-key-file /etc/yolo/boot-image-signing.pub]
     yolo-configure nova-scheduler --config-file /etc/nova/nova.conf
     yolo-configure nova-api --config-file /etc/nova/nova.conf
+    yolo-configure cinder-api --config-file /etc/cinder/cinder.conf
     yolo-configure glance-api --config-file /etc/glance/glance-api.conf \\
         [--import-config-file /etc/glance/glance-image-import.conf] \\
         [--property-protection-file /etc/glance/property-protections.conf]
@@ -44,6 +45,7 @@ IMPORT_PLUGIN = 'yolo_boot_image'
 # before the operator's own; a file YOLO creates also gets a rule that leaves every other
 # property as it is without protections.
 PROTECTION_SECTION = '^yolo_.*'
+PROPERTY_PREFIX = 'yolo_'
 PROTECTION_RULES = {'create': 'admin,service', 'read': '@', 'update': 'admin,service',
                     'delete': 'admin,service'}
 OTHER_PROPERTIES = '.*'
@@ -240,6 +242,13 @@ def property_protections(path):
     protections.save(new_mode=0o644)
 
 
+def cinder_api(conf, args):
+    # Cinder copies an image's properties into the volumes made from it and sends them back
+    # to Glance when a volume is uploaded as an image: Glance's protections of yolo_* would
+    # refuse a tenant's upload. Cinder (2023.1 and later) leaves out these prefixes.
+    conf.add_to_list('DEFAULT', 'reserved_image_namespaces', PROPERTY_PREFIX, [])
+
+
 def glance_api(conf, args):
     conf.set('oslo_messaging_notifications', 'driver', 'messagingv2')
     conf.add_to_list('oslo_messaging_notifications', 'topics', NOTIFICATION_TOPIC, [])
@@ -294,6 +303,7 @@ ROLES = {
     'nova-compute': nova_compute,
     'nova-scheduler': nova_scheduler,
     'nova-api': nova_api,
+    'cinder-api': cinder_api,
     'glance-api': glance_api,
     'worker': worker,
 }
@@ -322,6 +332,8 @@ def parse_args(argv):
                               "boot_image_signing_keys; may be repeated")
     role('nova-scheduler', 'nova.conf of nova-scheduler: YoloBootFilter and the weigher')
     role('nova-api', "nova.conf of nova-api: snapshots do not inherit YOLO's links")
+    role('cinder-api', "cinder.conf of cinder-api: volumes uploaded as images do not carry "
+                       "YOLO's properties")
     api = role('glance-api', 'glance-api.conf: notifications and the yolo container format')
     api.add_argument('--import-config-file', default=None,
                      help='glance-image-import.conf, to add the import plugin (optional)')

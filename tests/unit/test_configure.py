@@ -131,6 +131,16 @@ def test_the_workers_signing_key_is_made_once_and_its_public_key_given_to_comput
     assert compute.read_text() == before
 
 
+def test_cinder_leaves_yolos_properties_out_of_volume_uploads(tmp_path):
+    # Cinder's reserved_image_namespaces: prefixes of the properties it does not send to
+    # Glance when a volume is uploaded as an image (an operator's own are kept).
+    run(tmp_path, '[DEFAULT]\nreserved_image_namespaces = custom_\n', 'cinder-api')
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    assert conf.get('DEFAULT', 'reserved_image_namespaces') == 'custom_,yolo_'
+    assert all(name.startswith(configure.PROPERTY_PREFIX)
+               for name in contract.NOT_INHERITED + (contract.SOURCE_IMAGE_ID,))
+
+
 def test_unwritable_file_is_a_clear_error(tmp_path, capsys):
     missing_dir = tmp_path / 'file-not-dir'
     missing_dir.write_text('')

@@ -400,3 +400,10 @@ def test_run_process_commands_are_absolute_and_without_sudo(tmp_path):
 def test_other_phases_do_nothing(tmp_path):
     calls = Devstack(tmp_path, ALL_IN_ONE).run(('stack', 'test-config'))
     assert [call[0] for call in calls] == ['define_plugin', 'enable_service']
+
+
+def test_cinder_api_leaves_yolos_properties_out_of_volume_uploads(tmp_path):
+    calls = Devstack(tmp_path, CONTROLLER + ',c-api').stack('post-config')
+    cinder = [args for args in named(calls, 'yolo-configure') if args[0] == 'cinder-api']
+    assert [option(args, '--config-file') for args in cinder] == ['/etc/cinder/cinder.conf']
+    assert 'cinder-api' not in roles(Devstack(tmp_path / 'b', CONTROLLER).stack('post-config'))
