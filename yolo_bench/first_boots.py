@@ -282,8 +282,10 @@ def main(argv=None):
                         # Booted before the download, not by Nova's normal path, unless the
                         # store serves no ranges (rbd): then Nova's path, by design.
                         log = logged(COMPUTE_LOG, since)
+                        # (probed once per image and nova-compute process, said once)
                         without_ranges = without_ranges or (
-                            'does not serve image %s by range' % image.id in log)
+                            'does not serve image %s by range' % image.id
+                            in logged(COMPUTE_LOG, 0))
                         if 'Filled base file %s' % host.base.name not in log \
                                 and not without_ranges:
                             sys.exit('the YOLO boot did not fill its base file: see %s'
