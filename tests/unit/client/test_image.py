@@ -175,7 +175,7 @@ def test_the_worker_as_it_is_builds_a_rebuilt_image(tmp_path):
     service.NotificationEndpoint(dispatcher).info(
         {}, 'image.localhost', 'image.update',
         {'id': 'img-ready', 'status': 'active', 'properties': properties}, {})
-    dispatcher.build.assert_called_once_with('img-ready')
+    dispatcher.build.assert_called_once_with('img-ready', project=None)
     # And no old boot image is left for the worker to prefer over the new one.
     assert not list(images.list(filters={'yolo_source_image_id': 'img-ready',
                                          'os_hidden': True, 'owner': 'service'}))
