@@ -244,6 +244,35 @@ def on_its_mount(host, server_id):
     assert backing.startswith(str(INSTANCES[host].parent / 'yolofs') + '/'), (host, backing)
 
 
+def create_server_on(host, image_id, name):
+    """A server of ``image_id`` the admin creates on compute host ``host``."""
+    return admin('server', 'create', '--nic', 'none', '--image', image_id, '--flavor', FLAVOR,
+                 '--availability-zone', 'nova:%s' % host, name)
+
+
+def boot_until_ready(host, image_id, name):
+    """Boots ``image_id`` on ``host`` until its guest is ready; the server is deleted."""
+    server = create_server_on(host, image_id, name)
+    try:
+        wait_for_status('aio-admin', server['id'], 'ACTIVE')
+        wait_for_ready('aio-admin', server['id'])
+    finally:
+        delete_server('aio-admin', server['id'])
+
+
+class LogSince:
+    """What the all-in-one's log ``name`` (in AIO_LOG_DIR) says from now on."""
+
+    def __init__(self, name):
+        self.path = AIO_LOG_DIR / name
+        self.since = os.path.getsize(self.path)
+
+    def read(self):
+        with open(self.path, errors='replace') as log:
+            log.seek(self.since)
+            return log.read()
+
+
 def create_server(cloud, image_id, name, flavor=FLAVOR, wait=True):
     server = openstack(cloud, 'server', 'create', '--nic', 'none', '--image', image_id,
                        '--flavor', flavor, name)

@@ -19,14 +19,13 @@ import pytest
 
 from tests.e2e.conftest import admin
 from tests.e2e.conftest import AIO
-from tests.e2e.conftest import AIO_LOG_DIR
 from tests.e2e.conftest import base_file_name
+from tests.e2e.conftest import boot_until_ready
 from tests.e2e.conftest import connection
+from tests.e2e.conftest import create_server_on
 from tests.e2e.conftest import delete_server
-from tests.e2e.conftest import FLAVOR
+from tests.e2e.conftest import LogSince
 from tests.e2e.conftest import upload_public
-from tests.e2e.conftest import wait_for_ready
-from tests.e2e.conftest import wait_for_status
 from yolo_bench.cloud import wait as wait_until
 from yolo_nova.virt import first_boot
 
@@ -70,22 +69,6 @@ def upload_signed(name, image_file, signing_certificate):
                          'img_signature_certificate_uuid=%s' % certificate_id)
 
 
-class Logs:
-    def __init__(self, name):
-        self.path = AIO_LOG_DIR / name
-        self.since = os.path.getsize(self.path)
-
-    def read(self):
-        with open(self.path, errors='replace') as log:
-            log.seek(self.since)
-            return log.read()
-
-
-def boot_on(host, image_id, name):
-    return admin('server', 'create', '--nic', 'none', '--image', image_id, '--flavor', FLAVOR,
-                 '--availability-zone', 'nova:%s' % host, name)
-
-
 def assert_took_novas_path(host_log, yolofs_log, image_id):
     assert 'Image %s boots once downloaded: Nova verifies its signature' % image_id in \
         host_log.read()
@@ -96,14 +79,9 @@ def assert_took_novas_path(host_log, yolofs_log, image_id):
 @pytest.mark.two_hosts
 def test_a_signed_image_boots_on_novas_path(second_host, tiny_image, signing_certificate):
     image = upload_signed('e2e-signed', tiny_image, signing_certificate)
-    compute, yolofs = Logs('nova-compute-2.log'), Logs('yolofs-compute-2.log')
+    compute, yolofs = LogSince('nova-compute-2.log'), LogSince('yolofs-compute-2.log')
     try:
-        server = boot_on(second_host, image['id'], 'e2e-signed')
-        try:
-            wait_for_status('aio-admin', server['id'], 'ACTIVE')
-            wait_for_ready('aio-admin', server['id'])
-        finally:
-            delete_server('aio-admin', server['id'])
+        boot_until_ready(second_host, image['id'], 'e2e-signed')
         assert_took_novas_path(compute, yolofs, image['id'])
     finally:
         admin('image', 'delete', image['id'], parse=False, check=False)
@@ -120,18 +98,13 @@ def test_while_nova_verifies_signatures_every_image_takes_its_path(
         with open(VERIFY_CONF, 'w') as conf:
             conf.write('[glance]\nverify_glance_signatures = true\n')
         subprocess.run([str(AIO), 'restart-compute2'], check=True)
-        compute, yolofs = Logs('nova-compute-2.log'), Logs('yolofs-compute-2.log')
-        server = boot_on(second_host, signed['id'], 'e2e-signed-verified')
-        try:
-            wait_for_status('aio-admin', server['id'], 'ACTIVE')
-            wait_for_ready('aio-admin', server['id'])
-        finally:
-            delete_server('aio-admin', server['id'])
+        compute, yolofs = LogSince('nova-compute-2.log'), LogSince('yolofs-compute-2.log')
+        boot_until_ready(second_host, signed['id'], 'e2e-signed-verified')
         assert 'Image signature verification succeeded for image %s' % signed['id'] in \
             compute.read()
         assert_took_novas_path(compute, yolofs, signed['id'])
 
-        server = boot_on(second_host, unsigned['id'], 'e2e-unsigned-verified')
+        server = create_server_on(second_host, unsigned['id'], 'e2e-unsigned-verified')
         try:
             def failed():
                 found = connection('aio-admin').compute.get_server(server['id'])

@@ -4,7 +4,6 @@ holds, can publish in the worker's project, but only what the worker signed is s
 download; and a served boot image found other than its image stops its guests."""
 
 import configparser
-import os
 import subprocess
 
 import openstack
@@ -13,17 +12,16 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import admin
-from tests.e2e.conftest import AIO_LOG_DIR
 from tests.e2e.conftest import base_file_name
 from tests.e2e.conftest import BOOT_TIMEOUT
+from tests.e2e.conftest import boot_until_ready
 from tests.e2e.conftest import connection
+from tests.e2e.conftest import create_server_on
 from tests.e2e.conftest import delete_server
 from tests.e2e.conftest import demo
-from tests.e2e.conftest import FLAVOR
+from tests.e2e.conftest import LogSince
 from tests.e2e.conftest import upload_public
 from tests.e2e.conftest import wait_for_boot_image
-from tests.e2e.conftest import wait_for_ready
-from tests.e2e.conftest import wait_for_status
 from tests.e2e.conftest import YOLOFS
 from yolo_bench.cloud import wait as wait_until
 from yolo_bench.scheduling import INSTANCES
@@ -68,19 +66,6 @@ def nova_service_user():
         region_name=conf['placement'].get('region_name'))
 
 
-class Logs:
-    """What the second host's nova-compute and yolofs log from now on."""
-
-    def __init__(self):
-        self.since = {name: os.path.getsize(AIO_LOG_DIR / name)
-                      for name in ('nova-compute-2.log', 'yolofs-compute-2.log')}
-
-    def __getitem__(self, name):
-        with open(AIO_LOG_DIR / name, errors='replace') as log:
-            log.seek(self.since[name])
-            return log.read()
-
-
 def plant(image, tiny_image, tmp_path, signer=None, disk_signature=None):
     """A boot image of ``image`` covering its first 4 KiB, built from its data (with the MBR's
     disk signature changed to ``disk_signature``: the guest still boots), uploaded by Nova's
@@ -117,18 +102,12 @@ def test_a_boot_image_nova_could_publish_is_never_served_before_a_download(
     image, _ = wait_for_boot_image(upload_public('e2e-planted-on', tiny_image))
     try:
         planted = plant(image, tiny_image, tmp_path)
-        logs = Logs()
-        server = admin('server', 'create', '--nic', 'none', '--image', image['id'], '--flavor',
-                       FLAVOR, '--availability-zone', 'nova:%s' % second_host, 'e2e-planted')
-        try:
-            wait_for_status('aio-admin', server['id'], 'ACTIVE')
-            wait_for_ready('aio-admin', server['id'])
-        finally:
-            delete_server('aio-admin', server['id'])
+        compute, yolofs = LogSince('nova-compute-2.log'), LogSince('yolofs-compute-2.log')
+        boot_until_ready(second_host, image['id'], 'e2e-planted')
         # Refused before a byte of it was downloaded; the image took Nova's path.
         assert "Not using boot image %s of image %s: not signed with the worker's key" % (
-            planted, image['id']) in logs['nova-compute-2.log']
-        assert 'serving a fill' not in logs['yolofs-compute-2.log']
+            planted, image['id']) in compute.read()
+        assert 'serving a fill' not in yolofs.read()
     finally:
         admin('image', 'delete', image['id'], parse=False, check=False)
 
@@ -144,9 +123,8 @@ def test_a_served_boot_image_other_than_its_image_stops_its_guest_and_is_rejecte
     try:
         planted = plant(image, tiny_image, tmp_path, signer=signing.Signer.from_file(WORKER_KEY),
                         disk_signature=b'YOLO')
-        logs = Logs()
-        server = admin('server', 'create', '--nic', 'none', '--image', image['id'], '--flavor',
-                       FLAVOR, '--availability-zone', 'nova:%s' % second_host, 'e2e-mismatch')
+        compute, yolofs = LogSince('nova-compute-2.log'), LogSince('yolofs-compute-2.log')
+        server = create_server_on(second_host, image['id'], 'e2e-mismatch')
         try:
             def stopped_in_error():
                 found = connection('aio-admin').compute.get_server(server['id'])
@@ -159,9 +137,8 @@ def test_a_served_boot_image_other_than_its_image_stops_its_guest_and_is_rejecte
         finally:
             delete_server('aio-admin', server['id'])
         name = base_file_name(image['id'])
-        assert '%s%s: serving a fill' % (name, first_boot.FILL_SUFFIX) in logs[
-            'yolofs-compute-2.log']
-        assert 'ALARM' in logs['nova-compute-2.log']
+        assert '%s%s: serving a fill' % (name, first_boot.FILL_SUFFIX) in yolofs.read()
+        assert 'ALARM' in compute.read()
         rejected = admin('image', 'show', planted)
         assert 'did not match' in str(rejected.get(contract.REJECTED) or rejected.get(
             'properties', {}).get(contract.REJECTED))
