@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import subprocess
 
 from oslo_concurrency import processutils
@@ -10,6 +11,19 @@ from oslo_concurrency import processutils
 def base_file_name(image_id):
     """The name Nova gives an image's base file in ``_base``: sha1 of the image id."""
     return hashlib.sha1(image_id.encode()).hexdigest()
+
+
+def file_digest(fd, algorithm, chunk_bytes=4 << 20):
+    """The hex digest (hashlib's ``algorithm``) of the file open at ``fd``, all of it, read as
+    stored."""
+    digest = hashlib.new(algorithm)
+    offset = 0
+    while True:
+        chunk = os.pread(fd, chunk_bytes, offset)
+        if not chunk:
+            return digest.hexdigest()
+        digest.update(chunk)
+        offset += len(chunk)
 
 
 def info(path):

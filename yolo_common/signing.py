@@ -14,12 +14,13 @@ image's id and the digest of the boot image's data (Glance's ``os_hash_algo``, w
 
 import base64
 import binascii
-import hashlib
 import os
 
 from cryptography import exceptions as crypto_exceptions
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.hazmat.primitives import serialization
+
+from yolo_common import images
 
 LABEL = b'yolo boot image signature v1'
 # Digests a signature may name: Glance's os_hash_algo choices that are collision resistant.
@@ -41,11 +42,8 @@ def file_digest(path, algorithm):
     """The hex digest of the file at ``path``."""
     if algorithm not in ALGORITHMS:
         raise SigningError('digest %r is not one a signature may name' % algorithm)
-    digest = hashlib.new(algorithm)
     with open(path, 'rb') as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return images.file_digest(f.fileno(), algorithm)
 
 
 def public_key_text(public_key):

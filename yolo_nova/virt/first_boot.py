@@ -39,6 +39,7 @@ from oslo_utils import fileutils
 import requests
 import tenacity
 
+from yolo_common import images as yolo_images
 from yolo_common import yolofs
 from yolo_nova.virt import boot_images as boot_images_mod
 from yolo_nova.virt import qcow2_ranges
@@ -351,7 +352,7 @@ class Fill:
                 os.fsync(fd)
                 # A write the kernel took short or lost: the file, read back, is the data.
                 with self._write_lock:
-                    if file_digest(fd, self.algorithm) != self._stream.hexdigest():
+                    if yolo_images.file_digest(fd, self.algorithm) != self._stream.hexdigest():
                         raise FillFailed('the file as written is not the data received')
             finally:
                 os.close(fd)
@@ -621,18 +622,6 @@ def pwrite_all(fd, data, offset):
             raise OSError(errno.EIO, 'a write of %d bytes at %d wrote nothing'
                           % (len(view), offset))
         view, offset = view[written:], offset + written
-
-
-def file_digest(fd, algorithm):
-    """The hex digest of the file open at ``fd``, all of it, read as stored."""
-    digest = hashlib.new(algorithm)
-    offset = 0
-    while True:
-        chunk = os.pread(fd, CHUNK_BYTES, offset)
-        if not chunk:
-            return digest.hexdigest()
-        digest.update(chunk)
-        offset += len(chunk)
 
 
 def write_data(fd, chunk, offset):

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from yolo_common import images
 from yolo_nova.virt import first_boot
 
 BLOCK = first_boot.SPARSE_BLOCK
@@ -128,6 +129,6 @@ def test_the_file_digest_reads_holes_as_zeros(tmp_path):
     expected[first_boot.CHUNK_BYTES + 7:first_boot.CHUNK_BYTES + 7 + len(data)] = data
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert first_boot.file_digest(fd, 'sha512') == hashlib.sha512(expected).hexdigest()
+        assert images.file_digest(fd, 'sha512') == hashlib.sha512(expected).hexdigest()
     finally:
         os.close(fd)
