@@ -1,2 +1,54 @@
 # Nova's test environment, before any test module here imports Nova (tests/nova_env.py).
 from tests import nova_env  # noqa: F401
+
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import time
+
+import psutil
+import pytest
+
+
+@pytest.fixture
+def libvirtd():
+    """A libvirtd (and virtlogd) started for the test, unless one already runs."""
+    started = []
+    for daemon in ('virtlogd', 'libvirtd'):
+        if not system_daemon_running(daemon):
+            subprocess.run([daemon, '-d'], check=True)
+            started.append(daemon)
+    deadline = time.monotonic() + 30
+    while subprocess.run(['virsh', '-c', 'qemu:///system', 'version'],
+                         capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, 'libvirtd did not answer within 30 s'
+        time.sleep(0.2)
+    yield 'qemu:///system'
+    for daemon in reversed(started):
+        subprocess.run(['pkill', '-x', daemon], check=False)
+
+
+def system_daemon_running(name):
+    """The machine's daemon, by its pid file (pgrep would also find the all-in-one's second
+    host's, in namespaces of their own); not a later process given its pid."""
+    pidfile = pathlib.Path('/run/%s.pid' % name)
+    try:
+        process = psutil.Process(int(pidfile.read_text()))
+        return process.name() == name and process.create_time() <= pidfile.stat().st_mtime + 2
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
+@pytest.fixture
+def world_readable_dir():
+    """libvirt runs QEMU as its own user: the instance files must be reachable by it."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix='yolo-libvirt-', dir='/var/tmp'))
+    path.chmod(0o755)
+    yield path
+    # A mount a test left inside would keep the directory (mounts stop after this teardown).
+    with open('/proc/self/mounts') as mounts:
+        inside = [line.split()[1] for line in mounts if line.split()[1].startswith(str(path))]
+    for mountpoint in inside:
+        subprocess.run(['fusermount3', '-uz', mountpoint], check=False, capture_output=True)
+    shutil.rmtree(path)

@@ -7,8 +7,6 @@ real one). Nova's privileged helpers run in-process (these tests run as root).
 
 import pathlib
 import shutil
-import subprocess
-import tempfile
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -23,7 +21,6 @@ from nova.tests.unit import fake_instance
 from nova.virt import driver as virt_driver
 from nova.virt import fake as fake_virt
 from oslo_config import fixture as config_fixture
-import psutil
 import pytest
 
 from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
@@ -127,49 +124,6 @@ def test_root_disk_on_the_mount_learns_boots_and_falls_back(nova_host, image_cac
     assert images.info(disk)['backing-filename'] == str(base)
     with qemu.Guest(disk, console_log=tmp_path / 'boot2.log') as guest:
         guest.wait_ready(BOOT_TIMEOUT)
-
-
-@pytest.fixture
-def libvirtd():
-    """A libvirtd (and virtlogd) started for the test, unless one already runs."""
-    started = []
-    for daemon in ('virtlogd', 'libvirtd'):
-        if not system_daemon_running(daemon):
-            subprocess.run([daemon, '-d'], check=True)
-            started.append(daemon)
-    deadline = time.monotonic() + 30
-    while subprocess.run(['virsh', '-c', 'qemu:///system', 'version'],
-                         capture_output=True).returncode != 0:
-        assert time.monotonic() < deadline, 'libvirtd did not answer within 30 s'
-        time.sleep(0.2)
-    yield 'qemu:///system'
-    for daemon in reversed(started):
-        subprocess.run(['pkill', '-x', daemon], check=False)
-
-
-def system_daemon_running(name):
-    """The machine's daemon, by its pid file (pgrep would also find the all-in-one's second
-    host's, in namespaces of their own); not a later process given its pid."""
-    pidfile = pathlib.Path('/run/%s.pid' % name)
-    try:
-        process = psutil.Process(int(pidfile.read_text()))
-        return process.name() == name and process.create_time() <= pidfile.stat().st_mtime + 2
-    except (OSError, ValueError, psutil.Error):
-        return False
-
-
-@pytest.fixture
-def world_readable_dir():
-    """libvirt runs QEMU as its own user: the instance files must be reachable by it."""
-    path = pathlib.Path(tempfile.mkdtemp(prefix='yolo-libvirt-', dir='/var/tmp'))
-    path.chmod(0o755)
-    yield path
-    # A mount a test left inside would keep the directory (mounts stop after this teardown).
-    with open('/proc/self/mounts') as mounts:
-        inside = [line.split()[1] for line in mounts if line.split()[1].startswith(str(path))]
-    for mountpoint in inside:
-        subprocess.run(['fusermount3', '-uz', mountpoint], check=False, capture_output=True)
-    shutil.rmtree(path)
 
 
 def domain_xml(instance, disk, console_log):

@@ -698,6 +698,24 @@ class TestMoves(DriverTestCase):
         self.yolofs_down()
         self.assertEqual(str(self.base), self.block_migrate())
 
+    def test_a_guest_that_arrived_on_the_mount_is_detached_at_once(self):
+        # It did not start here, so nothing else would move it off this host's mount.
+        self.block_migrate()
+        guest = mock.Mock()
+        guest.get_xml_desc.return_value = self.domain_xml(self.instance_dir / 'disk')
+        with mock.patch.object(libvirt_driver.LibvirtDriver,
+                               'post_live_migration_at_destination') as nova_s, \
+                mock.patch.object(self.drvr, '_yolo_guest', return_value=guest), \
+                mock.patch.object(self.drvr.yolo_detacher, 'watch') as watch:
+            self.drvr.post_live_migration_at_destination(self.context, self.instance, [])
+            nova_s.assert_called_once()
+            watch.assert_called_once_with(self.instance.uuid, [self.name], at_once=True)
+            # Arrived over _base (a destination whose yolofs is down): nothing to do.
+            watch.reset_mock()
+            backing.rebase_unsafe(str(self.instance_dir / 'disk'), str(self.base), 'raw')
+            self.drvr.post_live_migration_at_destination(self.context, self.instance, [])
+            watch.assert_not_called()
+
 
 class TestImageCache(DriverTestCase):
 

@@ -163,16 +163,19 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         if self.yolo_detacher is None:
             return
         # Guests that were running while nova-compute was away: an interrupted detach is
-        # reconciled with what libvirt says, guests still on the mount are watched again.
+        # settled with what libvirt says (and finished), guests still on the mount are watched
+        # again.
         try:
             for guest in self._host.list_guests(only_running=False):
                 xml = guest.get_xml_desc()
-                detach.reconcile(xml)
-                if guest.is_active():
+                running = guest.is_active()
+                on_interim = detach.reconcile(xml, running)
+                if running:
                     on_mount = [name for _, _, name in detach.disks_on_mount(
                         xml, self.yolo_backing)]
-                    if on_mount:
-                        self.yolo_detacher.watch(guest.uuid, on_mount)
+                    if on_mount or on_interim:
+                        self.yolo_detacher.watch(guest.uuid, on_mount,
+                                                 at_once=bool(on_interim))
         except Exception:
             LOG.exception('Could not look for guests to detach from yolofs')
 
@@ -443,6 +446,26 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             self._check_shared_disk_is_served(instance)
         return super().pre_live_migration(context, instance, block_device_info, network_info,
                                           disk_info, migrate_data)
+
+    # A guest that arrived by live migration did not start here: its disks may be on this
+    # host's mount (created by the yolo backend, or shared with a source where it was). It is
+    # detached as a booted guest is, at once: it is not booting.
+    def post_live_migration_at_destination(self, context, instance, network_info,
+                                           block_migration=False, block_device_info=None):
+        super().post_live_migration_at_destination(
+            context, instance, network_info, block_migration=block_migration,
+            block_device_info=block_device_info)
+        if self.yolo_detacher is None:
+            return
+        guest = self._yolo_guest(instance.uuid)
+        try:
+            on_mount = [name for _, _, name in detach.disks_on_mount(
+                guest.get_xml_desc(), self.yolo_backing)] if guest is not None else []
+        except Exception:
+            LOG.exception('Could not read the disks of the migrated guest', instance=instance)
+            return
+        if on_mount:
+            self.yolo_detacher.watch(instance.uuid, on_mount, at_once=True)
 
     def _check_shared_disk_is_served(self, instance):
         """MigrationPreCheckError if the instance's disk, seen from this host (so on storage

@@ -1,8 +1,10 @@
 """When a guest leaves the mount, and what starts do with an interrupted detach."""
 
+import subprocess
 import threading
 import time
 
+from yolo_common import images
 from yolo_nova.virt import detach
 
 
@@ -38,15 +40,64 @@ def test_a_yolofs_that_does_not_answer_is_a_reason_to_leave_at_once():
     assert over(None, 0, window_seen=False)
 
 
-def test_a_start_takes_back_the_marked_current_disk_of_an_interrupted_detach(tmp_path):
-    disk = tmp_path / 'disk'
-    disk.write_bytes(b'recreated, empty')
-    interim = tmp_path / 'disk.yolo-detach'
-    interim.write_bytes(b'what the guest wrote')
-    detach.mark_current(str(interim))
+def qcow2(path, data=None):
+    """A qcow2 overlay (of a 1 MiB backing file), with ``data`` written at 64 KiB if given."""
+    backing = path.parent / 'base'
+    if not backing.exists():
+        backing.write_bytes(bytes(1 << 20))
+    images.create_overlay(backing, path)
+    if data is not None:
+        subprocess.run(['qemu-io', '-f', 'qcow2', '-c', 'write -P %d 64k 4k' % data, str(path)],
+                       check=True, capture_output=True)
+    return path
+
+
+def pattern_at_64k(path):
+    out = subprocess.run(['qemu-io', '-f', 'qcow2', '-r', '-c', 'read -v 64k 1', str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.split()[1], 16)
+
+
+def test_a_start_takes_back_the_interim_disk_the_guest_was_on(tmp_path):
+    # The second copy had begun (disk holds some of it): the guest was on the interim disk.
+    disk = qcow2(tmp_path / 'disk', data=6)
+    interim = qcow2(tmp_path / 'disk.yolo-detach', data=7)
+    detach.mark(str(interim), str(interim))
     detach.recover(str(disk))
-    assert disk.read_bytes() == b'what the guest wrote'
-    assert list(tmp_path.iterdir()) == [disk]
+    assert pattern_at_64k(disk) == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['base', 'disk']
+    # The second pivot under way, disk still empty: the interim disk is the guest's.
+    interim = qcow2(tmp_path / 'disk.yolo-detach', data=8)
+    disk.unlink()
+    qcow2(disk)
+    detach.mark(str(interim), str(interim), pivoting=True)
+    detach.recover(str(disk))
+    assert pattern_at_64k(disk) == 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['base', 'disk']
+
+
+def test_an_unknown_pivot_keeps_both_disks_and_starts_on_the_one_before_it(tmp_path, caplog):
+    # The second pivot was asked for when libvirt's answer was lost.
+    disk = qcow2(tmp_path / 'disk', data=1)
+    interim = qcow2(tmp_path / 'disk.yolo-detach', data=2)
+    detach.mark(str(interim), str(interim), pivoting=True)
+    detach.recover(str(disk))
+    assert pattern_at_64k(disk) == 2
+    [kept] = tmp_path.glob('disk.yolo-kept-*')
+    assert pattern_at_64k(kept) == 1
+    assert not interim.exists() and detach.read_mark(str(interim)) is None
+    assert 'ALARM' in caplog.text and kept.name in caplog.text
+
+    # The first pivot's answer lost.
+    for leftover in tmp_path.glob('disk*'):
+        leftover.unlink()
+    disk = qcow2(tmp_path / 'disk', data=3)
+    interim = qcow2(tmp_path / 'disk.yolo-detach', data=4)
+    detach.mark(str(interim), str(disk), pivoting=True)
+    detach.recover(str(disk))
+    assert pattern_at_64k(disk) == 3
+    [kept] = tmp_path.glob('disk.yolo-kept-*')
+    assert pattern_at_64k(kept) == 4
 
 
 def test_a_start_removes_an_unmarked_interim_copy(tmp_path):
@@ -63,13 +114,25 @@ def domain(source):
             "<source file='%s'/><target dev='vda'/></disk></devices></domain>" % source)
 
 
-def test_nova_computes_start_marks_the_interim_disk_libvirt_names(tmp_path):
-    interim = tmp_path / 'disk.yolo-detach'
+def test_nova_computes_start_settles_marks_with_what_libvirt_says(tmp_path):
+    disk, interim = tmp_path / 'disk', tmp_path / 'disk.yolo-detach'
     interim.write_bytes(b'current')
-    assert detach.reconcile(domain(tmp_path / 'disk')) == []
-    assert detach.reconcile(domain(interim)) == [str(interim)]
-    assert (tmp_path / 'disk.yolo-detach.current').exists()
-    assert detach.reconcile(domain(interim)) == []
+    # A running guest on the interim disk: marked, and returned to be moved back.
+    assert detach.reconcile(domain(interim), running=True) == [('vda', str(interim))]
+    assert detach.read_mark(str(interim)) == (interim.name, False)
+    # A stopped guest that libvirt names on disk during the first pivot: libvirt may not have
+    # recorded a pivot that took effect, left to the start.
+    detach.mark(str(interim), str(disk), pivoting=True)
+    assert detach.reconcile(domain(disk), running=False) == []
+    assert detach.read_mark(str(interim)) == (disk.name, True) and interim.exists()
+    # A running guest on disk: what the detach left is stale.
+    assert detach.reconcile(domain(disk), running=True) == []
+    assert not interim.exists() and detach.read_mark(str(interim)) is None
+    # A stopped guest on disk during the second pivot: it took effect.
+    interim.write_bytes(b'former')
+    detach.mark(str(interim), str(interim), pivoting=True)
+    assert detach.reconcile(domain(disk), running=False) == []
+    assert not interim.exists() and detach.read_mark(str(interim)) is None
 
 
 def test_the_detach_lock_is_one_per_instance_and_reentrant():
