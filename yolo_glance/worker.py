@@ -115,6 +115,8 @@ GiB = 1 << 30
 # Scratch space kept free beyond a conversion's raw file (the learning boot's overlay and its
 # boot image, the work directory's other files).
 SCRATCH_MARGIN_BYTES = 1 << 30
+# Glance's default [DEFAULT] hashing_algorithm, for a source image without os_hash_algo.
+DEFAULT_HASH_ALGORITHM = 'sha512'
 # A ready pattern comes from an image property: bounded, and matched by RE2 in linear time.
 MAX_PATTERN_LENGTH = 512
 MIN_IDLE_SECONDS = 1.0
@@ -333,9 +335,20 @@ class Worker:
                                     boot_image.get('os_hash_algo') or '',
                                     boot_image.get('os_hash_value') or '')
 
-    def _sign(self, boot_image_id, source_image_id, path):
-        """Signs the published boot image, over the digest Glance computed of its data once
-        that is the digest of the file uploaded."""
+    def _signature(self, source_image, path):
+        """{SIGNATURE: ...} of the boot image file ``path`` for ``source_image``, made before
+        the upload so that the boot image is never active unsigned (a scan, this worker's or
+        another's, deletes unsigned ones): over the digest Glance will compute, with the
+        algorithm it used for the source image (its ``hashing_algorithm``)."""
+        if self.signer is None:
+            return {}
+        algorithm = source_image.get('os_hash_algo') or DEFAULT_HASH_ALGORITHM
+        digest = signing.file_digest(path, algorithm)
+        return {contract.SIGNATURE: self.signer.sign(source_image['id'], algorithm, digest)}
+
+    def _check_signed(self, boot_image_id, source_image_id, path):
+        """Checks that Glance holds the data uploaded, by its own digest, and that the
+        signature is over that digest (signed again if Glance used another algorithm)."""
         if self.signer is None:
             return
         published = self.glance.get(boot_image_id)
@@ -344,8 +357,9 @@ class Worker:
         if published.get('os_hash_value') != digest:
             raise RuntimeError('Glance holds other data for boot image %s than was uploaded'
                                % boot_image_id)
-        self.glance.set_properties(boot_image_id, **{
-            contract.SIGNATURE: self.signer.sign(source_image_id, algorithm, digest)})
+        if not self._ours(published, source_image_id):
+            self.glance.set_properties(boot_image_id, **{
+                contract.SIGNATURE: self.signer.sign(source_image_id, algorithm, digest)})
 
     def _build_and_publish(self, image):
         image_id = image['id']
@@ -357,10 +371,11 @@ class Worker:
             built = self._learn(image, base, work)
             # The source may have gone while we booted it: do not publish for nothing.
             self.glance.get(image_id)
-            published = self.glance.publish(image, built['path'], self.container_format,
-                                            built['properties'])
+            published = self.glance.publish(
+                image, built['path'], self.container_format,
+                dict(built['properties'], **self._signature(image, built['path'])))
             try:
-                self._sign(published, image_id, built['path'])
+                self._check_signed(published, image_id, built['path'])
             except Exception:
                 self.glance.delete(published)
                 raise

@@ -468,6 +468,44 @@ def test_yolofs_restarted_mid_fill_serves_it_again(host, dirs, image_server, con
     assert (host.base_dir / NAME).read_bytes() == content
 
 
+def test_a_boot_image_file_changed_before_yolofs_restarts_is_never_served_again(
+        host, dirs, image_server, content, caplog):
+    """The file yolofs is asked to serve again is the one verified, or the fill fails (its
+    guests are then stopped, as after any failed fill) with an alarm."""
+    image_server.rate = 3 << 20
+    boot_image = build_boot_image(dirs, content)
+    fill = host.fill_raw(image_server, boot_image, sha256(content))
+    time.sleep(1)
+    with open(boot_image, 'r+b') as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xff]))
+    host.restart_yolofs()
+    assert fill.wait(60) and fill.outcome == 'failed'
+    assert 'boot image file changed' in fill.reason
+    assert 'ALARM' in caplog.text
+    with pytest.raises(yolofs.YolofsError):
+        host.backing.client.fill_wants(fill.file, 0)
+    assert os.listdir(host.base_dir) == []
+
+
+def test_a_fill_whose_thread_cannot_start_takes_novas_path(host, dirs, content, monkeypatch):
+    start = threading.Thread.start
+
+    def no_fill_thread(thread):
+        if thread.name.startswith('yolo-fill-'):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+    monkeypatch.setattr(threading.Thread, 'start', no_fill_thread)
+    boot_image = build_boot_image(dirs, content)
+    assert host.first_boots.start(NAME, SIZE, IMAGE_ID, 'boot-image-id', str(boot_image),
+                                  lambda fill: None) is None
+    # Nothing is left for a later boot to join or wait for; the boot image file went.
+    assert host.first_boots.running(NAME) is None
+    assert not boot_image.exists() and os.listdir(host.base_dir) == []
+
+
 def test_yolofs_killed_mid_conversion_keeps_the_guests_reads_waiting_not_failing(
         dirs, content):
     """yolofs SIGKILLed under a converted fill (its keeper starts another on the mount): the

@@ -286,6 +286,9 @@ class Fill:
         file stays open and locked (flock, which NFS carries to its server) until the fill ends:
         a nova-compute that starts meanwhile, on this host or another sharing ``_base``, sees a
         fill under way, not one left behind (FirstBoots.abandon_leftovers)."""
+        # What yolofs is asked to serve, as verified: a yolofs restarted mid-fill is asked
+        # again only if the file still is (_serve_again).
+        self._boot_image_digest = boot_image_digest(self.boot_image_path)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._owner_fd = fd
         # Blocking: another host's check of the new file (filled_elsewhere) holds it a moment.
@@ -337,8 +340,9 @@ class Fill:
 
     def fail(self, reason):
         """Ends a fill that did not run to its end (an error before it ran, say)."""
-        if self.running:
-            self._end_failed(reason)
+        with self._report_lock:
+            if self.running:
+                self._end_failed(reason)
 
     def _run(self, write_all, inspect, helper):
         try:
@@ -364,7 +368,7 @@ class Fill:
             os.rename(self.path, self.base_path)
         except Exception as e:
             LOG.exception('Filling base file %s of image %s failed', self.name, self.image_id)
-            self._end_failed(str(e) or type(e).__name__)
+            self.fail(str(e) or type(e).__name__)
             return
         self._release()
         self.outcome = 'complete'
@@ -441,6 +445,12 @@ class Fill:
         with self._report_lock:
             if self._closing:
                 return False
+            if boot_image_digest(self.boot_image_path) != self._boot_image_digest:
+                LOG.error('ALARM: the boot image file of fill %s (%s) changed since it was '
+                          'verified; yolofs, restarted, is not asked to serve it: the fill '
+                          'fails and its guests are stopped', self.file, self.boot_image_path)
+                self.fail('its boot image file changed while yolofs restarted')
+                return False
             try:
                 if self.client.fill_begin(self.file, self.boot_image_path,
                                           self.image_id).get('new') is not True:
@@ -470,6 +480,8 @@ class Fill:
 
     def _write_in_order(self, fd, chunk):
         """Writes ``chunk`` at the cursor, moves the cursor past it and reports it."""
+        if not self.running:
+            raise FillFailed('the fill was ended: %s' % self.reason)
         with self._write_lock:
             self._check_ahead(fd, chunk, self._cursor)
             write_data(fd, chunk, self._cursor)
@@ -593,6 +605,11 @@ class Fill:
         finally:
             for leftover in (converted, converted + '.part', converted + '.converted'):
                 fileutils.delete_if_exists(leftover)
+
+
+def boot_image_digest(path):
+    with open(path, 'rb') as f:
+        return yolo_images.file_digest(f.fileno(), 'sha256')
 
 
 def in_background():
@@ -864,9 +881,14 @@ class FirstBoots:
                 fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
                             boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
                 fill.after_complete = self._keep_boot_image
+                try:
+                    threading.Thread(target=self._fill, args=(fill, run),
+                                     name='yolo-fill-%s' % name, daemon=True).start()
+                except RuntimeError as e:     # no thread to be had: Nova's path
+                    LOG.error('Could not start the fill of base file %s: %s', name, e)
+                    fill.abandon('its thread could not start')
+                    return None
                 self._fills[name] = fill
-                threading.Thread(target=self._fill, args=(fill, run),
-                                 name='yolo-fill-%s' % name, daemon=True).start()
                 return fill
         if fill.boot_image_path != boot_image_path:
             fileutils.delete_if_exists(boot_image_path)

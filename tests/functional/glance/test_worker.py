@@ -231,6 +231,38 @@ def test_boot_images_that_no_longer_count_are_built_again_by_the_scan(
     dispatcher.shutdown()
 
 
+@pytest.mark.parametrize('glance_algorithm', ['sha512', 'sha256'])
+def test_a_boot_image_is_signed_from_its_creation(glance, make_worker, signer, glance_algorithm):
+    """Never active unsigned: a scan (another worker's) would delete it as planted. Signed over
+    the digest Glance computes, with the algorithm Glance used for the source; signed again if
+    Glance uses another for the boot image (a changed hashing_algorithm)."""
+    source = glance.add(raw_disk())
+    created = []
+    publish = glance.publish
+
+    def publish_and_see(source_image, path, container_format, properties):
+        created.append(dict(properties))
+        glance.add = add_with(glance_algorithm)
+        try:
+            return publish(source_image, path, container_format, properties)
+        finally:
+            del glance.add
+
+    def add_with(algorithm):
+        add = type(glance).add.__get__(glance)
+        return lambda data=None, **fields: add(data, os_hash_algo=algorithm, os_hash_value=(
+            hashlib.new(algorithm, data).hexdigest()), **fields)
+
+    glance.publish = publish_and_see
+    assert make_worker().build(source) == 'ready'
+    boot_image = glance.images[glance.images[source][glance_api.BOOT_IMAGE_ID]]
+    data = boot_image['file'].read_bytes()
+    assert signer.verifier().verify(created[0][contract.SIGNATURE], source, 'sha512',
+                                    hashlib.sha512(data).hexdigest())
+    assert signer.verifier().verify(boot_image[contract.SIGNATURE], source, glance_algorithm,
+                                    hashlib.new(glance_algorithm, data).hexdigest())
+
+
 def test_without_a_key_boot_images_are_published_unsigned(glance, make_worker):
     source = glance.add(raw_disk())
     assert make_worker(signer=None).build(source) == 'ready'
