@@ -56,8 +56,9 @@ function install_yolo {
         fi
     fi
     # A wheel, not an editable install (setup_develop): Nova loads the driver as nova.virt.yolo
-    # through the yolo-openstack-nova-virt.pth the wheel carries (yolo_build.py).
-    pip_install "$YOLO_DIR"
+    # through the yolo-openstack-nova-virt.pth the wheel carries (yolo_build.py). The re2
+    # extra: the worker's linear-time matcher for the ready patterns images carry.
+    pip_install "${YOLO_DIR}[re2]"
 }
 
 # The Rust toolchain. yolofs needs Rust >= 1.85, newer than the cargo of Debian 12 and of the

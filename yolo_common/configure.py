@@ -49,8 +49,8 @@ PROPERTY_PREFIX = 'yolo_'
 PROTECTION_RULES = {'create': 'admin,service', 'read': '@', 'update': 'admin,service',
                     'delete': 'admin,service'}
 OTHER_PROPERTIES = '.*'
-# The worker's own notification topic: glance-api's default topic ("notifications") would fill
-# a queue nobody reads where no other consumer (ceilometer) runs.
+# The worker's own notification topic, added to glance-api's (which keep theirs: Ceilometer's,
+# or the default "notifications").
 NOTIFICATION_TOPIC = 'yolo_notifications'
 
 
@@ -250,8 +250,16 @@ def cinder_api(conf, args):
 
 
 def glance_api(conf, args):
-    conf.set('oslo_messaging_notifications', 'driver', 'messagingv2')
-    conf.add_to_list('oslo_messaging_notifications', 'topics', NOTIFICATION_TOPIC, [])
+    """Adds what the worker and the import plugin need to glance-api.conf; never takes away
+    what is there (another notification driver or topic, the operator's property protections),
+    and refuses where YOLO's needs and the operator's settings cannot both hold."""
+    if args.property_protection_file:
+        check_protections_coexist(conf, args.property_protection_file)
+    # Both multi-valued: another driver or consumer (Ceilometer) keeps what it has. Unset,
+    # topics is oslo.messaging's default, ``notifications``, kept too.
+    conf.add('oslo_messaging_notifications', 'driver', 'messagingv2')
+    conf.add_to_list('oslo_messaging_notifications', 'topics', NOTIFICATION_TOPIC,
+                     ['notifications'])
     conf.add_to_list('image_format', 'container_formats', CONTAINER_FORMAT,
                      ['ami', 'ari', 'aki', 'bare', 'ovf', 'ova', 'docker', 'compressed'])
     if args.import_config_file:
@@ -267,6 +275,26 @@ def glance_api(conf, args):
         property_protections(args.property_protection_file)
         conf.set('DEFAULT', 'property_protection_file', args.property_protection_file)
         conf.set('DEFAULT', 'property_protection_rule_format', 'roles')
+
+
+def check_protections_coexist(conf, path):
+    """ConfigureError where YOLO's property protections (roles format, in ``path``) would
+    replace the operator's: rules in the policies format, or another file."""
+    rule_format = conf.get('DEFAULT', 'property_protection_rule_format') or 'roles'
+    if rule_format != 'roles':
+        raise ConfigureError(
+            'glance-api uses property_protection_rule_format = %s; YOLO writes its rules in the '
+            'roles format. Add a first section [%s] to %s with create, update and delete '
+            'allowed to policies that admit only the admin and service roles and read to all, '
+            'and run yolo-configure glance-api without --property-protection-file '
+            '(docs/install.md)' % (rule_format, PROTECTION_SECTION,
+                                   conf.get('DEFAULT', 'property_protection_file')))
+    current = conf.get('DEFAULT', 'property_protection_file')
+    if current and os.path.abspath(current) != os.path.abspath(path):
+        raise ConfigureError(
+            'glance-api already reads its property protections from %s: run yolo-configure '
+            'glance-api with --property-protection-file %s, which adds YOLO\'s rules to it'
+            % (current, current))
 
 
 def worker(conf, args):

@@ -156,7 +156,9 @@ def list_opts():
     return [
         (worker_group, worker_opts),
         (profiling_group, profiling_opts),
+        # The password plugin's options: the one yolo-configure sets up.
         (GLANCE_GROUP, ks_loading.get_session_conf_options()
          + ks_loading.get_auth_common_conf_options()
+         + ks_loading.get_auth_plugin_conf_options('password')
          + ks_loading.get_adapter_conf_options(include_deprecated=False)),
     ]

@@ -100,3 +100,25 @@ def test_sample_is_up_to_date(config):
     want, have = lines(blocks(expected, own)), lines(blocks(actual, own))
     assert want == have, stale + '\n' + '\n'.join(
         difflib.unified_diff(have, want, str(path.name), 'generated', lineterm=''))
+
+
+def test_every_option_yolo_configure_writes_for_the_worker_is_in_its_sample(tmp_path):
+    """The worker's configuration file is YOLO's own: its sample documents all of it."""
+    from yolo_common import configure
+    path = tmp_path / 'yolo-glance-worker.conf'
+    assert configure.main([
+        'worker', '--config-file', str(path), '--transport-url', 'rabbit://u:p@h:5672/',
+        '--auth-url', 'http://k:5000', '--username', 'yolo', '--password', 'pw',
+        '--region-name', 'RegionOne', '--work-dir', str(tmp_path / 'work'),
+        '--yolofs-binary', '/usr/local/bin/yolofs',
+        '--signing-key-file', str(tmp_path / 'signing.key')]) == 0
+    documented, section = set(), None
+    for line in (REPO / 'etc' / 'yolo-glance-worker.conf.sample').read_text().splitlines():
+        if line.startswith('['):
+            section = line.strip('[]')
+        elif line.startswith('#') and ' = ' in line and ' ' not in line.split(' = ')[0]:
+            documented.add((section, line[1:].split(' = ')[0]))
+    written = configure.ConfigFile(str(path))
+    options = {(section, key) for section in ('DEFAULT', 'glance', 'yolo_worker', 'yolo_profiling')
+               for _, key, _ in written._options(section)[0]}
+    assert options and options <= documented, options - documented

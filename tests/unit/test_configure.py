@@ -89,6 +89,29 @@ def test_glance_api_notifies_the_workers_topic(tmp_path):
         'image_import_opts', 'image_import_plugins') == "['yolo_boot_image']"
 
 
+def test_glance_api_keeps_the_default_topic_and_other_drivers(tmp_path):
+    # topics unset is oslo.messaging's "notifications", which Ceilometer listens to.
+    run(tmp_path, '[oslo_messaging_notifications]\ndriver = log\n', 'glance-api')
+    conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    assert conf.get('oslo_messaging_notifications', 'topics') == \
+        'notifications,yolo_notifications'
+    assert conf.get_all('oslo_messaging_notifications', 'driver') == ['log', 'messagingv2']
+
+
+def test_glance_api_refuses_to_replace_the_operators_property_protections(tmp_path, capsys):
+    protections = tmp_path / 'property-protections.conf'
+    policies = ('[DEFAULT]\nproperty_protection_file = /etc/glance/prop.conf\n'
+                'property_protection_rule_format = policies\n')
+    for before, words in ((policies, 'policies'), (policies.replace('policies\n', 'roles\n'),
+                                                   '/etc/glance/prop.conf')):
+        (tmp_path / 'service.conf').write_text(before)
+        assert configure.main(['glance-api', '--config-file', str(tmp_path / 'service.conf'),
+                               '--property-protection-file', str(protections)]) == 1
+        assert words in capsys.readouterr().err
+        assert (tmp_path / 'service.conf').read_text() == before
+        assert not protections.exists()
+
+
 def test_worker_gets_its_service_identity_and_topic(tmp_path):
     run(tmp_path, '', 'worker', '--transport-url', 'rabbit://u:p@h:5672/', '--auth-url',
         'http://k:5000', '--username', 'yolo', '--password', 'pw')

@@ -107,7 +107,7 @@ def test_a_compute_node_runs_yolofs_and_the_driver_only(tmp_path):
     # The binary is built and installed; the package installed from the checkout, not editable.
     assert ('install', '-m', '0755', str(node.checkout / 'yolofs/target/release/yolofs'),
             '/usr/local/bin/yolofs') in named(calls, 'sudo')
-    assert named(calls, 'pip_install') == [(str(node.checkout),)]
+    assert named(calls, 'pip_install') == [(str(node.checkout) + '[re2]',)]
 
 
 def test_yolofs_runs_as_root_with_the_socket_for_nova_computes_group(tmp_path):

@@ -144,7 +144,7 @@ install_venv() {
     install -m 0644 "$AIO_REPO/tools/aio/gunicorn.conf.py" "$AIO_HOME/gunicorn.conf.py"
     progress "installing YOLO into $AIO_VENV"
     # Not editable: an operator's install, and the wheel carries the nova.virt.yolo module.
-    "$AIO_VENV/bin/pip" install -q "$AIO_REPO"
+    "$AIO_VENV/bin/pip" install -q "${AIO_REPO}[re2]"
 }
 
 install_yolofs() {

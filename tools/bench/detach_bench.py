@@ -42,7 +42,7 @@ import libvirt  # noqa: E402
 from nova.virt.libvirt import guest as libvirt_guest  # noqa: E402
 
 from tests.guest_disk import GUEST_IO_ERROR  # noqa: E402
-from yolo_common import guest_agent  # noqa: E402
+from yolo_bench import guest_agent  # noqa: E402
 from yolo_common import images  # noqa: E402
 from yolo_common import qemu  # noqa: E402
 from yolo_common import yolofs  # noqa: E402

@@ -347,6 +347,17 @@ def test_ready_patterns_cannot_backtrack_for_ever(glance, make_worker):
         worker_mod.ProfilingOptions('a' * 1000, 30.0, 600.0).compiled_pattern()
 
 
+def test_without_re2_an_images_pattern_is_plain_text(monkeypatch):
+    monkeypatch.setattr(worker_mod, 're2', None)
+    image = worker_mod.ProfilingOptions('login:', 30.0, 600.0).for_image(
+        {worker_mod.READY_PATTERN_PROPERTY: '(a+)+$'})
+    assert image.compiled_pattern().search(b'a' * 100000 + b'!') is None
+    assert image.compiled_pattern().search(b'booted (a+)+$') is not None
+    # The operator's own pattern stays a pattern.
+    assert worker_mod.ProfilingOptions('log(in)?:', 30.0, 600.0).compiled_pattern().search(
+        b'login:')
+
+
 def test_a_bad_ready_pattern_is_a_recorded_failure(glance, make_worker):
     source = glance.add(raw_disk(), **{worker_mod.READY_PATTERN_PROPERTY: '('})
     assert make_worker().build(source) == 'failed'
