@@ -24,9 +24,22 @@ def notify_resend():
     return release() >= (6, 9)
 
 
+# ext4, XFS, Btrfs, tmpfs (statfs types).
+LOCAL_FILESYSTEMS = ('ef53', '58465342', '9123683e', '1021994')
+
+
+def filesystem_type(path):
+    return subprocess.run(['stat', '-f', '-c', '%t', str(path)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
 def multigrain_timestamps(path):
     """Every write moves a file's ctime, even within a clock tick: Linux 6.13's multigrain
     timestamps, on ext4, XFS, Btrfs and tmpfs (yolofs' store.rs)."""
-    fs_type = subprocess.run(['stat', '-f', '-c', '%t', str(path)], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    return release() >= (6, 13) and fs_type in ('ef53', '58465342', '9123683e', '1021994')
+    return release() >= (6, 13) and filesystem_type(path) in LOCAL_FILESYSTEMS
+
+
+def leases_taken(path):
+    """yolofs leases base files on local filesystems only (yolofs' lease.rs): on NFS a lease
+    would see none of the other clients' writes."""
+    return filesystem_type(path) in LOCAL_FILESYSTEMS

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the kernel matrix's guest: a Debian 12 root filesystem (an ext4 image) with the kernels
 # compute hosts run in the field, from Debian's own packages, and what yolofs' tests need inside
-# it (FUSE, Python with pytest, QEMU for `yolofs pin`). tools/kernel-matrix/run boots it under
-# QEMU with each kernel, the tests on a second disk.
+# it (FUSE, Python with pytest, QEMU for `yolofs pin`, an NFS server and client).
+# tools/kernel-matrix/run boots it under QEMU with each kernel, the tests on a second disk.
 #
 # Kernels: Debian 12's stock one (linux-image-amd64: 6.1) and its 6.12 (linux-image-6.12.*+deb12,
 # the series of Debian 13). Cached, rebuilt only when this script changes.
@@ -42,7 +42,7 @@ trap cleanup EXIT
 
 echo "==> debootstrap bookworm from $mirror" >&2
 debootstrap --variant=minbase \
-    --include=linux-image-amd64,kmod,fuse3,python3,python3-pytest,python3-prometheus-client,xfsprogs,e2fsprogs,iproute2,procps,qemu-system-x86 \
+    --include=linux-image-amd64,kmod,fuse3,python3,python3-pytest,python3-prometheus-client,xfsprogs,e2fsprogs,iproute2,procps,qemu-system-x86,nfs-kernel-server \
     bookworm "$root" "$mirror" >&2
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
 # Debian 12's kernels are updated through its security suite.
