@@ -14,6 +14,7 @@ key: planted) is deleted.
 """
 
 import dataclasses
+import datetime
 import json
 import logging
 import math
@@ -122,6 +123,9 @@ GiB = 1 << 30
 SCRATCH_MARGIN_BYTES = 1 << 30
 # Glance's default [DEFAULT] hashing_algorithm, for a source image without os_hash_algo.
 DEFAULT_HASH_ALGORITHM = 'sha512'
+# How long a boot image without the worker's signature may be another worker's still being
+# signed (the scan deletes it after).
+SIGNING_GRACE_SECONDS = 600
 # A ready pattern comes from an image property: bounded, and matched by RE2 in linear time.
 MAX_PATTERN_LENGTH = 512
 MIN_IDLE_SECONDS = 1.0
@@ -190,6 +194,18 @@ class ProfilingOptions:
             return re2.compile(pattern)
         except re2.error as e:
             raise Unbootable('bad ready pattern %r: %s' % (self.ready_pattern, e))
+
+
+def younger_than(image, seconds):
+    """Whether Glance created ``image`` less than ``seconds`` ago (by its created_at)."""
+    try:
+        created = datetime.datetime.fromisoformat(image['created_at'].replace('Z', '+00:00'))
+    except (KeyError, TypeError, ValueError):
+        return False
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=datetime.timezone.utc)
+    return datetime.datetime.now(datetime.timezone.utc) - created < datetime.timedelta(
+        seconds=seconds)
 
 
 class Worker:
@@ -555,6 +571,10 @@ class Worker:
             if extra['id'] == ours[0]['id']:
                 continue
             reason = reasons[extra['id']] or 'duplicate'
+            # Another worker's, maybe, between its upload and its signature again (Glance
+            # hashed it with another algorithm than the source's): left for a later scan.
+            if reason == 'not_signed' and younger_than(extra, SIGNING_GRACE_SECONDS):
+                continue
             (LOG.info if reason == 'duplicate' else LOG.warning)(
                 '%s: deleting boot image %s (%s)', image_id, extra['id'], DELETED_BECAUSE[reason])
             self.glance.delete(extra['id'])

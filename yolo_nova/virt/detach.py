@@ -15,12 +15,12 @@ Two copies, because libvirt has no call that only swaps a running disk's backing
 (QEMU's blockdev-reopen is internal to it), and Nova must find the disk at its own path. Each
 pivot holds the disk's I/O while QEMU drains and switches (milliseconds); the vCPUs never stop.
 Afterwards libvirt's live and persistent XML and the disk's header all name ``_base``. What the
-guest is on is decided from libvirt's XML, asked until it answers, never from what a call
-answered. A mark beside the interim file (:func:`mark`) says where the guest is as far as libvirt
-said last, and whether a pivot away from it was asked for; nova-compute's start settles what a
-detach left with libvirt (:func:`reconcile`), every start of a guest with the mark
-(:func:`recover`), and nothing that may hold the guest's last write is deleted
-(docs/nova-driver.md, Failures).
+guest is on is what libvirt's live XML says once no block job is left on the disk, asked until it
+answers, never what a call answered. A mark beside the interim file (:func:`mark`) says where
+the guest is as far as libvirt said last, and whether a pivot away from it was asked for; what a
+detach left is settled with libvirt (:func:`settle_guest`) when nova-compute starts and before
+Nova stops or moves the guest, and with the mark before every start (:func:`recover`); nothing
+that may hold the guest's last write is deleted (docs/nova-driver.md, Failures).
 
 A boot is over once yolofs' boot window of the base file has ended (no read for
 ``--record-idle-secs``) and ``detach_settle_seconds`` have passed, or after
@@ -39,6 +39,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from oslo_log import log as logging
+import psutil
 
 from yolo_common import images
 from yolo_nova.virt import backing
@@ -51,6 +52,8 @@ KEPT_SUFFIX = '.yolo-kept-'
 POLL_SECONDS = 2.0
 COPY_TIMEOUT = 300.0
 LIBVIRT_ANSWER_SECONDS = 300.0
+# A failed detach is tried again after each of these, then left to the guest's next start.
+RETRY_SECONDS = (30, 120, 600)
 PIVOTING = ', pivoting away from it'
 
 
@@ -71,30 +74,36 @@ def recover(disk_path):
     the guest starts on the file holding its writes, from the mark (see :func:`mark`):
 
     - no mark: ``disk.yolo-detach`` never was the guest's disk (a copy): removed;
-    - the guest is on the file the mark names: that file becomes ``disk``;
-    - a pivot away from the named file was under way: if ``disk`` holds nothing of its own,
-      the interim file is the guest's; else which file the guest was last on is unknown here
-      (libvirt's answer was lost with nova-compute or the host): the named one becomes
-      ``disk``, the other is kept beside it, and an alarm says so."""
+    - the guest is on the interim file: it becomes ``disk``;
+    - a pivot was asked for and its outcome is unknown: if ``disk`` holds nothing of its own
+      the interim file is the guest's; else both hold data and which one the guest was last on
+      is unknown here: the file it was on before the pivot becomes ``disk``, the other is kept
+      beside it, and an alarm says so.
+
+    Raises if it cannot tell (the start must not go on over the wrong file)."""
     interim = disk_path + DETACH_SUFFIX
     marked = read_mark(interim)
     if not os.path.exists(interim):
         if marked is not None:
             remove_mark(interim)
         return
-    if marked is None or marked == (os.path.basename(disk_path), False):
+    if marked is None:
         LOG.info('Removing %s, a copy that never became the disk of %s', interim, disk_path)
         os.unlink(interim)
-        remove_mark(interim)
         return
     name, pivoting = marked
     if not pivoting or not os.path.exists(disk_path) or not holds_data(disk_path):
         LOG.warning('%s is the current disk of an interrupted detach: moving it back to %s',
                     interim, disk_path)
         os.replace(interim, disk_path)
+        sync_directory(disk_path)
         remove_mark(interim)
         return
     kept = disk_path + KEPT_SUFFIX + time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())
+    LOG.error('ALARM: a detach of %s was interrupted during a pivot and libvirt could not say '
+              'which file the guest was last on; both hold data. The guest starts on the one '
+              'it was on before the pivot (%s, now %s); the other is kept as %s: compare them '
+              'before deleting it (docs/nova-driver.md)', disk_path, name, disk_path, kept)
     if name == os.path.basename(interim):
         os.replace(disk_path, kept)
         os.replace(interim, disk_path)
@@ -102,31 +111,49 @@ def recover(disk_path):
         os.replace(interim, kept)
     sync_directory(disk_path)
     remove_mark(interim)
-    LOG.error('ALARM: a detach of %s was interrupted during a pivot and libvirt could not say '
-              'which file the guest was last on; both hold data. The guest starts on the one '
-              'it was on before the pivot (now %s); the other is kept as %s: compare them '
-              'before deleting it (docs/nova-driver.md)', disk_path, disk_path, kept)
+
+
+def qcow2_alone(disk_path):
+    """qemu-img's name for the qcow2 file alone, its backing file not opened."""
+    return 'json:' + json.dumps({'driver': 'qcow2', 'backing': None,
+                                 'file': {'driver': 'file', 'filename': str(disk_path)}})
 
 
 def holds_data(disk_path):
     """Whether a qcow2 disk has clusters of its own (an overlay just made has none)."""
-    image = json.dumps({'driver': 'qcow2', 'backing': None,
-                        'file': {'driver': 'file', 'filename': str(disk_path)}})
-    out = subprocess.run(['qemu-img', 'map', '--output=json', '-U', 'json:' + image],
+    out = subprocess.run(['qemu-img', 'map', '--output=json', '-U', qcow2_alone(disk_path)],
                          check=True, capture_output=True, text=True).stdout
     return any(extent.get('present') for extent in json.loads(out))
 
 
+def held_by_qemu(path):
+    """Whether a running QEMU has the disk open (it holds QEMU's image locks on it)."""
+    if not os.path.exists(path):
+        return False
+    result = subprocess.run(['qemu-img', 'info', '--output=json', qcow2_alone(path)],
+                            capture_output=True, text=True)
+    return result.returncode != 0 and 'lock' in result.stderr
+
+
+def discard(path):
+    """Removes a disk file the guest was found not to be on; refuses one QEMU still holds
+    (libvirt's answer and QEMU's state may differ for a moment around a pivot)."""
+    if held_by_qemu(path):
+        raise LibvirtSilent('%s is still open in QEMU' % path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sync_directory(path)
+
+
 def mark(interim, current, pivoting=False):
     """Records, durably, which file the guest's disk is as far as libvirt said last, and
-    whether a pivot away from it is under way (requested, its outcome not known yet): written
-    just before the first pivot (``disk``, pivoting), after it (``disk.yolo-detach``), before
-    the second (``disk.yolo-detach``, pivoting), removed once the guest is known to be on
-    ``disk`` again. Without a mark, ``disk.yolo-detach`` is at most a copy."""
+    whether a pivot away from it was asked for and its outcome is not known yet: written just
+    before the first pivot (``disk``, pivoting), after it (``disk.yolo-detach``), before the
+    second (``disk.yolo-detach``, pivoting), removed once the guest is known to be on ``disk``
+    again. Without a mark, ``disk.yolo-detach`` is at most a copy."""
     path = interim + MARK_SUFFIX
     with open(path + '.new', 'w') as f:
-        f.write('the current disk of this instance is %s%s\n'
-                % (os.path.basename(current), PIVOTING if pivoting else ''))
+        json.dump({'current': os.path.basename(current), 'pivoting': pivoting}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + '.new', path)
@@ -134,20 +161,30 @@ def mark(interim, current, pivoting=False):
 
 
 def read_mark(interim):
-    """(file name, pivoting) of a mark, None if there is no mark."""
+    """(file name, pivoting) of a mark, None if there is none. A mark that cannot be read
+    says nothing sure: a pivot away from ``disk``, the start keeps both files."""
+    path = interim + MARK_SUFFIX
     try:
-        with open(interim + MARK_SUFFIX) as f:
-            text = f.read().strip()
+        with open(path) as f:
+            state = json.load(f)
+        return str(state['current']), bool(state['pivoting'])
     except FileNotFoundError:
         return None
-    pivoting = text.endswith(PIVOTING)
-    return text.removesuffix(PIVOTING).split()[-1], pivoting
+    except (OSError, ValueError, KeyError, TypeError):
+        LOG.error('The detach mark %s cannot be read', path)
+        return os.path.basename(interim[:-len(DETACH_SUFFIX)]), True
 
 
 def remove_mark(interim):
     with contextlib.suppress(FileNotFoundError):
         os.unlink(interim + MARK_SUFFIX)
     sync_directory(interim)
+
+
+def host_restarted_since(path):
+    """Whether the host started after ``path`` was last written: libvirt's own definitions
+    (renamed into place, their directory not synced) may then be older than they were."""
+    return psutil.boot_time() > os.stat(path).st_mtime
 
 
 def sync_directory(path):
@@ -171,38 +208,77 @@ def qcow2_file_disks(domain_xml):
     return disks
 
 
-def reconcile(domain_xml, running):
-    """At nova-compute's start, a detach it left unfinished is settled with what libvirt says
-    of the guest: its live XML if it runs (what QEMU is on), else its persistent one (which
-    libvirt rewrites once a pivot has taken effect).
+def mirrors(domain_xml):
+    """{target dev: state} of the disks with a block job's mirror: 'yes' (the copy is ready),
+    'pivot' or 'abort' (being ended), '' (copying)."""
+    found = {}
+    for disk in ET.fromstring(domain_xml).iterfind('./devices/disk'):
+        mirror, target = disk.find('mirror'), disk.find('target')
+        if mirror is not None and target is not None:
+            found[target.get('dev')] = mirror.get('ready') or ''
+    return found
 
-    - On ``disk.yolo-detach``: marked so (its next start takes it back; a running guest is
-      moved back by the detacher).
-    - On ``disk``, running: what the detach left is stale, removed.
-    - On ``disk``, stopped, the second pivot under way: it took effect, the rest is removed.
-      During the first, libvirt may not have recorded a pivot that took effect: left to
-      :func:`recover`.
 
-    Returns [(dev, interim)] of the running guest's disks on an interim file."""
+def reconcile(domain_xml, running, definition_reliable=None):
+    """Settles what a detach left, with libvirt's XML of the guest.
+
+    - Running: its live XML is what QEMU is on (once no block job is being ended:
+      :func:`settle_jobs` first). On ``disk.yolo-detach``: marked so (the detacher moves it
+      back, or its next start takes it back). On ``disk``: what the detach left is stale,
+      removed.
+    - Stopped: only a pivot whose outcome the mark does not know is settled, by libvirt's
+      persistent definition, which libvirt rewrites once a pivot has taken effect; but it
+      renames that file into place without syncing its directory, so after a host restart the
+      definition may be older than the last pivot: then, and for every mark that already knows,
+      the files are left to :func:`recover`.
+
+    ``definition_reliable(interim)``: whether a stopped guest's definition can be trusted
+    (default: the host has not restarted since the mark was written). Returns [(dev, interim)]
+    of the running guest's disks on an interim file."""
+    reliable = definition_reliable or (
+        lambda interim: not host_restarted_since(interim + MARK_SUFFIX))
     on_interim = []
     for dev, path, _ in qcow2_file_disks(domain_xml):
-        if path.endswith(DETACH_SUFFIX):
-            if os.path.exists(path) and read_mark(path) != (os.path.basename(path), False):
-                LOG.warning('%s is the current disk of an interrupted detach', path)
-                mark(path, path)
-            if running and os.path.exists(path):
-                on_interim.append((dev, path))
-            continue
-        interim = path + DETACH_SUFFIX
+        disk = path[:-len(DETACH_SUFFIX)] if path.endswith(DETACH_SUFFIX) else path
+        interim = disk + DETACH_SUFFIX
         marked = read_mark(interim)
-        if running or marked == (os.path.basename(interim), True):
-            if os.path.exists(interim) or marked is not None:
-                LOG.info('Removing %s, left by an interrupted detach: the guest is on %s',
-                         interim, path)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(interim)
-                remove_mark(interim)
+        if not running and (marked is None or not marked[1] or not reliable(interim)):
+            continue
+        if path == interim:
+            if os.path.exists(interim):
+                if marked != (os.path.basename(interim), False):
+                    LOG.warning('%s is the current disk of an interrupted detach', interim)
+                    mark(interim, interim)
+                if running:
+                    on_interim.append((dev, interim))
+        elif os.path.exists(interim) or marked is not None:
+            LOG.info('Removing %s, left by an interrupted detach: the guest is on %s',
+                     interim, disk)
+            discard(interim)
+            remove_mark(interim)
     return on_interim
+
+
+def settle_jobs(lookup_guest):
+    """A running guest's block jobs left by a detach that nova-compute did not finish (Nova's
+    own run under the detach lock): a pivot under way is waited for, a copy cancelled. Returns
+    the guest's live XML once none is left."""
+    for dev in mirrors(lookup_guest().get_xml_desc()):
+        current_file(lookup_guest, dev)
+    return lookup_guest().get_xml_desc()
+
+
+def settle_guest(lookup_guest, backing_files):
+    """What a detach left on a guest libvirt knows, settled (:func:`settle_jobs`,
+    :func:`reconcile`); returns (the base names of its disks on the mount, whether a disk is
+    on an interim file), both empty for a guest that does not run."""
+    guest = lookup_guest()
+    running = guest.is_active()
+    xml = settle_jobs(lookup_guest) if running else guest.get_xml_desc(dump_inactive=True)
+    on_interim = reconcile(xml, running)
+    if not running:
+        return [], False
+    return [name for _, _, name in disks_on_mount(xml, backing_files)], bool(on_interim)
 
 
 def open_windows(status):
@@ -243,18 +319,19 @@ def disks_on_interim(domain_xml):
 def move_backing(lookup_guest, dev, disk_path, backing_path):
     """The two copies above, onto ``backing_path`` (a file with the same bytes as the current
     backing file: ``_base``'s for a detach); returns the pivots' durations in seconds.
-    ``lookup_guest``: the running guest, looked up again (a libvirtd that restarted needs a new
-    connection). Raises if the guest did not end on ``disk``; a file is removed only once
-    libvirt says the guest is not on it."""
+    ``lookup_guest``: the running guest, looked up again each time (a libvirtd that restarted
+    needs a new connection). Raises if the guest did not end on ``disk``; a file is removed
+    only once libvirt says, with no job left on the disk, that the guest is not on it, and QEMU
+    does not hold it."""
     info = images.info(disk_path)
     size, backing_format = info['virtual-size'], info.get('backing-filename-format', 'raw')
     interim = disk_path + DETACH_SUFFIX
     images.create_overlay(backing_path, interim, backing_format, size=size)
     _step('interim created')
-    first = pivot(lookup_guest, dev, disk_path, interim)
-    if first is None:
+    where, first = pivot(lookup_guest, dev, disk_path, interim, interim)
+    if where == disk_path:
+        discard(interim)
         remove_mark(interim)
-        os.unlink(interim)
         raise PivotFailed('the guest stayed on %s' % disk_path)
     mark(interim, interim)
     _step('on the interim disk')
@@ -264,23 +341,22 @@ def move_backing(lookup_guest, dev, disk_path, backing_path):
 
 def move_back(lookup_guest, dev, disk_path, interim, backing_path, backing_format, size):
     """The second copy: the guest, on ``interim``, back onto ``disk`` made again over
-    ``backing_path``. Also how a detach that nova-compute left there is finished."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(disk_path)
+    ``backing_path``; returns the pivot's duration. Also how a detach that nova-compute left
+    there is finished."""
+    discard(disk_path)
     images.create_overlay(backing_path, disk_path, backing_format, size=size)
     _step('disk made again')
-    second = pivot(lookup_guest, dev, interim, disk_path)
-    if second is None:
+    where, second = pivot(lookup_guest, dev, interim, disk_path, interim)
+    if where == interim:
         # Empty again, so that the next start takes the interim disk back without doubt.
-        os.unlink(disk_path)
+        discard(disk_path)
         images.create_overlay(backing_path, disk_path, backing_format, size=size)
         mark(interim, interim)
         raise PivotFailed('the guest stayed on %s' % interim)
     _step('back on the disk')
     remove_mark(interim)
     _step('mark removed')
-    os.unlink(interim)
-    sync_directory(interim)
+    discard(interim)
     return second
 
 
@@ -288,71 +364,44 @@ class PivotFailed(Exception):
     """A pivot that libvirt says did not take effect (the guest is where it was)."""
 
 
+class LibvirtSilent(Exception):
+    """libvirt did not say where a guest's disk is, or QEMU and libvirt disagree."""
+
+
 def _step(name):
     """Each step of a detach, named for the tests that interrupt it there (fault injection:
     nova-compute killed, libvirtd restarted)."""
 
 
-def pivot(lookup_guest, dev, source, destination):
-    """copy_and_pivot from ``source`` to ``destination``; its duration in seconds (NaN if the
-    call failed but the pivot took effect), None if the guest stayed on ``source``. Where the
-    guest is afterwards is what libvirt's live XML says, never what a call answered (a pivot
-    takes effect in QEMU before libvirt answers: libvirtd restarting in between fails the
-    call), asked until libvirt answers. Raises LibvirtSilent if it does not in
-    LIBVIRT_ANSWER_SECONDS: then the mark keeps both files for the next start. The mark says a
-    pivot is under way from just before it is asked for."""
-    interim = min(source, destination, key=len) + DETACH_SUFFIX
+def pivot(lookup_guest, dev, source, destination, interim):
+    """A copy of ``dev`` from ``source`` onto ``destination``, then a pivot: (the file the guest
+    is on afterwards, ``source`` or ``destination``; the seconds from the pivot's request to
+    its end). Where the guest is, is what libvirt's live XML says once no job is left on the
+    disk (:func:`current_file`), never what a call answered: a pivot takes effect in QEMU before
+    libvirt answers, and libvirtd restarting in between fails the call. The mark of ``interim``
+    says a pivot is under way from just before it is asked for."""
+    requested = None
     try:
-        return copy_and_pivot(lookup_guest(), dev, destination,
-                              before_pivot=lambda: mark(interim, source, pivoting=True))
+        block = lookup_guest().get_block_device(dev)
+        copy(block, destination)
+        _step('copied')
+        mark(interim, source, pivoting=True)
+        _step('pivoting')
+        requested = time.monotonic()
+        block.abort_job(async_=True, pivot=True)
+        _step('pivot requested')
     except Exception:
         LOG.warning('The copy of %s onto %s failed', dev, destination, exc_info=True)
-    guest, where = where_is(lookup_guest, dev)
-    if where == destination:
-        LOG.warning('The pivot onto %s took effect all the same', destination)
-        return float('nan')
-    if where == source:
-        # A copy still running would keep writing into a file about to go.
-        with contextlib.suppress(Exception):
-            block = guest.get_block_device(dev)
-            if block.get_job_info() is not None:
-                block.abort_job()
-        return None
-    raise LibvirtSilent('libvirt names %s for %s, neither %s nor %s'
-                        % (where, dev, source, destination))
+    where = current_file(lookup_guest, dev)
+    if where not in (source, destination):
+        raise LibvirtSilent('libvirt names %s for %s, neither %s nor %s'
+                            % (where, dev, source, destination))
+    return where, (time.monotonic() - requested if requested else float('nan'))
 
 
-class LibvirtSilent(Exception):
-    """libvirt did not say where a guest's disk is."""
-
-
-def where_is(lookup_guest, dev):
-    """(guest, the file ``dev`` is on per libvirt's XML), asking until libvirt answers (at most
-    LIBVIRT_ANSWER_SECONDS; (None, None) then)."""
-    deadline = time.monotonic() + LIBVIRT_ANSWER_SECONDS
-    while True:
-        try:
-            guest = lookup_guest()
-            if guest is not None:
-                sources = {d: path for d, path, _ in qcow2_file_disks(guest.get_xml_desc())}
-                return guest, sources.get(dev)
-        except Exception:
-            LOG.debug('libvirt does not answer yet', exc_info=True)
-        if time.monotonic() > deadline:
-            return None, None
-        time.sleep(1)
-
-
-def copy_and_pivot(guest, dev, destination, before_pivot):
-    """A shallow block copy of ``dev`` into ``destination`` (a qcow2 over the same bytes as the
-    current backing file), then ``before_pivot()`` and a pivot onto it; returns how long the
-    pivot took."""
-    block = guest.get_block_device(dev)
-    # A copy left by a detach that nova-compute did not finish (Nova's own block jobs run
-    # under the detach lock): cancelled (synchronously), its destination is not the disk.
-    if block.get_job_info() is not None:
-        LOG.warning('Cancelling the block job left on %s', dev)
-        block.abort_job()
+def copy(block, destination):
+    """A shallow block copy of the disk into ``destination`` (a qcow2 over the same bytes as
+    the current backing file), until it is ready to pivot."""
     xml = "<disk type='file'><driver type='qcow2'/><source file='%s'/></disk>" % destination
     # TRANSIENT_JOB: libvirt refuses copies of persistent domains' disks otherwise (the job
     # cannot be resumed if the guest stops meanwhile: then the copy is simply lost).
@@ -363,31 +412,54 @@ def copy_and_pivot(guest, dev, destination, before_pivot):
             raise TimeoutError('the copy to %s did not converge in %ss'
                                % (destination, COPY_TIMEOUT))
         time.sleep(0.05)
-    if block.get_job_info() is None:
-        raise RuntimeError('the copy to %s ended before its pivot (cancelled?)' % destination)
-    _step('copied')
-    before_pivot()
-    _step('pivoting')
-    started = time.monotonic()
-    block.abort_job(pivot=True)
-    seconds = time.monotonic() - started
-    _step('pivoted')
-    return seconds
+
+
+def current_file(lookup_guest, dev):
+    """The file ``dev`` is on per libvirt's live XML once no block job is left on it: a pivot
+    or cancellation under way is waited for, a copy whose pivot was not asked for (or not
+    taken) is cancelled. Asks again, on new connections, until libvirt answers; raises
+    LibvirtSilent after LIBVIRT_ANSWER_SECONDS."""
+    deadline = time.monotonic() + LIBVIRT_ANSWER_SECONDS
+    cancelled = False
+    while True:
+        try:
+            guest = lookup_guest()
+            xml = guest.get_xml_desc()
+            state = mirrors(xml).get(dev)
+            if state is None:
+                return {d: path for d, path, _ in qcow2_file_disks(xml)}.get(dev)
+            if state not in ('pivot', 'abort') and not cancelled:
+                LOG.warning('Cancelling the copy left on %s', dev)
+                guest.get_block_device(dev).abort_job(async_=True)
+                cancelled = True
+        except Exception:
+            LOG.debug('libvirt does not answer yet', exc_info=True)
+        if time.monotonic() > deadline:
+            raise LibvirtSilent('libvirt did not say in %ss where %s is'
+                                % (LIBVIRT_ANSWER_SECONDS, dev))
+        time.sleep(0.2)
 
 
 class Watch:
-    """A started guest waiting for its boot to be over."""
+    """A started guest waiting for its boot to be over, or for another try at its detach."""
 
     def __init__(self, instance_uuid, names, started):
         self.instance_uuid = instance_uuid
         self.names = names
         self.started = started
         self.window_seen = False
+        self.failures = 0
+        self.next_try = 0.0
+
+
+class DetachFailed(Exception):
+    """A detach that did not end with the guest's disks on ``_base``."""
 
 
 class Detacher:
     """Watches started guests and detaches each once its boot is over, one at a time, on a
-    thread of its own (a copy of a few megabytes, two pivots)."""
+    thread of its own (a copy of a few megabytes, two pivots). A detach that fails is tried
+    again RETRY_SECONDS later, then left to the guest's next start."""
 
     def __init__(self, backing_files, lookup_guest, settle_seconds, max_seconds):
         self.backing_files = backing_files
@@ -430,32 +502,44 @@ class Detacher:
         now = time.monotonic()
         for uuid, watch in list(watched.items()):
             watch.window_seen = watch.window_seen or bool(open_windows(status) & watch.names)
-            if not boot_is_over(status, watch.names, now - watch.started, self.settle_seconds,
-                                self.max_seconds, watch.window_seen):
+            if now < watch.next_try or not boot_is_over(
+                    status, watch.names, now - watch.started, self.settle_seconds,
+                    self.max_seconds, watch.window_seen):
                 continue
             # A base file being filled (docs/first-boot.md) is not in _base yet to move onto.
             if not all(os.path.exists(self.backing_files.base_path(name))
                        for name in watch.names):
                 continue
-            # Not while Nova works on the guest (a migration may take long): next time round.
-            if self.detach(uuid, wait=False) is not None:
-                del watched[uuid]
+            try:
+                # Not while Nova works on the guest (a migration may take long): next round.
+                if self.detach(uuid, wait=False) is None:
+                    continue
+            except DetachFailed:
+                if watch.failures < len(RETRY_SECONDS):
+                    watch.next_try = now + RETRY_SECONDS[watch.failures]
+                    watch.failures += 1
+                    continue
+                LOG.error('Instance %s stays where it is until its next start: its detach '
+                          'failed %d times', uuid, watch.failures + 1)
+            del watched[uuid]
 
     def detach(self, instance_uuid, wait=True):
         """Moves every disk of the running guest that is on the mount to ``_base``, and
         finishes a detach left halfway (a disk on its interim file); returns
         [(dev, first pivot seconds, second pivot seconds)], or None if Nova holds the guest and
-        ``wait`` is false. Never raises: a guest left where it was runs on as before."""
+        ``wait`` is false. Raises DetachFailed (logged) if a disk is not on ``_base`` in the
+        end: the guest runs on where it is."""
         guest_lock = lock(instance_uuid)
         if not guest_lock.acquire(blocking=wait):
             return None
         done = []
         try:
-            guest = self.lookup_guest(instance_uuid)
+            lookup = functools.partial(self.lookup_guest, instance_uuid)
+            guest = lookup()
             if guest is None or not guest.is_active():
                 return done
-            xml = guest.get_xml_desc()
-            lookup = functools.partial(self.lookup_guest, instance_uuid)
+            xml = settle_jobs(lookup)
+            reconcile(xml, running=True)
             for dev, path, name in disks_on_mount(xml, self.backing_files):
                 base = self.backing_files.base_path(name)
                 pivots = move_backing(lookup, dev, path, base)
@@ -471,9 +555,9 @@ class Detacher:
                 LOG.info('Finished the detach of %s, left on %s', dev, interim)
                 done.append((dev, float('nan'), second))
             self.detached[instance_uuid] = done
-        except Exception:
-            LOG.exception('Could not move instance %s off the yolofs mount; where its disks '
-                          'are is settled at its next start', instance_uuid)
+        except Exception as e:
+            LOG.exception('Could not move instance %s off the yolofs mount', instance_uuid)
+            raise DetachFailed(str(e)) from e
         finally:
             guest_lock.release()
         return done

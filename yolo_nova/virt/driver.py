@@ -162,22 +162,16 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 LOG.exception('Could not look for the fill files of an earlier nova-compute')
         if self.yolo_detacher is None:
             return
-        # Guests that were running while nova-compute was away: an interrupted detach is
-        # settled with what libvirt says (and finished), guests still on the mount are watched
-        # again.
-        try:
-            for guest in self._host.list_guests(only_running=False):
-                xml = guest.get_xml_desc()
-                running = guest.is_active()
-                on_interim = detach.reconcile(xml, running)
-                if running:
-                    on_mount = [name for _, _, name in detach.disks_on_mount(
-                        xml, self.yolo_backing)]
-                    if on_mount or on_interim:
-                        self.yolo_detacher.watch(guest.uuid, on_mount,
-                                                 at_once=bool(on_interim))
-        except Exception:
-            LOG.exception('Could not look for guests to detach from yolofs')
+        # Guests that were running while nova-compute was away: what an interrupted detach left
+        # is settled with libvirt (and finished), guests still on the mount are watched again.
+        for guest in self._host.list_guests(only_running=False):
+            try:
+                on_mount, on_interim = detach.settle_guest(
+                    functools.partial(self._yolo_guest, guest.uuid), self.yolo_backing)
+                if on_mount or on_interim:
+                    self.yolo_detacher.watch(guest.uuid, on_mount, at_once=on_interim)
+            except Exception:
+                LOG.exception('Could not settle the detach of guest %s', guest.uuid)
 
     def _yolo_fail_guests_of(self, fill, failure=None):
         """A fill failed under guests started over it: as a failed download fails a normal
@@ -384,8 +378,9 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         healthy = status is not None
         on_mount = []
         for _, path, _ in detach.qcow2_file_disks(xml):
+            # Not caught: a start over a disk that is not the guest's latest must not happen.
+            detach.recover(path)
             try:
-                detach.recover(path)
                 placed = self.yolo_backing.place(path, healthy)
             except Exception:
                 # The guest start that follows reports the real problem, if there is one.
@@ -457,15 +452,38 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             block_device_info=block_device_info)
         if self.yolo_detacher is None:
             return
-        guest = self._yolo_guest(instance.uuid)
         try:
-            on_mount = [name for _, _, name in detach.disks_on_mount(
-                guest.get_xml_desc(), self.yolo_backing)] if guest is not None else []
+            on_mount, on_interim = detach.settle_guest(
+                functools.partial(self._yolo_guest, instance.uuid), self.yolo_backing)
         except Exception:
             LOG.exception('Could not read the disks of the migrated guest', instance=instance)
             return
-        if on_mount:
+        if on_mount or on_interim:
             self.yolo_detacher.watch(instance.uuid, on_mount, at_once=True)
+
+    def _yolo_settle_detach(self, instance, moving):
+        """Before Nova stops or moves a guest: what a detach left is settled while libvirt
+        still knows where the running guest is (after Nova's destroy the next start could only
+        guess); a guest that leaves this host (``moving``) must be on its own disks, not on an
+        interim file Nova would not carry with its mark (a stopped one's are recovered)."""
+        if self.yolo_detacher is None:
+            return
+        guest = self._yolo_guest(instance.uuid)
+        if guest is None:
+            return
+        lookup = functools.partial(self._yolo_guest, instance.uuid)
+        if guest.is_active():
+            _, on_interim = detach.settle_guest(lookup, self.yolo_backing)
+            if moving and on_interim:
+                try:
+                    self.yolo_detacher.detach(instance.uuid)
+                except detach.DetachFailed as e:
+                    raise exception.InstanceFaultRollback(
+                        inner_exception=exception.NovaException(
+                            'its disk could not be moved back from its detach: %s' % e))
+        elif moving:
+            for _, path, _ in detach.qcow2_file_disks(guest.get_xml_desc(dump_inactive=True)):
+                detach.recover(path.removesuffix(detach.DETACH_SUFFIX))
 
     def _check_shared_disk_is_served(self, instance):
         """MigrationPreCheckError if the instance's disk, seen from this host (so on storage
@@ -573,25 +591,39 @@ def booting_window(known):
     return 2 * (known.alpha + known.beta)
 
 
-def serialized_with_detach(method):
-    """``method`` of the driver, run under the instance's detach lock (see detach.lock)."""
+def serialized_with_detach(method, settle=None):
+    """``method`` of the driver, run under the instance's detach lock (see detach.lock);
+    ``settle``: 'stop' or 'move' if it stops or moves the guest (_yolo_settle_detach first)."""
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
         instance = kwargs.get('instance')
         if instance is None:
             instance = next(a for a in args if hasattr(a, 'uuid') and hasattr(a, 'image_ref'))
         with detach.lock(instance.uuid):
+            if settle == 'move':
+                self._yolo_settle_detach(instance, moving=True)
+            elif settle:
+                # Never in the way of stopping a guest: the next start settles it then.
+                try:
+                    self._yolo_settle_detach(instance, moving=False)
+                except Exception:
+                    LOG.exception('Could not settle the detach of the guest before it stops',
+                                  instance=instance)
             return method(self, *args, **kwargs)
     return wrapped
 
 
-# Nova's operations on a guest's disks and domain: none runs while a detach copies its disks.
-for _name in ('snapshot', 'reboot', 'power_off', 'power_on', 'destroy', 'rescue', 'unrescue',
-              'suspend', 'resume', 'pause', 'unpause', 'live_migration',
-              'migrate_disk_and_power_off', 'attach_volume', 'detach_volume', 'swap_volume',
-              'volume_snapshot_create', 'volume_snapshot_delete'):
+# Nova's operations on a guest's disks and domain: none runs while a detach copies its disks;
+# those that stop or move the guest settle what a detach left first.
+SERIALIZED_WITH_DETACH = {
+    'snapshot': None, 'reboot': 'stop', 'power_off': 'stop', 'power_on': None,
+    'destroy': 'stop', 'rescue': 'stop', 'unrescue': None, 'suspend': 'stop', 'resume': None,
+    'pause': None, 'unpause': None, 'live_migration': 'move',
+    'migrate_disk_and_power_off': 'move', 'attach_volume': None, 'detach_volume': None,
+    'swap_volume': None, 'volume_snapshot_create': None, 'volume_snapshot_delete': None}
+for _name, _settle in SERIALIZED_WITH_DETACH.items():
     setattr(YoloLibvirtDriver, _name,
-            serialized_with_detach(getattr(libvirt_driver.LibvirtDriver, _name)))
+            serialized_with_detach(getattr(libvirt_driver.LibvirtDriver, _name), _settle))
 
 
 def yolo_serves_disks():

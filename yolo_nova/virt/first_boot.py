@@ -24,6 +24,7 @@ file; the guests started over it are then failed as a failed download fails a no
 (``FirstBoots.on_failed``, the driver's).
 """
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -222,6 +223,8 @@ class Fill:
     the in-order download yields to the guests booting over them.
     """
     after_complete = None
+    # Called when the fill fails outside its run (its run may wait for a download for long).
+    after_failed_elsewhere = None
 
     def __init__(self, base_dir, name, size, client, image_id, boot_image_id, boot_image_path,
                  pacer=None):
@@ -238,6 +241,7 @@ class Fill:
         self.reason = None
         self.boot_image_matches = None
         self.disks = set()
+        self.guests_stopped = False
         self.pacer = pacer or Pacer()
         self._ended = threading.Event()
         # Set once the fill holds Nova's lock and yolofs serves its file, or has ended.
@@ -288,7 +292,8 @@ class Fill:
         fill under way, not one left behind (FirstBoots.abandon_leftovers)."""
         # What yolofs is asked to serve, as verified: a yolofs restarted mid-fill is asked
         # again only if the file still is (_serve_again).
-        self._boot_image_digest = boot_image_digest(self.boot_image_path)
+        self._boot_image_state = (os.stat(self.boot_image_path),
+                                  boot_image_digest(self.boot_image_path))
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._owner_fd = fd
         # Blocking: another host's check of the new file (filled_elsewhere) holds it a moment.
@@ -348,6 +353,7 @@ class Fill:
         try:
             self._stream = hashlib.new(self.algorithm)
             fd = os.open(self.path, os.O_RDWR)
+            written = os.fstat(fd).st_ino
             try:
                 if helper is not None:
                     helper.start()     # before the renice, which threads started after inherit
@@ -363,6 +369,11 @@ class Fill:
             if inspect is not None:
                 inspect(self.path)
             with self._report_lock:
+                # Ended meanwhile (on another thread), or the file is no longer this fill's.
+                if not self.running:
+                    raise FillFailed('the fill was ended: %s' % self.reason)
+                if os.stat(self.path).st_ino != written:
+                    raise FillFailed('the fill file is not the one written')
                 self._closing = True
             self.boot_image_matches = self._end_complete()
             os.rename(self.path, self.base_path)
@@ -439,17 +450,36 @@ class Fill:
             except (OSError, ValueError) as e:
                 LOG.debug('yolofs did not take a range of fill %s: %s', self.file, e)
 
+    def _boot_image_unchanged(self):
+        """Whether the boot image file is the one verified (hashed again only if its
+        status changed since the last look)."""
+        try:
+            now = os.stat(self.boot_image_path)
+            seen, digest = self._boot_image_state
+            if (now.st_ino, now.st_size, now.st_mtime_ns, now.st_ctime_ns) == (
+                    seen.st_ino, seen.st_size, seen.st_mtime_ns, seen.st_ctime_ns):
+                return True
+            return boot_image_digest(self.boot_image_path) == digest
+        except OSError:
+            return False
+
     def _serve_again(self):
         """Has a yolofs without the fill (restarted since) serve it again, told every range
         written so far; whether it had none."""
         with self._report_lock:
             if self._closing:
                 return False
-            if boot_image_digest(self.boot_image_path) != self._boot_image_digest:
-                LOG.error('ALARM: the boot image file of fill %s (%s) changed since it was '
-                          'verified; yolofs, restarted, is not asked to serve it: the fill '
-                          'fails and its guests are stopped', self.file, self.boot_image_path)
+            if not self._boot_image_unchanged():
+                kept = self.boot_image_path + '.changed'
+                with contextlib.suppress(OSError):
+                    os.replace(self.boot_image_path, kept)
+                LOG.error('ALARM: the boot image file of fill %s changed since it was verified '
+                          '(kept as %s); yolofs, restarted, is not asked to serve it: the fill '
+                          'fails and its guests are stopped', self.file, kept)
                 self.fail('its boot image file changed while yolofs restarted')
+                if self.after_failed_elsewhere is not None:
+                    threading.Thread(target=self.after_failed_elsewhere, args=(self,),
+                                     daemon=True).start()
                 return False
             try:
                 if self.client.fill_begin(self.file, self.boot_image_path,
@@ -881,6 +911,7 @@ class FirstBoots:
                 fill = Fill(self.base_dir, name, size, self.client, image_id, boot_image_id,
                             boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
                 fill.after_complete = self._keep_boot_image
+                fill.after_failed_elsewhere = self._stop_guests
                 try:
                     threading.Thread(target=self._fill, args=(fill, run),
                                      name='yolo-fill-%s' % name, daemon=True).start()
@@ -919,16 +950,25 @@ class FirstBoots:
             self.fills_with_expired_tokens += 1
         if not fill.disks:
             return
-        if fill.outcome == 'failed' and self.on_failed is not None:
-            try:
-                self.on_failed(fill)
-            except Exception:
-                LOG.exception('After the failed fill of base file %s', fill.name)
+        if fill.outcome == 'failed':
+            self._stop_guests(fill)
         elif fill.boot_image_matches is False and self.on_mismatch is not None:
             try:
                 self.on_mismatch(fill)
             except Exception:
                 LOG.exception('After the fill of base file %s', fill.name)
+
+    def _stop_guests(self, fill):
+        """on_failed for the guests over a failed fill, once (the fill may fail on another
+        thread while its run still waits for a download)."""
+        with self._lock:
+            if fill.guests_stopped or not fill.disks or self.on_failed is None:
+                return
+            fill.guests_stopped = True
+        try:
+            self.on_failed(fill)
+        except Exception:
+            LOG.exception('After the failed fill of base file %s', fill.name)
 
     def _fill_locked(self, fill, run):
         # Nova's external lock of the base file, as its Image.cache takes it; held by Nova for

@@ -6,6 +6,7 @@ real boots); downloads, format checks, the qemu-img conversion and every yolofs 
 """
 
 import copy
+import datetime
 import hashlib
 import subprocess
 import threading
@@ -209,6 +210,16 @@ def test_boot_images_the_workers_key_did_not_sign_are_deleted_however_old(
     boot_image = glance.images[kept]
     assert signer.verifier().verify(boot_image[contract.SIGNATURE], source, 'sha512',
                                     hashlib.sha512(boot_image['file'].read_bytes()).hexdigest())
+
+
+def test_a_young_unsigned_boot_image_may_be_another_workers_and_is_left_for_now(
+        glance, make_worker):
+    source = glance.add(raw_disk())
+    now = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+    being_signed = glance.add(b'another worker\'s', container_format='yolo', os_hidden=True,
+                              created_at=now, **{glance_api.SOURCE_IMAGE_ID: source})
+    assert make_worker().build(source) == 'ready'
+    assert being_signed in glance.images
 
 
 def test_boot_images_that_no_longer_count_are_built_again_by_the_scan(

@@ -4,6 +4,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from yolo_common import images
 from yolo_nova.virt import detach
 
@@ -120,19 +122,56 @@ def test_nova_computes_start_settles_marks_with_what_libvirt_says(tmp_path):
     # A running guest on the interim disk: marked, and returned to be moved back.
     assert detach.reconcile(domain(interim), running=True) == [('vda', str(interim))]
     assert detach.read_mark(str(interim)) == (interim.name, False)
-    # A stopped guest that libvirt names on disk during the first pivot: libvirt may not have
-    # recorded a pivot that took effect, left to the start.
-    detach.mark(str(interim), str(disk), pivoting=True)
-    assert detach.reconcile(domain(disk), running=False) == []
-    assert detach.read_mark(str(interim)) == (disk.name, True) and interim.exists()
     # A running guest on disk: what the detach left is stale.
     assert detach.reconcile(domain(disk), running=True) == []
     assert not interim.exists() and detach.read_mark(str(interim)) is None
-    # A stopped guest on disk during the second pivot: it took effect.
-    interim.write_bytes(b'former')
-    detach.mark(str(interim), str(interim), pivoting=True)
-    assert detach.reconcile(domain(disk), running=False) == []
-    assert not interim.exists() and detach.read_mark(str(interim)) is None
+
+
+def test_a_stopped_guests_definition_settles_only_an_unknown_pivot_and_only_if_reliable(
+        tmp_path):
+    interim = tmp_path / 'disk.yolo-detach'
+
+    def left(marked, names, reliable):
+        interim.write_bytes(b'interim')
+        if marked:
+            detach.mark(str(interim), str(tmp_path / marked[0]), pivoting=marked[1])
+        else:
+            detach.remove_mark(str(interim))
+        detach.reconcile(domain(tmp_path / names), running=False,
+                         definition_reliable=lambda _: reliable)
+        return interim.exists(), detach.read_mark(str(interim))
+
+    # The first pivot's outcome unknown: libvirt's definition names disk, it did not happen.
+    assert left(('disk', True), 'disk', True) == (False, None)
+    # It names the interim disk: it happened.
+    assert left(('disk', True), 'disk.yolo-detach', True) == (True, (interim.name, False))
+    # The second pivot took effect.
+    assert left(('disk.yolo-detach', True), 'disk', True) == (False, None)
+    # After a host restart the definition may be older than the pivot: left to the start.
+    assert left(('disk.yolo-detach', True), 'disk', False) == (True, (interim.name, True))
+    # A mark that knows, or none: the definition is not asked.
+    assert left(('disk.yolo-detach', False), 'disk', True) == (True, (interim.name, False))
+    assert left(None, 'disk.yolo-detach', True) == (True, None)
+
+
+def test_a_mark_that_cannot_be_read_keeps_both_files(tmp_path):
+    disk = qcow2(tmp_path / 'disk', data=1)
+    qcow2(tmp_path / 'disk.yolo-detach', data=2)
+    (tmp_path / 'disk.yolo-detach.current').write_text('')
+    detach.recover(str(disk))
+    assert pattern_at_64k(disk) == 1
+    [kept] = tmp_path.glob('disk.yolo-kept-*')
+    assert pattern_at_64k(kept) == 2
+
+
+def test_a_start_over_a_disk_it_cannot_settle_fails(tmp_path, monkeypatch):
+    disk = qcow2(tmp_path / 'disk', data=1)
+    interim = qcow2(tmp_path / 'disk.yolo-detach', data=2)
+    detach.mark(str(interim), str(disk), pivoting=True)
+    monkeypatch.setenv('PATH', str(tmp_path))     # no qemu-img: holds_data cannot tell
+    with pytest.raises(OSError):
+        detach.recover(str(disk))
+    assert interim.exists() and detach.read_mark(str(interim)) == (disk.name, True)
 
 
 def test_the_detach_lock_is_one_per_instance_and_reentrant():
