@@ -38,6 +38,7 @@ from yolo_common import yolofs
 from yolo_nova import calibration
 from yolo_nova import host_stats
 from yolo_nova.virt import backing
+from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
 from yolo_nova.virt import first_boot
 
@@ -697,6 +698,38 @@ class TestMoves(DriverTestCase):
     def test_block_migration_to_a_host_with_yolofs_down_uses_base(self):
         self.yolofs_down()
         self.assertEqual(str(self.base), self.block_migrate())
+
+    def guest_on(self, path, running=True):
+        guest = mock.Mock()
+        guest.is_active.return_value = running
+        guest.get_xml_desc.return_value = self.domain_xml(path)
+        return guest
+
+    def test_a_guest_that_leaves_the_host_is_moved_back_from_its_interim_disk_first(self):
+        # Nova carries the files the domain names, not the detach's mark.
+        self.create_root_disk()
+        interim = self.instance_dir / 'disk.yolo-detach'
+        interim.write_bytes(b'the guest is here')
+        with mock.patch.object(self.drvr, '_yolo_guest', return_value=self.guest_on(interim)), \
+                mock.patch.object(self.drvr.yolo_detacher, 'detach') as detach_now, \
+                mock.patch.object(libvirt_driver.LibvirtDriver,
+                                  'migrate_disk_and_power_off') as nova_s:
+            self.drvr.migrate_disk_and_power_off(self.context, self.instance, 'dest', None, [])
+            detach_now.assert_called_once_with(self.instance.uuid)
+            nova_s.assert_called_once()
+            # Moved back it could not be: the move is refused, the instance left as it was.
+            detach_now.reset_mock(), nova_s.reset_mock()
+            detach_now.side_effect = detach.DetachFailed('libvirt did not answer')
+            self.assertRaises(exception.InstanceFaultRollback,
+                              self.drvr.migrate_disk_and_power_off, self.context,
+                              self.instance, 'dest', None, [])
+            nova_s.assert_not_called()
+
+    def test_stopping_a_guest_is_never_held_up_by_what_a_detach_left(self):
+        with mock.patch.object(self.drvr, '_yolo_guest', side_effect=RuntimeError('libvirt')), \
+                mock.patch.object(libvirt_driver.LibvirtDriver, 'power_off') as nova_s:
+            self.drvr.power_off(self.instance)
+        nova_s.assert_called_once()
 
     def test_a_guest_that_arrived_on_the_mount_is_detached_at_once(self):
         # It did not start here, so nothing else would move it off this host's mount.

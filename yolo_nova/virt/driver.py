@@ -591,11 +591,12 @@ def booting_window(known):
     return 2 * (known.alpha + known.beta)
 
 
-def serialized_with_detach(method, settle=None):
-    """``method`` of the driver, run under the instance's detach lock (see detach.lock);
+def serialized_with_detach(name, settle=None):
+    """Nova's driver method ``name``, run under the instance's detach lock (see detach.lock);
     ``settle``: 'stop' or 'move' if it stops or moves the guest (_yolo_settle_detach first)."""
-    @functools.wraps(method)
+    @functools.wraps(getattr(libvirt_driver.LibvirtDriver, name))
     def wrapped(self, *args, **kwargs):
+        method = getattr(libvirt_driver.LibvirtDriver, name)
         instance = kwargs.get('instance')
         if instance is None:
             instance = next(a for a in args if hasattr(a, 'uuid') and hasattr(a, 'image_ref'))
@@ -622,8 +623,7 @@ SERIALIZED_WITH_DETACH = {
     'migrate_disk_and_power_off': 'move', 'attach_volume': None, 'detach_volume': None,
     'swap_volume': None, 'volume_snapshot_create': None, 'volume_snapshot_delete': None}
 for _name, _settle in SERIALIZED_WITH_DETACH.items():
-    setattr(YoloLibvirtDriver, _name,
-            serialized_with_detach(getattr(libvirt_driver.LibvirtDriver, _name), _settle))
+    setattr(YoloLibvirtDriver, _name, serialized_with_detach(_name, _settle))
 
 
 def yolo_serves_disks():
