@@ -1,21 +1,67 @@
-"""The devstack plugin, phase by phase, on compute, controller and all-in-one nodes.
+"""The devstack plugin on compute, controller and all-in-one nodes, run by devstack's own code.
 
-devstack itself needs systemd, root and a network, so the plugin runs here against a stand-in
-(devstack_standin/functions.sh) of the devstack functions it calls, with fake commands (sudo,
-cargo, curl, yolo-configure, ...) on PATH; both record every call, and the tests read them back.
+Real: devstack itself, from ../shared/upstream/devstack beside the repository (openstack/devstack,
+where CI has it; every test fails without it). A local.conf whose [[local|localrc]] section has
+`enable_plugin yolo file://<this checkout> main` goes through devstack's extract_localrc_section
+and stackrc; fetch_plugins clones the plugin, run_phase source loads its settings and run_phase
+runs each phase, as stack.sh, unstack.sh and clean.sh do: devstack_harness/run repeats those
+scripts' steps that concern plugins, in their order and under their shell options (stack.sh:
+errexit and xtrace, the latter here from the plugin's settings on; neither pipefail nor nounset,
+which it sets only for NOUNSET=1 and which devstack's own files do not survive; unstack.sh and
+clean.sh: xtrace only). The scripts themselves refuse to run as root, and go on to install and
+start OpenStack. The harness sources devstack's functions (functions-common, inc/*), stackrc,
+openrc, extras.d and, of lib/*, those the plugin uses: rpc_backend, keystone, glance, nova and
+cinder. install_package, pip_install, run_process, stop_process, get_or_create_user, async_wait,
+die, ... are devstack's: the tests read the commands they ran and the unit files run_process
+wrote.
+
+Stubbed, because they would change the machine: devstack_harness/fake stands in for each of these
+commands and records every call, which the tests read back.
+  sudo         runs nothing, except the grep, sed and tee of devstack's `iniset -sudo` on a file in
+               the scratch directory
+  systemctl    devstack's USER_UNITS=True makes run_process write its real unit files under
+               $HOME, the scratch directory, and call `systemctl --user`
+  apt-get, dnf, pip     what install_package and pip_install run (pip: in devstack's venv, which
+                        stack.sh makes before the pre-install phase)
+  git, curl             the network (git's clone of the file:// URL is a tree of links)
+  openstack             keystone, for get_or_create_user and get_or_add_user_project_role
+  cargo, findmnt, yolo-configure, yolo-glance-worker
+  lsb_release  devstack installs it where it is missing; and the node's distribution is each
+               test's (Debian 12 unless the test says otherwise), whatever the host runs
+and lib/neutron's configure_neutron_nova, which stack.sh runs in the background across the
+post-config phase: it edits /etc/nova/nova.conf, so the harness' own only records when it is done.
+Everything else is under pytest's tmp_path: HOME, DEST, DATA_DIR, LOGDIR, and a tree of links to
+devstack's files, beside which stack.sh writes .localrc.auto and .stackenv.
+
+A node stacked once serves every test that only reads what it did (the compute, controller and
+all_in_one fixtures): each devstack run takes about a second.
 """
 
+import configparser
 import grp
 import os
 import pathlib
+import pwd
+import shlex
 import subprocess
+import types
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-STANDIN = pathlib.Path(__file__).resolve().parent / 'devstack_standin'
-STACK = ('pre-install', 'install', 'post-config', 'extra')
-FAKES = ('sudo', 'cargo', 'curl', 'findmnt', 'yolo-configure', 'yolo-glance-worker')
+DEVSTACK = REPO.parent / 'shared' / 'upstream' / 'devstack'
+HARNESS = pathlib.Path(__file__).resolve().parent / 'devstack_harness'
+# The phases of stack.sh, in its order.
+STACK = ('pre-install', 'install', 'post-config', 'extra', 'test-config')
+FAKES = ('sudo', 'systemctl', 'apt-get', 'dnf', 'git', 'curl', 'cargo', 'findmnt', 'openstack',
+         'lsb_release')
+# In devstack's venv ($DATA_DIR/venv), where pip_install puts the package's commands.
+VENV_FAKES = ('pip', 'yolo-configure', 'yolo-glance-worker')
+# What stack.sh writes beside stackrc: never linked from the devstack tree.
+GENERATED = ('local.conf', 'localrc', '.localrc.auto', '.localrc.password', '.stackenv')
+# stack.sh runs as the stack user: whoever runs the tests (stackrc's default for root, "stack",
+# is a user this host may not have).
+USER = pwd.getpwuid(os.getuid()).pw_name
 
 COMPUTE = 'n-cpu,q-agt,placement-client'
 CONTROLLER = 'key,mysql,rabbit,g-api,n-api,n-cond,n-sch,placement-api,q-svc'
@@ -23,56 +69,151 @@ ALL_IN_ONE = CONTROLLER + ',' + COMPUTE
 
 
 class Devstack:
-    """One devstack node: its services, local.conf variables and host cargo (None: none)."""
+    """One devstack node: its services, its local.conf (VARIABLES=values, then the localrc
+    lines), its host's cargo (None: none) and distribution ("vendor release codename")."""
 
-    def __init__(self, tmp_path, services, cargo='1.91.0', localrc='', **variables):
+    def __init__(self, tmp_path, services, cargo='1.91.0', localrc='', distro=None,
+                 **variables):
+        assert (DEVSTACK / 'stack.sh').is_file(), (
+            'devstack is missing: openstack/devstack is expected at %s' % DEVSTACK)
         self.root = tmp_path
+        self.top = tmp_path / 'devstack'
+        self.top.mkdir(parents=True)
+        for entry in DEVSTACK.iterdir():
+            if entry.name not in GENERATED:
+                (self.top / entry.name).symlink_to(entry)
         self.bin = tmp_path / 'bin'
-        self.bin.mkdir(parents=True)
+        self.bin.mkdir()
         for name in FAKES:
-            (self.bin / name).symlink_to(STANDIN / 'fake')
+            (self.bin / name).symlink_to(HARNESS / 'fake')
         self.dest = tmp_path / 'opt' / 'stack'
+        self.data = self.dest / 'data'
+        self.venv = self.data / 'venv' / 'bin'
+        self.venv.mkdir(parents=True)
+        for name in VENV_FAKES:
+            (self.venv / name).symlink_to(HARNESS / 'fake')
+        # stack.sh makes DEST, DATA_DIR and LOGDIR (with sudo) before anything else.
+        (self.dest / 'logs').mkdir()
         self.checkout = self.dest / 'yolo'
-        (self.checkout / 'yolofs').mkdir(parents=True)
+        self.units = tmp_path / '.local' / 'share' / 'systemd' / 'user'
         self.log = tmp_path / 'calls'
-        self.localrc = localrc
+        settings = {
+            'DEST': self.dest, 'DATA_DIR': self.data, 'STACK_USER': USER,
+            # Addresses given: devstack looks up none of this host's.
+            'HOST_IP': '192.0.2.10', 'HOST_IPV6': '2001:db8::10', 'SERVICE_HOST': 'controller',
+            'USER_UNITS': 'True',
+            'ADMIN_PASSWORD': 'admin-secret', 'SERVICE_PASSWORD': 'service-secret',
+            'RABBIT_PASSWORD': 'rabbit-secret', 'DATABASE_PASSWORD': 'database-secret',
+            'ENABLED_SERVICES': services, **variables}
+        (self.top / 'local.conf').write_text('\n'.join(
+            ['[[local|localrc]]']
+            + ['%s=%s' % (name, shlex.quote(str(value))) for name, value in settings.items()]
+            + [localrc, 'enable_plugin yolo file://%s main' % REPO, '']))
         self.env = {
             'PATH': '%s:/usr/bin:/bin' % self.bin,
             'HOME': str(tmp_path),
-            'STANDIN_ROOT': str(tmp_path),
-            'STANDIN_LOG': str(self.log),
-            'ENABLED_SERVICES': services,
-            # devstack's venv: pip_install puts yolo-configure in its bin, here the fakes.
-            'DEVSTACK_VENV': str(tmp_path),
+            'TMPDIR': str(tmp_path),
+            'TOP_DIR': str(self.top),
+            'FAKE_ROOT': str(tmp_path),
+            'FAKE_LOG': str(self.log),
             'FAKE_CARGO_VERSION': cargo or '',
-            **variables,
         }
+        if distro:
+            self.env['FAKE_DISTRO'] = distro
 
-    def run(self, *invocations, xtrace=False):
-        """Sources settings, then plugin.sh once per invocation (("stack", "install"), ...), in
-        one shell as stack.sh does; returns the calls recorded, as tuples."""
-        lines = ['set -o errexit -o nounset',
-                 'source %s/functions.sh' % STANDIN,
-                 self.localrc,
-                 'source %s/devstack/settings' % REPO]
-        if xtrace:
-            lines.append('set -o xtrace')
-        lines += ['source %s/devstack/plugin.sh %s' % (REPO, ' '.join(args))
-                  for args in invocations]
-        lines.append('if [[ -o xtrace ]]; then echo xtrace-on; else echo xtrace-off; fi')
+    def run(self, script, *phases, xtrace=True, check=True):
+        """Runs devstack's SCRIPT (stack, unstack or clean) with the phases given; returns its
+        calls (tuples of the name and the arguments), stdout, stderr and returncode."""
+        # unstack.sh and clean.sh read what stack.sh wrote beside stackrc.
+        assert script == 'stack' or (self.top / '.localrc.auto').exists(), 'stack first'
         self.log.write_text('')
-        result = subprocess.run(['bash', '-c', '\n'.join(lines)], env=self.env, text=True,
-                                capture_output=True, cwd=self.root, timeout=60)
-        assert result.returncode == 0, result.stderr
-        self.stdout, self.stderr = result.stdout, result.stderr
-        return [tuple(line.split('\t')) for line in self.log.read_text().splitlines()]
+        result = subprocess.run(
+            ['bash', str(HARNESS / 'run'), script, *phases], env=dict(self.env, XTRACE=str(xtrace)),
+            text=True, capture_output=True, cwd=self.root, timeout=120)
+        if check:
+            assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+        calls = [tuple(record.split('\t')) for record in self.log.read_text().split('\0')[:-1]]
+        return types.SimpleNamespace(calls=calls, stdout=result.stdout, stderr=result.stderr,
+                                     returncode=result.returncode)
 
-    def stack(self, *phases):
-        return self.run(*[('stack', phase) for phase in phases or STACK])
+    def stack(self, *phases, **options):
+        return self.run('stack', *(phases or STACK), **options)
+
+    def unstack(self, **options):
+        return self.run('unstack', **options)
+
+    def clean(self):
+        return self.run('clean')
+
+    def unit(self, service):
+        """The [Service] section of the unit file devstack's run_process wrote for SERVICE."""
+        unit = configparser.ConfigParser(interpolation=None, strict=False)
+        unit.optionxform = str
+        assert unit.read(self.units / ('devstack@%s.service' % service))
+        return dict(unit['Service'])
+
+
+@pytest.fixture(scope='module')
+def compute(tmp_path_factory):
+    node = Devstack(tmp_path_factory.mktemp('compute'), COMPUTE)
+    node.stacked = node.stack()
+    return node
+
+
+@pytest.fixture(scope='module')
+def controller(tmp_path_factory):
+    node = Devstack(tmp_path_factory.mktemp('controller'), CONTROLLER)
+    node.stacked = node.stack()
+    return node
+
+
+@pytest.fixture(scope='module')
+def all_in_one(tmp_path_factory):
+    """Stacked, with devstack's configure_neutron_nova taking half a second; then unstacked,
+    with the mount of a killed worker's learning boot left among others."""
+    node = Devstack(tmp_path_factory.mktemp('all-in-one'), ALL_IN_ONE)
+    node.env['FAKE_NEUTRON_NOVA_SECS'] = '0.5'
+    node.stacked = node.stack()
+    node.worker_mount = node.data / 'yolo/worker/build-1/mnt'
+    node.env['FAKE_MOUNTS'] = '/\n%s\n/elsewhere/mnt\n' % node.worker_mount
+    node.unstacked = node.unstack()
+    return node
+
+
+def by_phase(calls):
+    """The calls of each phase of a stack, in order (the harness notes xtrace after each; the
+    calls of stack.sh's steps before the first phase go with it)."""
+    phases = [[]]
+    for call in calls:
+        if call[0] == 'xtrace':
+            phases.append([])
+        else:
+            phases[-1].append(call)
+    return phases[:-1]
 
 
 def named(calls, name):
     return [call[1:] for call in calls if call[0] == name]
+
+
+def ran(calls, command):
+    """The arguments of each run of COMMAND: directly, or by sudo (whose options and VAR=value
+    settings are left out). devstack runs apt-get and dnf with sudo, or as root with env."""
+    found = []
+    for call in calls:
+        if call[0] == 'sudo':
+            call = call[1:]
+            while call and (call[0].startswith('-') or '=' in call[0]):
+                call = call[1:]
+        if call and call[0] == command:
+            found.append(call[1:])
+    return found
+
+
+def installed(calls):
+    """The packages of each apt-get install."""
+    return [args[args.index('install') + 1:] for args in ran(calls, 'apt-get')
+            if 'install' in args]
 
 
 def roles(calls):
@@ -84,39 +225,63 @@ def option(args, name):
 
 
 def started(calls):
-    return [args[0] for args in named(calls, 'started')]
+    """The services systemd was asked to start (devstack@NAME.service units)."""
+    return [args[-1][len('devstack@'):-len('.service')] for args in named(calls, 'systemctl')
+            if args[:2] == ('--user', 'start')]
 
 
-def test_settings_define_the_plugin_and_enable_its_services(tmp_path):
-    calls = Devstack(tmp_path, COMPUTE).run()
-    assert ('define_plugin', 'yolo') in calls
-    assert ('enable_service', 'yolofs', 'yolo-glance-worker') in calls
+def keystone(calls):
+    """The openstack commands, without devstack's --os-cloud devstack-system-admin."""
+    commands = named(calls, 'openstack')
+    assert all(args[:2] == ('--os-cloud', 'devstack-system-admin') for args in commands)
+    return [args[2:] for args in commands]
 
 
-def test_a_compute_node_runs_yolofs_and_the_driver_only(tmp_path):
-    node = Devstack(tmp_path, COMPUTE)
-    calls = node.stack()
-    assert named(calls, 'install_package') == [('fuse3', 'qemu-utils')]
+def plugin_calls(calls):
+    """The calls left once devstack's own are left out: fetch_plugins' (git), the background
+    configure_neutron_nova, and the harness' notes of xtrace."""
+    return [call for call in calls if call[0] not in ('git', 'configure_neutron_nova', 'xtrace')
+            and call[:2] != ('sudo', 'git')]
+
+
+def test_local_conf_enables_the_plugin_and_its_services(compute):
+    calls = compute.stacked.calls
+    # fetch_plugins clones the plugin's main branch (devstack's default, master, is not one).
+    assert named(calls, 'git')[:3] == [
+        ('clone', '--no-checkout', 'file://%s' % REPO, str(compute.checkout)),
+        ('fetch', 'origin', 'main'), ('checkout', 'FETCH_HEAD')]
+    assert 'Loading plugin settings' in compute.stacked.stdout
+    # stack.sh saves what its other scripts need in .stackenv: the services, with the plugin's.
+    stackenv = dict(line.split('=', 1) for line in
+                    (compute.top / '.stackenv').read_text().splitlines()[1:])
+    assert stackenv['ENABLED_SERVICES'] == COMPUTE + ',yolofs,yolo-glance-worker'
+
+
+def test_a_compute_node_runs_yolofs_and_the_driver_only(compute):
+    calls = compute.stacked.calls
+    assert installed(calls) == [('fuse3', 'qemu-utils')]
     assert roles(calls) == ['nova-compute']
-    compute = named(calls, 'yolo-configure')[0]
-    assert option(compute, '--config-file') == '/etc/nova/nova.conf'
-    assert option(compute, '--mount-point') == str(node.dest / 'data/nova/yolofs')
-    assert option(compute, '--control-socket') == '/run/yolofs/control.sock'
+    nova_compute = named(calls, 'yolo-configure')[0]
+    assert option(nova_compute, '--config-file') == '/etc/nova/nova.conf'
+    assert option(nova_compute, '--mount-point') == str(compute.data / 'nova/yolofs')
+    assert option(nova_compute, '--control-socket') == '/run/yolofs/control.sock'
     assert started(calls) == ['yolofs']
-    assert not named(calls, 'get_or_create_user')
-    # The binary is built and installed; the package installed from the checkout, not editable.
-    assert ('install', '-m', '0755', str(node.checkout / 'yolofs/target/release/yolofs'),
+    assert not named(calls, 'openstack')
+    # The binary is built and installed; the package installed from the checkout, not editable,
+    # with devstack's constraints.
+    assert ('install', '-m', '0755', str(compute.checkout / 'yolofs/target/release/yolofs'),
             '/usr/local/bin/yolofs') in named(calls, 'sudo')
-    assert named(calls, 'pip_install') == [(str(node.checkout) + '[re2]',)]
+    assert named(calls, 'pip') == [
+        ('install', '-c', str(compute.dest / 'requirements/upper-constraints.txt'),
+         str(compute.checkout) + '[re2]')]
 
 
-def test_yolofs_runs_as_root_with_the_socket_for_nova_computes_group(tmp_path):
-    node = Devstack(tmp_path, COMPUTE)
-    calls = node.stack('post-config')
-    [(name, command, group, user)] = named(calls, 'run_process')
-    assert (name, group, user) == ('yolofs', '', 'root')
-    data = node.dest / 'data'
-    assert command.split() == [
+def test_yolofs_runs_as_root_with_the_socket_for_nova_computes_group(compute):
+    calls = compute.stacked.calls
+    unit = compute.unit('yolofs')
+    assert unit['User'] == 'root' and 'Group' not in unit
+    data = compute.data
+    assert unit['ExecStart'].split() == [
         # The keeper starts yolofs again on the same mount whenever it dies.
         '/usr/local/bin/yolofs', 'keep', '--',
         '/usr/local/bin/yolofs', 'mount', '--source', str(data / 'nova/instances/_base'),
@@ -127,27 +292,30 @@ def test_yolofs_runs_as_root_with_the_socket_for_nova_computes_group(tmp_path):
         '--control-socket-group', 'libvirt', '--control-socket-mode', '0660',
         '--learn', '--mlock', '--pin-qemu', '--record-idle-secs', '30',
         '--metrics-address', '127.0.0.1:9466']
-    # Started after nova.conf has the driver, and after a dead mount is detached.
-    assert calls.index(('yolo-configure',) + named(calls, 'yolo-configure')[0]) < \
-        calls.index(('sudo', 'fusermount3', '-uz', str(data / 'nova/yolofs'))) < \
-        calls.index(('started', 'yolofs'))
-    assert not started(node.stack('extra'))
+    # Started in post-config (only), after nova.conf has the driver and a dead mount is detached.
+    phases = by_phase(calls)
+    assert [started(phase) for phase in phases] == [[], [], ['yolofs'], [], []]
+    post_config = phases[STACK.index('post-config')]
+    assert post_config.index(('yolo-configure',) + named(calls, 'yolo-configure')[0]) < \
+        post_config.index(('sudo', 'fusermount3', '-uz', str(data / 'nova/yolofs'))) < \
+        post_config.index(('systemctl', '--user', 'start', 'devstack@yolofs.service'))
 
 
 def test_without_libvirt_the_socket_gets_the_stack_users_group(tmp_path):
-    node = Devstack(tmp_path, COMPUTE, LIBVIRT_GROUP='', STACK_USER='root')
-    [(_, command, _, _)] = named(node.stack('post-config'), 'run_process')
-    assert '--control-socket-group %s ' % grp.getgrgid(0).gr_name in command
+    # stackrc sets LIBVIRT_GROUP for the libvirt driver only.
+    node = Devstack(tmp_path, COMPUTE, VIRT_DRIVER='fake')
+    node.stack('post-config')
+    group = grp.getgrgid(pwd.getpwnam(USER).pw_gid).gr_name
+    assert option(node.unit('yolofs')['ExecStart'].split(), '--control-socket-group') == group
 
 
-def test_a_controller_runs_the_scheduler_api_and_glance_parts_and_the_worker(tmp_path):
-    node = Devstack(tmp_path, CONTROLLER)
-    calls = node.stack()
+def test_a_controller_runs_the_scheduler_api_and_glance_parts_and_the_worker(controller):
+    calls = controller.stacked.calls
+    # No cinder-api without c-api.
     assert roles(calls) == ['glance-api', 'worker', 'nova-scheduler', 'nova-api']
     assert 'yolofs' not in started(calls)
     # The worker's learning mounts and profiling boots need yolofs and QEMU here too.
-    assert named(calls, 'install_package') == [
-        ('fuse3', 'qemu-utils', 'qemu-system-x86', 'bubblewrap')]
+    assert installed(calls) == [('fuse3', 'qemu-utils', 'qemu-system-x86', 'bubblewrap')]
     assert '/usr/local/bin/yolofs' in [args[-1] for args in named(calls, 'sudo')]
     glance = named(calls, 'yolo-configure')[0]
     assert option(glance, '--config-file') == '/etc/glance/glance-api.conf'
@@ -156,23 +324,25 @@ def test_a_controller_runs_the_scheduler_api_and_glance_parts_and_the_worker(tmp
         '/etc/glance/property-protections.conf'
 
 
-def test_the_worker_starts_in_extra_as_the_stack_user(tmp_path):
-    node = Devstack(tmp_path, CONTROLLER)
-    assert not started(node.stack('pre-install', 'install', 'post-config'))
-    calls = node.stack('extra')
-    assert started(calls) == ['yolo-glance-worker']
-    # No group or user: run_process runs it as the stack user.
-    assert named(calls, 'run_process') == [(
-        'yolo-glance-worker',
-        '%s/yolo-glance-worker --config-file /etc/yolo/yolo-glance-worker.conf' % node.bin)]
+def test_the_worker_starts_in_extra_as_the_stack_user(controller):
+    phases = by_phase(controller.stacked.calls)
+    assert [started(calls) for calls in phases] == [[], [], [], ['yolo-glance-worker'], []]
+    # No group or user given: run_process runs it as the stack user.
+    unit = controller.unit('yolo-glance-worker')
+    assert unit['ExecStart'] == \
+        '%s/yolo-glance-worker --config-file /etc/yolo/yolo-glance-worker.conf' % controller.venv
+    assert unit['User'] == USER and 'Group' not in unit
 
 
-def test_the_worker_has_a_keystone_user_of_its_own(tmp_path):
-    node = Devstack(tmp_path, CONTROLLER)
-    calls = node.stack('post-config')
-    assert named(calls, 'get_or_create_user') == [('yolo', 'service-secret', 'default')]
-    assert named(calls, 'get_or_add_user_project_role') == [
-        ('admin', 'id-of-yolo', 'service'), ('service', 'id-of-yolo', 'service')]
+def test_the_worker_has_a_keystone_user_of_its_own(controller):
+    calls = by_phase(controller.stacked.calls)[STACK.index('post-config')]
+    openstack = keystone(calls)
+    assert [args for args in openstack if args[:2] == ('user', 'create')] == [
+        ('user', 'create', 'yolo', '--password', 'service-secret', '--domain=default',
+         '--or-show', '-f', 'value', '-c', 'id')]
+    assert [args for args in openstack if args[:2] == ('role', 'add')] == [
+        ('role', 'add', 'admin', '--user', 'id-of-yolo', '--project', 'service'),
+        ('role', 'add', 'service', '--user', 'id-of-yolo', '--project', 'service')]
     worker = named(calls, 'yolo-configure')[1]
     assert (option(worker, '--username'), option(worker, '--password'),
             option(worker, '--project-name')) == ('yolo', 'service-secret', 'service')
@@ -180,84 +350,91 @@ def test_the_worker_has_a_keystone_user_of_its_own(tmp_path):
         'rabbit://stackrabbit:rabbit-secret@controller:5672/'
     assert option(worker, '--auth-url') == 'http://controller/identity'
     assert option(worker, '--yolofs-binary') == '/usr/local/bin/yolofs'
-    assert option(worker, '--work-dir') == str(node.dest / 'data/yolo/worker')
-    assert 'admin-secret' not in node.log.read_text()
+    assert option(worker, '--work-dir') == str(controller.data / 'yolo/worker')
+    assert 'admin-secret' not in controller.log.read_text()
 
 
 def test_the_workers_password_and_user_can_be_set(tmp_path):
     node = Devstack(tmp_path, CONTROLLER, YOLO_SERVICE_PASSWORD='yolo-secret',
                     YOLO_SERVICE_USER='boot-images')
-    calls = node.stack('post-config')
-    assert named(calls, 'get_or_create_user') == [('boot-images', 'yolo-secret', 'default')]
+    calls = node.stack('post-config').calls
+    [create] = [args for args in keystone(calls) if args[:2] == ('user', 'create')]
+    assert (create[2], option(create, '--password')) == ('boot-images', 'yolo-secret')
     worker = named(calls, 'yolo-configure')[1]
     assert (option(worker, '--username'), option(worker, '--password')) == (
         'boot-images', 'yolo-secret')
     assert 'service-secret' not in node.log.read_text()
 
 
-def test_an_all_in_one_node_runs_everything(tmp_path):
-    calls = Devstack(tmp_path, ALL_IN_ONE).stack()
+def test_an_all_in_one_node_runs_everything(all_in_one):
+    calls = all_in_one.stacked.calls
     # The worker first: its signing key's public key goes to the compute node.
     assert roles(calls) == ['glance-api', 'worker', 'nova-compute', 'nova-scheduler', 'nova-api']
-    worker, compute = named(calls, 'yolo-configure')[1:3]
+    worker = named(calls, 'yolo-configure')[1]
     assert option(worker, '--signing-key-file') == '/etc/yolo/boot-image-signing.key'
     assert started(calls) == ['yolofs', 'yolo-glance-worker']
-    assert [args[0] for args in named(calls, 'echo_summary')] == [
-        "Installing YOLO's system packages", 'Installing YOLO', 'Configuring YOLO',
-        'Starting yolo-glance-worker']
+    summaries = ("Installing YOLO's system packages", 'Installing YOLO', 'Configuring YOLO',
+                 'Starting yolo-glance-worker')
+    assert [line for line in all_in_one.stacked.stdout.splitlines() if line in summaries] == \
+        list(summaries)
 
 
-def test_nova_conf_is_rewritten_only_once_devstacks_own_edit_of_it_is_done(tmp_path):
-    calls = Devstack(tmp_path, ALL_IN_ONE).stack('post-config')
-    names = [call[0] if call[0] != 'yolo-configure' else call[1] for call in calls]
-    assert ('async_wait', 'configure_neutron_nova') in calls
-    waited = names.index('async_wait')
-    assert all(names.index(role) > waited
-               for role in ('nova-compute', 'nova-scheduler', 'nova-api'))
+def test_nova_conf_is_rewritten_only_once_devstacks_own_edit_of_it_is_done(all_in_one):
+    calls = all_in_one.stacked.calls
+    done = calls.index(('configure_neutron_nova', 'done'))
+    nova = [index for index, call in enumerate(calls)
+            if call[0] == 'yolo-configure' and call[1].startswith('nova-')]
+    assert len(nova) == 3 and min(nova) > done
+    # stack.sh's own wait for it, after the phase, then finds it done.
+    assert 'Not waiting for async task configure_neutron_nova that we never started or has ' \
+        'already been waited for' in all_in_one.stacked.stdout
 
 
 def test_a_compute_node_gets_the_workers_public_key_where_it_is_given(tmp_path):
     public_key = tmp_path / 'controller-key.pub'
     public_key.write_text('the public key\n')
     calls = Devstack(tmp_path / 'a', COMPUTE,
-                     YOLO_SIGNING_PUBLIC_KEY_FILE=str(public_key)).stack('post-config')
-    compute = named(calls, 'yolo-configure')[0]
-    assert option(compute, '--boot-image-signing-key-file') == str(public_key)
+                     YOLO_SIGNING_PUBLIC_KEY_FILE=public_key).stack('post-config').calls
+    nova_compute = named(calls, 'yolo-configure')[0]
+    assert option(nova_compute, '--boot-image-signing-key-file') == str(public_key)
     node = Devstack(tmp_path / 'b', COMPUTE,
-                    YOLO_SIGNING_PUBLIC_KEY_FILE=str(tmp_path / 'not-copied.pub'))
-    calls = node.stack('post-config')
-    assert '--boot-image-signing-key-file' not in named(calls, 'yolo-configure')[0]
-    assert 'no first boot before a download here' in node.stderr
+                    YOLO_SIGNING_PUBLIC_KEY_FILE=tmp_path / 'not-copied.pub')
+    stack = node.stack('post-config')
+    assert '--boot-image-signing-key-file' not in named(stack.calls, 'yolo-configure')[0]
+    assert 'no first boot before a download here' in stack.stderr
 
 
 def test_a_disabled_service_is_left_out(tmp_path):
-    calls = Devstack(tmp_path, ALL_IN_ONE, localrc='disable_service yolo-glance-worker').stack()
-    assert roles(calls) == ['nova-compute', 'nova-scheduler', 'nova-api']
-    assert started(calls) == ['yolofs']
-    assert not named(calls, 'get_or_create_user')
+    stack = Devstack(tmp_path, ALL_IN_ONE, localrc='disable_service yolo-glance-worker').stack()
+    # The plugin's enable_service (in its settings) leaves it disabled.
+    assert 'Attempt to enable_service yolo-glance-worker when it has been disabled' in \
+        stack.stdout
+    assert roles(stack.calls) == ['nova-compute', 'nova-scheduler', 'nova-api']
+    assert started(stack.calls) == ['yolofs']
+    assert not named(stack.calls, 'openstack')
 
 
 def test_a_compute_node_without_yolofs_gets_nothing_of_it(tmp_path):
-    calls = Devstack(tmp_path / 'a', COMPUTE, localrc='disable_service yolofs').stack()
-    assert not roles(calls) and not started(calls) and not named(calls, 'install_package')
+    calls = Devstack(tmp_path / 'a', COMPUTE, localrc='disable_service yolofs').stack().calls
+    assert not roles(calls) and not started(calls) and not installed(calls)
     assert not named(calls, 'cargo')
     nothing = Devstack(tmp_path / 'b', ALL_IN_ONE,
                        localrc='disable_service yolofs yolo-glance-worker').stack()
-    assert not [call for call in nothing if call[0] not in ('define_plugin', 'enable_service')]
+    assert not plugin_calls(nothing.calls)
 
 
 def test_the_scheduler_part_can_be_turned_off(tmp_path):
-    calls = Devstack(tmp_path, CONTROLLER, YOLO_SCHEDULER='False').stack()
-    assert 'nova-scheduler' not in roles(calls)
+    calls = Devstack(tmp_path, CONTROLLER, YOLO_SCHEDULER='False').stack('post-config').calls
+    assert roles(calls) == ['glance-api', 'worker', 'nova-api']
 
 
 def test_paths_and_options_come_from_local_conf(tmp_path):
     node = Devstack(tmp_path, COMPUTE, YOLOFS_MOUNTPOINT='/srv/yolofs',
                     YOLOFS_OPTIONS='--threads 8', YOLOFS_SOCKET_GROUP='nova',
                     YOLOFS_BIN='/opt/bin/yolofs')
-    calls = node.stack('post-config')
+    calls = node.stack('post-config').calls
     assert option(named(calls, 'yolo-configure')[0], '--mount-point') == '/srv/yolofs'
-    command = named(calls, 'run_process')[0][1].split()
+    command = node.unit('yolofs')['ExecStart'].split()
     assert command[0] == '/opt/bin/yolofs'
     assert option(command, '--mountpoint') == '/srv/yolofs'
     assert option(command, '--control-socket-group') == 'nova'
@@ -265,15 +442,17 @@ def test_paths_and_options_come_from_local_conf(tmp_path):
 
 
 def test_other_distributions_get_their_package_names(tmp_path):
-    calls = Devstack(tmp_path, CONTROLLER, STANDIN_PACKAGES='rpm').stack('pre-install')
-    assert named(calls, 'install_package') == [('fuse3', 'qemu-img', 'qemu-kvm', 'bubblewrap')]
+    node = Devstack(tmp_path, CONTROLLER, distro='RockyLinux 9.6 Blue-Onyx')
+    calls = node.stack('pre-install').calls
+    assert not ran(calls, 'apt-get')
+    assert ran(calls, 'dnf') == [('install', '-y', 'fuse3', 'qemu-img', 'qemu-kvm', 'bubblewrap')]
 
 
 # --- the Rust toolchain ----------------------------------------------------------------------
 
 def test_a_recent_host_cargo_builds_yolofs(tmp_path):
     node = Devstack(tmp_path, COMPUTE, cargo='1.85.0')
-    calls = node.stack('install')
+    calls = node.stack('install').calls
     assert not named(calls, 'curl')
     assert ('build', '--release', '--locked') in named(calls, 'cargo')
     # Built in the checkout, with the host's own toolchain settings.
@@ -283,7 +462,8 @@ def test_a_recent_host_cargo_builds_yolofs(tmp_path):
 @pytest.mark.parametrize('cargo', [None, '1.63.0', '1.84.1'])
 def test_rustup_installs_a_toolchain_where_cargo_is_missing_or_too_old(tmp_path, cargo):
     node = Devstack(tmp_path, COMPUTE, cargo=cargo)
-    calls = node.stack('install')
+    # The second install: what that of a second stack finds.
+    calls, again = by_phase(node.stack('install', 'install').calls)
     [curl] = named(calls, 'curl')
     assert curl[-1] == 'https://sh.rustup.rs' and '--proto' in curl
     [rustup] = named(calls, 'rustup-init')
@@ -297,20 +477,19 @@ def test_rustup_installs_a_toolchain_where_cargo_is_missing_or_too_old(tmp_path,
     assert calls[build + 1] == ('cargo-env', str(node.checkout / 'yolofs')) + homes
     assert calls.index(('rustup-init',) + rustup) < build
     # A second stack reuses it.
-    again = node.stack('install')
     assert not named(again, 'curl') and ('build', '--release', '--locked') in named(again, 'cargo')
 
 
 def test_the_toolchain_goes_where_local_conf_says(tmp_path):
-    node = Devstack(tmp_path, COMPUTE, cargo=None, YOLO_RUSTUP_HOME=str(tmp_path / 'r'),
-                    YOLO_CARGO_HOME=str(tmp_path / 'c'))
-    calls = node.stack('install')
+    node = Devstack(tmp_path, COMPUTE, cargo=None, YOLO_RUSTUP_HOME=tmp_path / 'r',
+                    YOLO_CARGO_HOME=tmp_path / 'c')
+    calls = node.stack('install').calls
     assert named(calls, 'rustup-env') == [(str(tmp_path / 'r'), str(tmp_path / 'c'))]
 
 
 def test_a_prebuilt_binary_needs_no_toolchain(tmp_path):
     node = Devstack(tmp_path, COMPUTE, cargo=None, YOLOFS_BIN_SOURCE='/srv/yolofs')
-    calls = node.stack('install')
+    calls = node.stack('install').calls
     assert not named(calls, 'cargo') and not named(calls, 'curl')
     assert ('install', '-m', '0755', '/srv/yolofs', '/usr/local/bin/yolofs') in \
         named(calls, 'sudo')
@@ -318,12 +497,13 @@ def test_a_prebuilt_binary_needs_no_toolchain(tmp_path):
 
 def test_a_yolofs_wheel_needs_no_toolchain(tmp_path):
     node = Devstack(tmp_path, COMPUTE, cargo=None, YOLOFS_WHEEL='/srv/yolofs-0.1.0.whl')
-    calls = node.stack('install')
+    calls = node.stack('install').calls
     assert not named(calls, 'cargo') and not named(calls, 'curl')
-    assert ('pip_install', '/srv/yolofs-0.1.0.whl') in calls
-    installed = [c for c in named(calls, 'sudo') if c[:3] == ('install', '-m', '0755')]
-    assert installed == [('install', '-m', '0755', str(node.bin / 'yolofs'),
-                          '/usr/local/bin/yolofs')]
+    assert [args[-1] for args in named(calls, 'pip')] == [
+        '/srv/yolofs-0.1.0.whl', str(node.checkout) + '[re2]']
+    installs = [c for c in named(calls, 'sudo') if c[:3] == ('install', '-m', '0755')]
+    assert installs == [('install', '-m', '0755', str(node.venv / 'yolofs'),
+                         '/usr/local/bin/yolofs')]
 
 
 def test_a_failed_download_stops_devstack(tmp_path):
@@ -331,25 +511,28 @@ def test_a_failed_download_stops_devstack(tmp_path):
     (node.bin / 'curl').unlink()
     (node.bin / 'curl').write_text('#!/bin/sh\nexit 22\n')
     (node.bin / 'curl').chmod(0o755)
-    with pytest.raises(AssertionError):
-        node.stack('install')
-    assert 'die' in node.log.read_text()
-    assert 'cargo' not in node.log.read_text()
+    stack = node.stack('install', 'post-config', check=False)
+    # devstack's die, with the plugin's message and curl's status.
+    assert stack.returncode == 22
+    assert '[ERROR] %s/devstack/plugin.sh:' % node.checkout in stack.stderr
+    assert "cannot download rustup's installer from https://sh.rustup.rs" in stack.stderr
+    assert not named(stack.calls, 'cargo') and not named(stack.calls, 'pip')
+    assert not named(stack.calls, 'yolo-configure')
 
 
 # --- unstack and clean -----------------------------------------------------------------------
 
-def test_unstack_stops_both_services_and_unmounts(tmp_path):
-    node = Devstack(tmp_path, ALL_IN_ONE)
-    worker_dir = node.dest / 'data/yolo/worker'
-    node.env['FAKE_MOUNTS'] = '/\n%s/build-1/mnt\n/elsewhere/mnt\n' % worker_dir
-    calls = node.run(('unstack',))
-    assert named(calls, 'stop_process') == [('yolo-glance-worker',), ('yolofs',)]
+def test_unstack_stops_both_services_and_unmounts(all_in_one):
+    calls = all_in_one.unstacked.calls
+    assert [args for args in named(calls, 'systemctl') if args[1] == 'stop'] == [
+        ('--user', 'stop', 'devstack@yolo-glance-worker.service'),
+        ('--user', 'stop', 'devstack@yolofs.service')]
+    assert 'Stopping YOLO' in all_in_one.unstacked.stdout.splitlines()
     sudo = named(calls, 'sudo')
-    assert ('fusermount3', '-uz', str(node.dest / 'data/nova/yolofs')) in sudo
+    assert ('fusermount3', '-uz', str(all_in_one.data / 'nova/yolofs')) in sudo
     # The worker's learning mounts left by a killed build, and no other mount.
     assert [args for args in sudo if args[0] == 'umount'] == [
-        ('umount', '-l', '%s/build-1/mnt' % worker_dir)]
+        ('umount', '-l', str(all_in_one.worker_mount))]
 
 
 def test_clean_removes_what_the_plugin_made(tmp_path):
@@ -357,53 +540,81 @@ def test_clean_removes_what_the_plugin_made(tmp_path):
     node.stack('install')
     toolchain = node.dest / 'yolo-rust'
     assert (toolchain / 'cargo/.installed-by-yolo').exists()
-    calls = node.run(('clean',))
-    data = node.dest / 'data'
-    sudo = named(calls, 'sudo')
+    clean = node.clean()
+    data = node.data
+    sudo = named(clean.calls, 'sudo')
+    # clean.sh runs unstack.sh first.
+    assert clean.calls.index(('sudo', 'fusermount3', '-uz', str(data / 'nova/yolofs'))) < \
+        clean.calls.index(('sudo', 'rm', '-f', '/usr/local/bin/yolofs'))
     assert ('rm', '-rf', str(data / 'yolo/boot-images'), str(data / 'yolo/worker'),
             '/etc/yolo/yolo-glance-worker.conf', '/etc/yolo') in sudo
-    assert ('rm', '-f', '/usr/local/bin/yolofs') in sudo
     assert ('rmdir', str(data / 'nova/yolofs')) in sudo
     assert not (toolchain / 'cargo').exists() and not (toolchain / 'rustup').exists()
     # The package lives in devstack's venv, which devstack's clean removes.
-    assert not named(calls, 'pip_uninstall')
-    assert ('echo_summary', 'Cleaning YOLO') in calls
+    assert not [args for args in clean.calls if 'uninstall' in args]
+    assert 'Cleaning YOLO' in clean.stdout.splitlines()
 
 
 def test_clean_leaves_a_toolchain_it_did_not_install(tmp_path):
     cargo_home = tmp_path / 'own-cargo'
     (cargo_home / 'bin').mkdir(parents=True)
-    node = Devstack(tmp_path, COMPUTE, YOLO_CARGO_HOME=str(cargo_home), GLOBAL_VENV='False')
-    calls = node.run(('clean',))
+    node = Devstack(tmp_path, COMPUTE, YOLO_CARGO_HOME=cargo_home, GLOBAL_VENV='False')
+    node.run('stack')
+    calls = node.clean().calls
     assert (cargo_home / 'bin').is_dir()
-    assert named(calls, 'pip_uninstall') == [('yolo-openstack',)]
+    # Outside devstack's venv: devstack's pip_uninstall, with the system's pip.
+    [uninstall] = [args for args in named(calls, 'sudo') if 'uninstall' in args]
+    assert uninstall[-5:] == ('-m', 'pip', 'uninstall', '-y', 'yolo-openstack')
 
 
 # --- devstack's plugin contract --------------------------------------------------------------
 
-@pytest.mark.parametrize('xtrace', [True, False])
-def test_xtrace_is_restored_and_the_plugin_is_quiet(tmp_path, xtrace):
+def traced(stderr):
+    """The lines of an xtrace (PS4 is stackrc's: "+ FILE:FUNCTION:LINE :   COMMAND"), as
+    (file, function, command)."""
+    lines = []
+    for line in stderr.splitlines():
+        if line.startswith('+') and ' :   ' in line:
+            where, command = line.lstrip('+ ').split(' :   ', 1)
+            file, function, _ = where.strip().rsplit(':', 2)
+            lines.append((file, function, command))
+    return lines
+
+
+def test_xtrace_is_restored_and_the_plugin_is_quiet(all_in_one):
+    calls = all_in_one.stacked.calls + all_in_one.unstacked.calls
+    assert named(calls, 'xtrace') == [('on',)] * (len(STACK) + 1)
+    trace = traced(all_in_one.stacked.stderr) + traced(all_in_one.unstacked.stderr)
+    plugin = str(all_in_one.checkout / 'devstack/plugin.sh')
+    # Traced in plugin.sh: only what turns xtrace off (in its settings: everything).
+    assert {command for file, _, command in trace if file == plugin} == {
+        'set +o', 'grep xtrace', "_XTRACE_YOLO='set -o xtrace'", 'set +o xtrace'}
+    functions = {function for _, function, _ in trace}
+    assert 'load_plugin_settings' in functions
+    assert not functions & {'pip_install', 'run_process', 'install_package', 'stop_process',
+                            'configure_yolo', 'install_yolo', 'stop_yolo'}
+
+
+def test_xtrace_stays_off_where_it_was_off(tmp_path):
     node = Devstack(tmp_path, ALL_IN_ONE)
-    node.run(*[('stack', phase) for phase in STACK], ('unstack',), xtrace=xtrace)
-    assert node.stdout.split() == ['xtrace-on' if xtrace else 'xtrace-off']
-    assert 'pip_install' not in node.stderr and 'run_process' not in node.stderr
+    stack, unstack = node.stack(xtrace=False), node.unstack(xtrace=False)
+    assert named(stack.calls + unstack.calls, 'xtrace') == [('off',)] * (len(STACK) + 1)
+    # (devstack's async_inner traces its background job whatever the shell's xtrace.)
+    assert not [line for line in traced(stack.stderr + unstack.stderr) if line[0] != 'inc/async']
 
 
-def test_run_process_commands_are_absolute_and_without_sudo(tmp_path):
-    # What devstack's run_process requires of a command under systemd.
-    calls = Devstack(tmp_path, ALL_IN_ONE).stack()
-    commands = [args[1] for args in named(calls, 'run_process')]
-    assert len(commands) == 2
+def test_run_process_commands_are_absolute_and_without_sudo(all_in_one):
+    # What devstack's run_process requires of a command under systemd (it dies otherwise).
+    commands = [all_in_one.unit(service)['ExecStart']
+                for service in ('yolofs', 'yolo-glance-worker')]
     assert all(os.path.isabs(c.split()[0]) and 'sudo' not in c for c in commands)
 
 
-def test_other_phases_do_nothing(tmp_path):
-    calls = Devstack(tmp_path, ALL_IN_ONE).run(('stack', 'test-config'))
-    assert [call[0] for call in calls] == ['define_plugin', 'enable_service']
+def test_other_phases_do_nothing(all_in_one):
+    assert not plugin_calls(by_phase(all_in_one.stacked.calls)[STACK.index('test-config')])
 
 
 def test_cinder_api_leaves_yolos_properties_out_of_volume_uploads(tmp_path):
-    calls = Devstack(tmp_path, CONTROLLER + ',c-api').stack('post-config')
+    calls = Devstack(tmp_path, CONTROLLER + ',c-api').stack('post-config').calls
     cinder = [args for args in named(calls, 'yolo-configure') if args[0] == 'cinder-api']
     assert [option(args, '--config-file') for args in cinder] == ['/etc/cinder/cinder.conf']
-    assert 'cinder-api' not in roles(Devstack(tmp_path / 'b', CONTROLLER).stack('post-config'))
