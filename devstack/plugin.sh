@@ -157,11 +157,12 @@ function configure_yolo_glance {
     get_or_add_user_project_role service "$user" "$SERVICE_PROJECT_NAME" >/dev/null
 
     sudo install -d -o "$STACK_USER" -m 0755 "$YOLO_CONF_DIR" "$YOLO_WORKER_DIR"
+    # The password on standard input: a command line is every local user's to read.
     "$YOLO_BIN_DIR/yolo-configure" worker --config-file "$YOLO_WORKER_CONF" \
         --transport-url "$(get_notification_url)" --auth-url "$KEYSTONE_SERVICE_URI" \
-        --region-name "$REGION_NAME" --username "$YOLO_SERVICE_USER" --password "$password" \
+        --region-name "$REGION_NAME" --username "$YOLO_SERVICE_USER" --password-stdin \
         --project-name "$SERVICE_PROJECT_NAME" --work-dir "$YOLO_WORKER_DIR" \
-        --yolofs-binary "$YOLOFS_BIN" --signing-key-file "$YOLO_SIGNING_KEY"
+        --yolofs-binary "$YOLOFS_BIN" --signing-key-file "$YOLO_SIGNING_KEY" <<<"$password"
 }
 
 # Unmounts yolofs and the worker's learning mounts, also those whose process died (they

@@ -14,8 +14,11 @@ settings are touched; everything else in the file (comments, order, repeated key
         [--import-config-file /etc/glance/glance-image-import.conf] \\
         [--property-protection-file /etc/glance/property-protections.conf]
     yolo-configure worker --config-file /etc/yolo/yolo-glance-worker.conf --transport-url ... \\
-        --auth-url ... --username ... --password ... [--project-name service] \\
-        [--signing-key-file /etc/yolo/boot-image-signing.key]
+        --auth-url ... --username ... --password-stdin [--project-name service] \\
+        [--signing-key-file /etc/yolo/boot-image-signing.key] <<<"$PASSWORD"
+
+The worker's password is read from standard input (its first line), never from the command
+line, which every user of the host can read.
 
 The worker's signing key is made if missing (readable by the user who runs yolo-configure, which
 must be the worker's), and its public key written beside it (``.pub``, one base64 line): the
@@ -297,6 +300,13 @@ def check_protections_coexist(conf, path):
             % (current, current))
 
 
+def read_password():
+    password = sys.stdin.readline().rstrip('\n')
+    if not password:
+        raise ConfigureError('--password-stdin: no password on standard input')
+    return password
+
+
 def worker(conf, args):
     conf.set('DEFAULT', 'transport_url', args.transport_url)
     conf.set('yolo_worker', 'notification_topics', NOTIFICATION_TOPIC)
@@ -316,7 +326,7 @@ def worker(conf, args):
         'auth_type': 'password',
         'auth_url': args.auth_url,
         'username': args.username,
-        'password': args.password,
+        'password': read_password(),
         'user_domain_name': 'Default',
         'project_name': args.project_name,
         'project_domain_name': 'Default',
@@ -373,7 +383,9 @@ def parse_args(argv):
                       help="The transport_url of glance-api's notifications")
     work.add_argument('--auth-url', required=True, help="Keystone's URL")
     work.add_argument('--username', required=True, help="The worker's service user")
-    work.add_argument('--password', required=True, help="The service user's password")
+    work.add_argument('--password-stdin', action='store_true', required=True,
+                      help="Read the service user's password from standard input (its first "
+                           "line): never on the command line")
     work.add_argument('--project-name', default='service',
                       help="The service user's project (default: %(default)s)")
     work.add_argument('--region-name', default=None, help='Region of the Glance endpoint')

@@ -102,13 +102,15 @@ def test_sample_is_up_to_date(config):
         difflib.unified_diff(have, want, str(path.name), 'generated', lineterm=''))
 
 
-def test_every_option_yolo_configure_writes_for_the_worker_is_in_its_sample(tmp_path):
+def test_every_option_yolo_configure_writes_for_the_worker_is_in_its_sample(
+        tmp_path, monkeypatch):
     """The worker's configuration file is YOLO's own: its sample documents all of it."""
     from yolo_common import configure
+    monkeypatch.setattr('sys.stdin', io.StringIO('pw\n'))
     path = tmp_path / 'yolo-glance-worker.conf'
     assert configure.main([
         'worker', '--config-file', str(path), '--transport-url', 'rabbit://u:p@h:5672/',
-        '--auth-url', 'http://k:5000', '--username', 'yolo', '--password', 'pw',
+        '--auth-url', 'http://k:5000', '--username', 'yolo', '--password-stdin',
         '--region-name', 'RegionOne', '--work-dir', str(tmp_path / 'work'),
         '--yolofs-binary', '/usr/local/bin/yolofs',
         '--signing-key-file', str(tmp_path / 'signing.key')]) == 0

@@ -1,6 +1,9 @@
 """yolo-configure: YOLO's settings written into existing Nova, Glance and worker files."""
 
+import io
 import pathlib
+
+import pytest
 
 from yolo_common import configure
 from yolo_common import contract
@@ -89,6 +92,18 @@ def test_glance_api_notifies_the_workers_topic(tmp_path):
         'image_import_opts', 'image_import_plugins') == "['yolo_boot_image']"
 
 
+def test_the_workers_password_is_required_on_standard_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr('sys.stdin', io.StringIO(''))
+    assert configure.main(['worker', '--config-file', str(tmp_path / 'w.conf'),
+                           '--transport-url', 'rabbit://h/', '--auth-url', 'http://k',
+                           '--username', 'yolo', '--password-stdin']) == 1
+    assert 'no password' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        configure.main(['worker', '--config-file', str(tmp_path / 'w.conf'), '--transport-url',
+                        'rabbit://h/', '--auth-url', 'http://k', '--username', 'yolo',
+                        '--password', 'on-the-command-line'])
+
+
 def test_glance_api_keeps_the_default_topic_and_other_drivers(tmp_path):
     # topics unset is oslo.messaging's "notifications", which Ceilometer listens to.
     run(tmp_path, '[oslo_messaging_notifications]\ndriver = log\n', 'glance-api')
@@ -112,10 +127,13 @@ def test_glance_api_refuses_to_replace_the_operators_property_protections(tmp_pa
         assert not protections.exists()
 
 
-def test_worker_gets_its_service_identity_and_topic(tmp_path):
+def test_worker_gets_its_service_identity_and_topic(tmp_path, monkeypatch):
+    monkeypatch.setattr('sys.stdin', io.StringIO('the password\n'))
     run(tmp_path, '', 'worker', '--transport-url', 'rabbit://u:p@h:5672/', '--auth-url',
-        'http://k:5000', '--username', 'yolo', '--password', 'pw')
+        'http://k:5000', '--username', 'yolo', '--password-stdin')
     conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
+    # Read from standard input, never taken from the command line.
+    assert conf.get('glance', 'password') == 'the password'
     assert conf.get('yolo_worker', 'notification_topics') == configure.NOTIFICATION_TOPIC
     assert (conf.get('glance', 'username'), conf.get('glance', 'project_name')) == (
         'yolo', 'service')
@@ -123,11 +141,12 @@ def test_worker_gets_its_service_identity_and_topic(tmp_path):
 
 
 def test_the_workers_signing_key_is_made_once_and_its_public_key_given_to_compute_hosts(
-        tmp_path, capsys):
+        tmp_path, capsys, monkeypatch):
     key = tmp_path / 'signing.key'
     worker_args = ('worker', '--transport-url', 'rabbit://u:p@h:5672/', '--auth-url',
-                   'http://k:5000', '--username', 'yolo', '--password', 'pw',
+                   'http://k:5000', '--username', 'yolo', '--password-stdin',
                    '--signing-key-file', str(key))
+    monkeypatch.setattr('sys.stdin', io.StringIO('pw\npw\n'))
     run(tmp_path, '', *worker_args)
     assert configure.ConfigFile(str(tmp_path / 'service.conf')).get(
         'yolo_worker', 'signing_key_file') == str(key)

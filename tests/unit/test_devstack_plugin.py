@@ -344,8 +344,11 @@ def test_the_worker_has_a_keystone_user_of_its_own(controller):
         ('role', 'add', 'admin', '--user', 'id-of-yolo', '--project', 'service'),
         ('role', 'add', 'service', '--user', 'id-of-yolo', '--project', 'service')]
     worker = named(calls, 'yolo-configure')[1]
-    assert (option(worker, '--username'), option(worker, '--password'),
-            option(worker, '--project-name')) == ('yolo', 'service-secret', 'service')
+    assert (option(worker, '--username'), option(worker, '--project-name')) == (
+        'yolo', 'service')
+    # The password on standard input, not on yolo-configure's command line.
+    assert '--password-stdin' in worker and 'service-secret' not in worker
+    assert named(calls, 'yolo-configure-stdin') == [('service-secret',)]
     assert option(worker, '--transport-url') == \
         'rabbit://stackrabbit:rabbit-secret@controller:5672/'
     assert option(worker, '--auth-url') == 'http://controller/identity'
@@ -361,8 +364,8 @@ def test_the_workers_password_and_user_can_be_set(tmp_path):
     [create] = [args for args in keystone(calls) if args[:2] == ('user', 'create')]
     assert (create[2], option(create, '--password')) == ('boot-images', 'yolo-secret')
     worker = named(calls, 'yolo-configure')[1]
-    assert (option(worker, '--username'), option(worker, '--password')) == (
-        'boot-images', 'yolo-secret')
+    assert option(worker, '--username') == 'boot-images'
+    assert named(calls, 'yolo-configure-stdin') == [('yolo-secret',)]
     assert 'service-secret' not in node.log.read_text()
 
 

@@ -618,9 +618,9 @@ setup_yolo_worker() {
     [[ -e /etc/yolo/yolo-glance-worker.conf ]] || config_file /etc/yolo/yolo-glance-worker.conf yolo </dev/null
     "$AIO_VENV/bin/yolo-configure" worker --config-file /etc/yolo/yolo-glance-worker.conf \
         --transport-url "$(rabbit_url yolo)" --auth-url "http://$AIO_HOST:$KEYSTONE_PORT" \
-        --username yolo --password "$(secret keystone-yolo)" --region-name "$AIO_REGION" \
+        --username yolo --password-stdin --region-name "$AIO_REGION" \
         --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$YOLOFS_BIN" \
-        --signing-key-file "$YOLO_SIGNING_KEY"
+        --signing-key-file "$YOLO_SIGNING_KEY" <<<"$(secret keystone-yolo)"
     chown yolo:yolo "$YOLO_SIGNING_KEY"
     # Glance's notifications are published to the glance exchange with the worker's user.
     start_service yolo-glance-worker yolo "$AIO_VENV/bin/yolo-glance-worker" \
