@@ -390,6 +390,10 @@ filesystem_store_datadir = $GLANCE_STATE/tasks
 flavor = keystone
 [oslo_concurrency]
 lock_path = $GLANCE_STATE/locks
+# No Ceilometer here: the default topic (notifications) would fill a queue nobody reads;
+# yolo-configure adds the worker's.
+[oslo_messaging_notifications]
+topics =
 $(authtoken_section glance)
 $(key_manager_section)
 EOF
