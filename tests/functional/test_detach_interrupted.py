@@ -8,6 +8,7 @@ through any block job. Only the moment of each interruption is chosen by the tes
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -135,10 +136,12 @@ class Host:
 def holds(disk, pattern):
     """Whether the qcow2 ``disk`` (its chain) holds the write ``pattern``."""
     value, offset = pattern
-    out = subprocess.run(['qemu-io', '-f', 'qcow2', '-r', '-c',
-                          'read -P %d %d 64k' % (value, offset), str(disk)],
-                         capture_output=True, text=True, check=True).stdout
-    return 'read 65536/65536' in out and 'failed' not in out
+    # qemu-io fails (status 1) on a pattern that differs.
+    result = subprocess.run(['qemu-io', '-f', 'qcow2', '-r', '-c',
+                             'read -P %d %d 64k' % (value, offset), str(disk)],
+                            capture_output=True, text=True)
+    return result.returncode == 0 and 'read 65536/65536' in result.stdout \
+        and 'failed' not in result.stdout
 
 
 def virsh(*args):
@@ -210,11 +213,15 @@ def test_nova_compute_killed_then_the_guest_stops(host, step, host_restarted, ca
 
 
 def restart_libvirtd():
+    """As its service manager restarts it: SIGTERM, SIGKILL if it has not stopped within 10 s
+    (libvirtd 9.0 may wait for ever for a block job being ended), then a new libvirtd."""
     pid = int(pathlib.Path('/run/libvirtd.pid').read_text())
-    os.kill(pid, 15)
-    deadline = time.monotonic() + 30
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
     while pathlib.Path('/proc/%d' % pid).exists():
-        assert time.monotonic() < deadline, 'libvirtd did not stop'
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = float('inf')
         time.sleep(0.1)
     subprocess.run(['libvirtd', '-d'], check=True)
 
@@ -222,11 +229,14 @@ def restart_libvirtd():
 @pytest.mark.serial
 @pytest.mark.parametrize('step', ['copied', 'pivoting', 'pivot requested', 'copied#2',
                                   'pivot requested#2'])
-def test_libvirtd_restarted_during_a_detach(host, step, monkeypatch):
-    """libvirtd restarts at a step: the detach asks the new libvirtd where the guest is. With a
-    pivot asked for, it goes on once the pivot has ended; before that, it stops with the guest
-    where libvirt says, and its next try (the detacher's retry) finishes. The guest's writes
-    are all kept."""
+def test_libvirtd_restarted_during_a_detach(host, step, monkeypatch, caplog):
+    """libvirtd restarts at a step (stopped as its service manager stops it: SIGKILL after
+    10 s). Before the pivot is asked for, the detach stops with the guest where libvirt says,
+    and its next try finishes it. With the pivot in flight, libvirt 9.0 hangs on its way down
+    and its successor can lose the pivot or never end it: the detach then trusts QEMU's image
+    locks, marks the disk so, alarms and stops; the guest runs on, and once it has stopped its
+    start finds every write in its disk."""
+    monkeypatch.setattr(detach, 'LIBVIRT_ANSWER_SECONDS', 20)
     seen = []
 
     def restart_at(name):
@@ -238,17 +248,26 @@ def test_libvirtd_restarted_during_a_detach(host, step, monkeypatch):
     host.start()
     host.write(BEFORE)
     detacher = host.detacher()
+    lost = False
     try:
         detacher.detach(host.uuid)
     except detach.DetachFailed:
-        assert not step.startswith('pivot requested')
         monkeypatch.setattr(detach, '_step', lambda name: None)
-        detacher.detach(host.uuid)
-    assert [dev for dev, _, _ in detacher.detached[host.uuid]] == ['vda']
+        try:
+            detacher.detach(host.uuid)     # the detacher's next try
+        except detach.DetachFailed:
+            lost = True
     host.write(AFTER)
-    live = host.guest().get_xml_desc()
-    assert [path for _, path, _ in detach.qcow2_file_disks(live)] == [str(host.disk)]
-    assert images.info(host.disk)['backing-filename'] == str(host.base)
-    assert leftovers(host) == []
-    host.stop()
+    if lost:
+        assert step.startswith('pivot requested') and 'ALARM' in caplog.text
+        host.stop()
+        host.nova_compute_starts()
+    else:
+        assert [dev for dev, _, _ in detacher.detached[host.uuid]] == ['vda']
+        live = host.guest().get_xml_desc()
+        assert [path for _, path, _ in detach.qcow2_file_disks(live)] == [str(host.disk)]
+        assert images.info(host.disk)['backing-filename'] == str(host.base)
+        assert leftovers(host) == []
+        host.stop()
     host.assert_holds(BEFORE, AFTER)
+    assert leftovers(host) == []

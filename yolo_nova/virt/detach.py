@@ -28,6 +28,7 @@ A boot is over once yolofs' boot window of the base file has ended (no read for
 at once (the copies never read the backing file).
 """
 
+import collections
 import contextlib
 import functools
 import json
@@ -91,7 +92,12 @@ def recover(disk_path):
         LOG.info('Removing %s, a copy that never became the disk of %s', interim, disk_path)
         os.unlink(interim)
         return
-    name, pivoting = marked
+    name, pivoting = marked.current, marked.pivoting
+    if not pivoting and name == os.path.basename(disk_path):
+        LOG.info('Removing %s: its detach was interrupted on %s', interim, disk_path)
+        os.unlink(interim)
+        remove_mark(interim)
+        return
     if not pivoting or not os.path.exists(disk_path) or not holds_data(disk_path):
         LOG.warning('%s is the current disk of an interrupted detach: moving it back to %s',
                     interim, disk_path)
@@ -145,15 +151,21 @@ def discard(path):
     sync_directory(path)
 
 
-def mark(interim, current, pivoting=False):
+Mark = collections.namedtuple('Mark', 'current pivoting libvirt_unsure')
+
+
+def mark(interim, current, pivoting=False, libvirt_unsure=False):
     """Records, durably, which file the guest's disk is as far as libvirt said last, and
     whether a pivot away from it was asked for and its outcome is not known yet: written just
     before the first pivot (``disk``, pivoting), after it (``disk.yolo-detach``), before the
     second (``disk.yolo-detach``, pivoting), removed once the guest is known to be on ``disk``
-    again. Without a mark, ``disk.yolo-detach`` is at most a copy."""
+    again. Without a mark, ``disk.yolo-detach`` is at most a copy. ``libvirt_unsure``: libvirt
+    did not settle the last pivot, or contradicted QEMU (see :func:`pivot`): its XML is not
+    asked about this disk again until the guest has stopped."""
     path = interim + MARK_SUFFIX
     with open(path + '.new', 'w') as f:
-        json.dump({'current': os.path.basename(current), 'pivoting': pivoting}, f)
+        json.dump({'current': os.path.basename(current), 'pivoting': pivoting,
+                   'libvirt_unsure': libvirt_unsure}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + '.new', path)
@@ -161,18 +173,19 @@ def mark(interim, current, pivoting=False):
 
 
 def read_mark(interim):
-    """(file name, pivoting) of a mark, None if there is none. A mark that cannot be read
-    says nothing sure: a pivot away from ``disk``, the start keeps both files."""
+    """The Mark beside ``interim``, None if there is none. A mark that cannot be read says
+    nothing sure: a pivot away from ``disk``, libvirt unsure: the start keeps both files."""
     path = interim + MARK_SUFFIX
     try:
         with open(path) as f:
             state = json.load(f)
-        return str(state['current']), bool(state['pivoting'])
+        return Mark(str(state['current']), bool(state['pivoting']),
+                    bool(state.get('libvirt_unsure')))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
         LOG.error('The detach mark %s cannot be read', path)
-        return os.path.basename(interim[:-len(DETACH_SUFFIX)]), True
+        return Mark(os.path.basename(interim[:-len(DETACH_SUFFIX)]), True, True)
 
 
 def remove_mark(interim):
@@ -242,11 +255,13 @@ def reconcile(domain_xml, running, definition_reliable=None):
         disk = path[:-len(DETACH_SUFFIX)] if path.endswith(DETACH_SUFFIX) else path
         interim = disk + DETACH_SUFFIX
         marked = read_mark(interim)
-        if not running and (marked is None or not marked[1] or not reliable(interim)):
+        if marked is not None and marked.libvirt_unsure:
+            continue
+        if not running and (marked is None or not marked.pivoting or not reliable(interim)):
             continue
         if path == interim:
             if os.path.exists(interim):
-                if marked != (os.path.basename(interim), False):
+                if marked != Mark(os.path.basename(interim), False, False):
                     LOG.warning('%s is the current disk of an interrupted detach', interim)
                     mark(interim, interim)
                 if running:
@@ -257,6 +272,16 @@ def reconcile(domain_xml, running, definition_reliable=None):
             discard(interim)
             remove_mark(interim)
     return on_interim
+
+
+def unsure_disks(domain_xml):
+    """The domain's disks whose mark says libvirt lost track of a pivot (:func:`pivot`)."""
+    unsure = []
+    for _, path, _ in qcow2_file_disks(domain_xml):
+        marked = read_mark(path.removesuffix(DETACH_SUFFIX) + DETACH_SUFFIX)
+        if marked is not None and marked.libvirt_unsure:
+            unsure.append(path)
+    return unsure
 
 
 def settle_jobs(lookup_guest):
@@ -274,6 +299,8 @@ def settle_guest(lookup_guest, backing_files):
     on an interim file), both empty for a guest that does not run."""
     guest = lookup_guest()
     running = guest.is_active()
+    if running and unsure_disks(guest.get_xml_desc()):
+        return [], False     # libvirt is not asked again (pivot); the next start settles it
     xml = settle_jobs(lookup_guest) if running else guest.get_xml_desc(dump_inactive=True)
     on_interim = reconcile(xml, running)
     if not running:
@@ -379,7 +406,16 @@ def pivot(lookup_guest, dev, source, destination, interim):
     its end). Where the guest is, is what libvirt's live XML says once no job is left on the
     disk (:func:`current_file`), never what a call answered: a pivot takes effect in QEMU before
     libvirt answers, and libvirtd restarting in between fails the call. The mark of ``interim``
-    says a pivot is under way from just before it is asked for."""
+    says a pivot is under way from just before it is asked for.
+
+    libvirt's answer is checked against QEMU's image locks: QEMU holds the file it is on, and
+    the copy's other file only while a job runs. A libvirtd that restarts while a pivot is in
+    flight can lose it (libvirt 9.0, killed after waiting for the job: its XML then names the
+    source while QEMU writes to the destination), or wait for ever for its end. Then the mark
+    records what QEMU's locks say (or, if they say nothing, that the pivot's outcome is
+    unknown) with ``libvirt_unsure``, an alarm asks for the guest to be stopped and started,
+    and LibvirtSilent is raised: libvirt is not asked about this disk again, and the next start
+    settles it from the mark."""
     requested = None
     try:
         block = lookup_guest().get_block_device(dev)
@@ -392,11 +428,28 @@ def pivot(lookup_guest, dev, source, destination, interim):
         _step('pivot requested')
     except Exception:
         LOG.warning('The copy of %s onto %s failed', dev, destination, exc_info=True)
-    where = current_file(lookup_guest, dev)
-    if where not in (source, destination):
-        raise LibvirtSilent('libvirt names %s for %s, neither %s nor %s'
-                            % (where, dev, source, destination))
-    return where, (time.monotonic() - requested if requested else float('nan'))
+    try:
+        where = current_file(lookup_guest, dev)
+    except LibvirtSilent:
+        where = None
+    qemu = qemu_is_on(source, destination)
+    if where in (source, destination) and qemu in (None, where):
+        return where, (time.monotonic() - requested if requested else float('nan'))
+    if qemu is not None:
+        mark(interim, qemu, libvirt_unsure=True)
+    else:
+        mark(interim, source, pivoting=True, libvirt_unsure=True)
+    LOG.error('ALARM: libvirt says %s of instance disk %s is on %s, QEMU\'s locks say %s: '
+              'libvirt lost track of its pivot. Stop and start the guest: its start puts it on '
+              'the file it was last on (docs/nova-driver.md)', dev, source,
+              where or 'nothing', qemu or 'nothing sure')
+    raise LibvirtSilent('libvirt names %s for %s; QEMU is on %s' % (where, dev, qemu))
+
+
+def qemu_is_on(*files):
+    """The one of ``files`` a running QEMU holds, None if it holds none or several."""
+    held = [path for path in files if held_by_qemu(path)]
+    return held[0] if len(held) == 1 else None
 
 
 def copy(block, destination):
@@ -538,6 +591,10 @@ class Detacher:
             guest = lookup()
             if guest is None or not guest.is_active():
                 return done
+            unsure = unsure_disks(guest.get_xml_desc())
+            if unsure:
+                raise LibvirtSilent('libvirt lost track of a pivot of %s: the guest must stop '
+                                    'and start first' % ', '.join(unsure))
             xml = settle_jobs(lookup)
             reconcile(xml, running=True)
             for dev, path, name in disks_on_mount(xml, self.backing_files):

@@ -121,7 +121,7 @@ def test_nova_computes_start_settles_marks_with_what_libvirt_says(tmp_path):
     interim.write_bytes(b'current')
     # A running guest on the interim disk: marked, and returned to be moved back.
     assert detach.reconcile(domain(interim), running=True) == [('vda', str(interim))]
-    assert detach.read_mark(str(interim)) == (interim.name, False)
+    assert detach.read_mark(str(interim)) == (interim.name, False, False)
     # A running guest on disk: what the detach left is stale.
     assert detach.reconcile(domain(disk), running=True) == []
     assert not interim.exists() and detach.read_mark(str(interim)) is None
@@ -139,7 +139,8 @@ def test_a_stopped_guests_definition_settles_only_an_unknown_pivot_and_only_if_r
             detach.remove_mark(str(interim))
         detach.reconcile(domain(tmp_path / names), running=False,
                          definition_reliable=lambda _: reliable)
-        return interim.exists(), detach.read_mark(str(interim))
+        marked = detach.read_mark(str(interim))
+        return interim.exists(), marked and marked[:2]
 
     # The first pivot's outcome unknown: libvirt's definition names disk, it did not happen.
     assert left(('disk', True), 'disk', True) == (False, None)
@@ -152,6 +153,26 @@ def test_a_stopped_guests_definition_settles_only_an_unknown_pivot_and_only_if_r
     # A mark that knows, or none: the definition is not asked.
     assert left(('disk.yolo-detach', False), 'disk', True) == (True, (interim.name, False))
     assert left(None, 'disk.yolo-detach', True) == (True, None)
+
+
+def test_a_disk_libvirt_lost_track_of_is_settled_by_its_mark_alone(tmp_path):
+    # libvirt named disk after a pivot that QEMU's locks say took effect (detach.pivot): the
+    # mark names the interim disk; libvirt's XML, live or not, is not asked.
+    disk = qcow2(tmp_path / 'disk', data=1)
+    interim = qcow2(tmp_path / 'disk.yolo-detach', data=2)
+    detach.mark(str(interim), str(interim), libvirt_unsure=True)
+    assert detach.unsure_disks(domain(disk)) == [str(disk)]
+    for running in (True, False):
+        assert detach.reconcile(domain(disk), running=running,
+                                definition_reliable=lambda _: True) == []
+        assert interim.exists()
+    detach.recover(str(disk))
+    assert pattern_at_64k(disk) == 2 and list(tmp_path.glob('disk.yolo-kept-*')) == []
+    # QEMU found on disk: the interim file goes.
+    interim = qcow2(tmp_path / 'disk.yolo-detach', data=3)
+    detach.mark(str(interim), str(disk), libvirt_unsure=True)
+    detach.recover(str(disk))
+    assert pattern_at_64k(disk) == 2 and not interim.exists()
 
 
 def test_a_mark_that_cannot_be_read_keeps_both_files(tmp_path):
@@ -171,7 +192,7 @@ def test_a_start_over_a_disk_it_cannot_settle_fails(tmp_path, monkeypatch):
     monkeypatch.setenv('PATH', str(tmp_path))     # no qemu-img: holds_data cannot tell
     with pytest.raises(OSError):
         detach.recover(str(disk))
-    assert interim.exists() and detach.read_mark(str(interim)) == (disk.name, True)
+    assert interim.exists() and detach.read_mark(str(interim)) == (disk.name, True, False)
 
 
 def test_the_detach_lock_is_one_per_instance_and_reentrant():
