@@ -70,6 +70,11 @@ def lock(instance_uuid):
         return _locks.setdefault(instance_uuid, threading.RLock())
 
 
+def disk_of(path):
+    """The guest's disk path of ``path``, the disk itself or its interim file."""
+    return path.removesuffix(DETACH_SUFFIX)
+
+
 def recover(disk_path):
     """Before a start (the guest is not running): settles a detach that did not finish, so that
     the guest starts on the file holding its writes, from the mark (see :func:`mark`):
@@ -185,7 +190,7 @@ def read_mark(interim):
         return None
     except (OSError, ValueError, KeyError, TypeError):
         LOG.error('The detach mark %s cannot be read', path)
-        return Mark(os.path.basename(interim[:-len(DETACH_SUFFIX)]), True, True)
+        return Mark(os.path.basename(disk_of(interim)), True, True)
 
 
 def remove_mark(interim):
@@ -252,7 +257,7 @@ def reconcile(domain_xml, running, definition_reliable=None):
         lambda interim: not host_restarted_since(interim + MARK_SUFFIX))
     on_interim = []
     for dev, path, _ in qcow2_file_disks(domain_xml):
-        disk = path[:-len(DETACH_SUFFIX)] if path.endswith(DETACH_SUFFIX) else path
+        disk = disk_of(path)
         interim = disk + DETACH_SUFFIX
         marked = read_mark(interim)
         if marked is not None and marked.libvirt_unsure:
@@ -278,7 +283,7 @@ def unsure_disks(domain_xml):
     """The domain's disks whose mark says libvirt lost track of a pivot (:func:`pivot`)."""
     unsure = []
     for _, path, _ in qcow2_file_disks(domain_xml):
-        marked = read_mark(path.removesuffix(DETACH_SUFFIX) + DETACH_SUFFIX)
+        marked = read_mark(disk_of(path) + DETACH_SUFFIX)
         if marked is not None and marked.libvirt_unsure:
             unsure.append(path)
     return unsure
@@ -605,7 +610,7 @@ class Detacher:
                 done.append((dev,) + pivots)
             for dev, interim in disks_on_interim(xml):
                 info = images.info(interim)
-                second = move_back(lookup, dev, interim[:-len(DETACH_SUFFIX)], interim,
+                second = move_back(lookup, dev, disk_of(interim), interim,
                                    info['backing-filename'],
                                    info.get('backing-filename-format', 'raw'),
                                    info['virtual-size'])

@@ -483,7 +483,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                             'its disk could not be moved back from its detach: %s' % e))
         elif moving:
             for _, path, _ in detach.qcow2_file_disks(guest.get_xml_desc(dump_inactive=True)):
-                detach.recover(path.removesuffix(detach.DETACH_SUFFIX))
+                detach.recover(detach.disk_of(path))
 
     def _check_shared_disk_is_served(self, instance):
         """MigrationPreCheckError if the instance's disk, seen from this host (so on storage
