@@ -18,6 +18,7 @@ import pathlib
 import shutil
 import stat
 import subprocess
+import threading
 import time
 from unittest import mock
 
@@ -57,6 +58,8 @@ class FakeImageAPI:
     def __init__(self):
         self.images = {}
         self.downloads = []
+        # Set: downloads wait for it.
+        self.gate = None
 
     def get(self, context, image_id):
         if image_id not in self.images:
@@ -71,6 +74,8 @@ class FakeImageAPI:
                 'properties': record['properties']}
 
     def download(self, context, image_id, dest_path=None):
+        if self.gate is not None:
+            assert self.gate.wait(30)
         self.downloads.append(image_id)
         shutil.copyfile(self.images[image_id]['file'], dest_path)
 
@@ -212,6 +217,22 @@ class DriverTestCase(nova_base.NoDBTestCase):
                    filename=filename or self.name, image_id=image_id, size=1024 * MiB)
         return disk
 
+    def create_first_root_disk(self):
+        """The first root disk over the base file, which Nova downloads: the disk is made on
+        _base, then the boot image is fetched; returns once it is."""
+        self.glance.gate = threading.Event()
+        disk = self.create_root_disk()
+        self.assertEqual(str(self.base), self.backing_of(disk.path))
+        self.glance.gate.set()
+        self.wait_for_boot_image_fetch()
+        return disk
+
+    def wait_for_boot_image_fetch(self):
+        fetch = self.drvr.yolo_boot_images.fetching(self.name)
+        if fetch is not None:
+            fetch.join(30)
+            self.assertFalse(fetch.is_alive())
+
     def backing_of(self, disk_path):
         return backing.backing_info(str(disk_path))[0]
 
@@ -281,7 +302,7 @@ class TestRootDiskCreation(DriverTestCase):
 
     def test_published_boot_image_is_handed_to_yolofs_and_installed(self):
         self.publish_boot_image()
-        self.create_root_disk()
+        self.create_first_root_disk()
         self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
         [install] = self.client.installs
         self.assertEqual((self.name, IMAGE_ID), (install['file'], install['image_id']))
@@ -293,9 +314,42 @@ class TestRootDiskCreation(DriverTestCase):
         self.assertEqual({self.name: IMAGE_ID}, self.client.remembered)
         self.assertEqual({IMAGE_ID}, self.drvr.yolo_boot_images.verified_image_ids())
         # Already there: a second disk of the same image does not download it again.
-        self.create_root_disk(name='disk.rescue')
+        rescue = self.create_root_disk(name='disk.rescue')
         self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
         self.assertEqual(1, len(self.client.installs))
+        self.assertEqual(str(self.mount / self.name), self.backing_of(rescue.path))
+
+    def test_a_cached_base_files_boot_image_is_installed_before_the_disk_is_made(self):
+        # The boot reads the base file from the disk: served from memory, it is faster.
+        write_raw_base(self.base)
+        self.yolofs_up()
+        self.publish_boot_image()
+        disk = self.create_root_disk()
+        self.assertIsNone(self.drvr.yolo_boot_images.fetching(self.name))
+        self.assertEqual(1, len(self.client.installs))
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+
+    def test_guests_started_while_the_boot_image_is_fetched_start_on_base(self):
+        # As Nova's would: the boot's bytes are in the page cache, and a learning yolofs would
+        # record a boot its boot image already holds.
+        self.publish_boot_image()
+        self.glance.gate = threading.Event()
+        disk = self.create_root_disk()
+        self.assertEqual('fetching', self.drvr.yolo_boot_images.ensure(
+            self.context, IMAGE_ID, str(self.base), later=True))
+        created = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
+            libvirt_driver.LibvirtDriver, '_create_guest')).mock
+        self.drvr._create_guest(self.context, self.domain_xml(disk.path), self.instance)
+        created.assert_called_once()
+        self.assertEqual(str(self.base), self.backing_of(disk.path))
+        self.client.preload.assert_not_called()
+        self.glance.gate.set()
+        self.wait_for_boot_image_fetch()
+        # One fetch for both.
+        self.assertEqual([BOOT_IMAGE_ID], self.glance.downloads)
+        self.drvr._create_guest(self.context, self.domain_xml(disk.path), self.instance)
+        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        self.client.preload.assert_called_once_with(self.name)
 
     def test_download_dir_defaults_to_the_instances_path(self):
         self.flags(download_dir=None, group='yolo')
@@ -307,11 +361,10 @@ class TestRootDiskCreation(DriverTestCase):
         other = self.root / 'other.raw'
         write_raw_base(other, seed=2)
         self.publish_boot_image(source=other)
-        disk = self.create_root_disk()
+        self.create_first_root_disk()
         self.assertEqual(1, len(self.client.installs))
         self.assertEqual({}, self.client.entries)
         self.assertEqual([], os.listdir(self.downloads))
-        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
         self.assertEqual('rejected', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
         # Refused once on this host: not downloaded again at every spawn.
@@ -351,9 +404,8 @@ class TestRootDiskCreation(DriverTestCase):
     def test_yolofs_failing_mid_install_does_not_fail_the_disk(self):
         self.publish_boot_image()
         self.client.install_error = ConnectionResetError('yolofs went away')
-        disk = self.create_root_disk()
+        self.create_first_root_disk()
         self.assertEqual([], os.listdir(self.downloads))
-        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
         self.assertEqual('failed', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
 
@@ -362,8 +414,7 @@ class TestRootDiskCreation(DriverTestCase):
         self.publish_boot_image()
         self.client.install_error = yolofs.YolofsError(
             'install: installing into the store /var/lib/yolo: No space left on device')
-        disk = self.create_root_disk()
-        self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
+        self.create_first_root_disk()
         self.assertEqual('failed', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
         self.client.install_error = None

@@ -31,6 +31,9 @@ class BackingFiles:
         self.enabled = enabled
         # Disks inside on_base(): any placement Nova's nested calls make keeps them on _base.
         self._held_on_base = set()
+        # Base files Nova has just downloaded whose boot image is being fetched: their guests
+        # start on _base, as Nova's would (boot_images.BootImages.ensure says why).
+        self._base_files_on_base = set()
         # This host's fills of base files (first_boot.FirstBoots), if first boots before the
         # download are on: a base file being filled is in _base only once complete.
         self.first_boots = None
@@ -76,7 +79,8 @@ class BackingFiles:
         name = os.path.basename(backing)
         if self.directory_of(backing) is None or not self.is_image_base(name):
             return backing
-        if os.path.realpath(disk_path) in self._held_on_base:
+        if os.path.realpath(disk_path) in self._held_on_base \
+                or name in self._base_files_on_base:
             healthy = False
         elif healthy is None:
             healthy = self.yolofs_healthy()
@@ -112,6 +116,14 @@ class BackingFiles:
         finally:
             self._held_on_base.discard(held)
         self.place(disk_path)
+
+    def keep_on_base(self, name, keep=True):
+        """Disks over base file ``name`` are placed on ``_base`` from now on (``keep``), or
+        again by the rule."""
+        if keep:
+            self._base_files_on_base.add(name)
+        else:
+            self._base_files_on_base.discard(name)
 
     def wait_for_fill(self, name):
         """Waits for base file ``name`` to be in _base if it is being filled: what a guest

@@ -20,6 +20,7 @@ a boot image; it never fails a boot, and while yolofs is not healthy nothing is 
 import os
 import socket
 import tempfile
+import threading
 
 from oslo_log import log as logging
 from oslo_utils import fileutils
@@ -117,6 +118,9 @@ class BootImages:
         self._owner = owner
         # Source image id -> the boot image yolofs refused for it: not downloaded again.
         self._refused = {}
+        # Base file name -> the thread fetching its boot image after Nova's download.
+        self._fetching = {}
+        self._fetching_lock = threading.Lock()
 
     @property
     def image_api(self):
@@ -144,12 +148,18 @@ class BootImages:
     def client(self):
         return self.backing_files.client
 
-    def ensure(self, context, image_id, base_path):
+    def ensure(self, context, image_id, base_path, later=False):
         """Makes sure yolofs has the base file's boot image if Glance publishes one.
 
         Returns what happened: 'unavailable' (yolofs is not healthy: nothing attempted),
         'present', 'none' (no boot image published: yolofs learns one from the first boot if it
-        runs with --learn), 'installed', 'rejected' (yolofs refused it) or 'failed'.
+        runs with --learn), 'installed', 'rejected' (yolofs refused it) or 'failed'; with
+        ``later``, 'fetching': a thread fetches and installs it, and until it is done the
+        guests over the base file start on ``_base``. For a base file Nova has just downloaded:
+        the boot's bytes are in the page cache, where the boot image would bring nothing to
+        this boot, and fetching it first would delay the guest's start by its transfer, on the
+        link the download has just used. On the mount meanwhile, a learning yolofs would record
+        the boot the boot image already holds.
         """
         name = os.path.basename(base_path)
         status = self.backing_files.status()
@@ -170,6 +180,8 @@ class BootImages:
             if boot_image is None:
                 published = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
                 return 'rejected' if published else 'none'
+            if later:
+                return self._install_later(context, name, image_id, boot_image)
             return self._install(context, name, image_id, boot_image)
         except Untrusted:
             return 'rejected'
@@ -239,6 +251,41 @@ class BootImages:
             return self.install_file(name, path, image_id, boot_image['id'])
         finally:
             os.unlink(path)
+
+    def _install_later(self, context, name, image_id, boot_image):
+        with self._fetching_lock:
+            if name in self._fetching:
+                return 'fetching'
+            self.backing_files.keep_on_base(name)
+            thread = threading.Thread(target=self._fetch, name='yolo-boot-image-' + name[:8],
+                                      args=(context, name, image_id, boot_image), daemon=True)
+            self._fetching[name] = thread
+        try:
+            thread.start()
+        except BaseException:
+            self._fetched(name)
+            raise
+        return 'fetching'
+
+    def _fetch(self, context, name, image_id, boot_image):
+        try:
+            self._install(context, name, image_id, boot_image)
+        except Untrusted:
+            pass
+        except Exception:
+            LOG.exception('Could not get the boot image of image %s to yolofs', image_id)
+        finally:
+            self._fetched(name)
+
+    def _fetched(self, name):
+        with self._fetching_lock:
+            self.backing_files.keep_on_base(name, keep=False)
+            del self._fetching[name]
+
+    def fetching(self, name):
+        """The thread fetching base file ``name``'s boot image (``ensure(later=True)``), if
+        one is."""
+        return self._fetching.get(name)
 
     def install_file(self, name, path, image_id, boot_image_id):
         """Has yolofs verify the boot image downloaded at ``path`` against base file ``name``

@@ -13,7 +13,8 @@ from yolo_common import images
 
 class YoloQcow2(imagebackend.Qcow2):
     """Qcow2 that, once Nova has created a disk over a base file, fetches the image's boot image
-    and points the disk's backing file at the yolofs mount (when yolofs is healthy). With
+    (in the background after Nova's own download of the base file: ``BootImages.ensure``) and
+    points the disk's backing file at the yolofs mount (when yolofs is healthy). With
     ``first_boots`` (``[yolo] first_boot_before_download``), a base file that is not cached is
     not waited for when its image can boot before its download (:mod:`first_boot`).
 
@@ -27,13 +28,15 @@ class YoloQcow2(imagebackend.Qcow2):
     def create_image(self, prepare_template, base, size, safe=False, *args, **kwargs):
         if self._create_over_fill(base, size, kwargs):
             return
+        downloaded_now = not os.path.exists(base)
         super().create_image(prepare_template, base, size, safe, *args, **kwargs)
         name = os.path.basename(base)
         if not self.backing_files.is_image_base(name):
             return
         context, image_id = kwargs.get('context'), kwargs.get('image_id')
         if context is not None and image_id:
-            self.boot_images.ensure(context, image_id, base)
+            # After Nova's download, the boot image is for the boots that follow.
+            self.boot_images.ensure(context, image_id, base, later=downloaded_now)
         self.backing_files.place(self.path)
 
     def _create_over_fill(self, base, size, kwargs):
