@@ -54,7 +54,9 @@ def test_non_admin_boot_of_a_public_image_is_served_from_its_boot_image(publishe
         assert stats['bytes_memory'] > 0, stats
         # What Prometheus sees of it (tools/aio/settings: --metrics-address 127.0.0.1:9466).
         metrics = prometheus.scrape('http://127.0.0.1:9466/metrics')
-        assert metrics[('yolofs_read_bytes_total', (('file', name), ('from', 'boot_image')))] \
+        # Labelled with the Glance image Nova named for the base file.
+        assert metrics[('yolofs_read_bytes_total',
+                        (('file', name), ('from', 'boot_image'), ('image', source['id'])))] \
             >= stats['bytes_memory']
         assert metrics[('yolofs_boot_image_loads_total', ())] >= 1
         # nova-compute timed the boot to its ready line, for the host's boot-time parameters.

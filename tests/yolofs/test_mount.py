@@ -840,6 +840,10 @@ def scrape(mount):
     return prometheus.scrape(re.search(r'metrics on (http://\S+)', log).group(1))
 
 
+def status_memory(mount):
+    return mount.client.status()['memory_used_bytes']
+
+
 def test_metrics_count_what_was_served(mount_factory, base_dir, boot_image_dir, content):
     shutil.copy(base_dir / NAME, base_dir / 'other')
     data = bytearray((boot_image_dir / (NAME + '.yolo')).read_bytes())
@@ -856,10 +860,27 @@ def test_metrics_count_what_was_served(mount_factory, base_dir, boot_image_dir, 
     stats = mount.client.stats()
     for name in (NAME, 'other'):
         for source, counted in (('boot_image', 'bytes_memory'), ('base_file', 'bytes_passthrough')):
-            key = ('yolofs_read_bytes_total', (('file', name), ('from', source)))
+            key = ('yolofs_read_bytes_total', (('file', name), ('from', source), ('image', '')))
             assert metrics[key] == stats[name][counted], key
-    assert metrics[('yolofs_read_bytes_total', (('file', NAME), ('from', 'boot_image')))] > 0
-    assert metrics[('yolofs_read_bytes_total', (('file', 'other'), ('from', 'boot_image')))] == 0
+    assert metrics[('yolofs_read_bytes_total',
+                    (('file', NAME), ('from', 'boot_image'), ('image', '')))] > 0
+    assert metrics[('yolofs_read_bytes_total',
+                    (('file', 'other'), ('from', 'boot_image'), ('image', '')))] == 0
+    # Every read timed, by where it was served from; none in flight now.
+    requests = {source: sum(stats[name][counted] for name in (NAME, 'other'))
+                for source, counted in (('boot_image', 'requests_memory'),
+                                        ('base_file', 'requests_passthrough'),
+                                        ('mixed', 'requests_mixed'))}
+    for source, count in requests.items():
+        assert metrics[('yolofs_read_seconds_count', (('from', source),))] == count, source
+    assert requests['boot_image'] > 0 and requests['base_file'] > 0
+    assert metrics[('yolofs_read_seconds_bucket', (('from', 'boot_image'), ('le', '+Inf')))] \
+        == requests['boot_image']
+    assert metrics[('yolofs_read_seconds_count', (('from', 'fill'),))] == 0
+    assert metrics[('yolofs_reads_in_flight', ())] == 0
+    assert metrics[('yolofs_oldest_read_in_flight_seconds', ())] == 0
+    assert metrics[('yolofs_resident_memory_bytes', ())] > status_memory(mount)
+    assert metrics[('yolofs_fills_in_progress', ())] == 0
     assert metrics[('yolofs_boot_image_loads_total', ())] == 1
     assert metrics[('yolofs_boot_image_rejections_total', (('reason', 'invalid'),))] == 1
     assert metrics[('yolofs_boot_images_refused', ())] == 1
@@ -1020,9 +1041,12 @@ def test_a_base_file_being_filled_is_served_before_it_is_complete(
     offered, fill_name, extents, holes = offered_fill(base_dir, boot_image_dir, tmp_path)
     (base_dir / NAME).unlink()
     mount = mount_factory(base_dir, boot_images=tmp_path / 'empty-store',
-                          fill_read_timeout_secs=2)
+                          fill_read_timeout_secs=2, metrics_address='127.0.0.1:0')
     answer = mount.client.fill_begin(fill_name, offered, 'some-image-id')
     assert answer['new'] and answer['size'] == SIZE and answer['filled_bytes'] == 0
+    assert mount.client.status()['fills'] == [
+        {'file': fill_name, 'size': SIZE, 'filled_bytes': 0}]
+    assert scrape(mount)[('yolofs_fill_size_bytes', (('file', fill_name),))] == SIZE
     extent = extents[0]
     served = mount.mountpoint / fill_name
     fd = os.open(served, os.O_RDONLY)
@@ -1038,6 +1062,11 @@ def test_a_base_file_being_filled_is_served_before_it_is_complete(
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             start, size = holes[1][0], holes[1][1] + (1 << 20)
             reading = pool.submit(os.pread, fd, size, start)
+            # A read waiting for the fill shows in the metrics while it waits.
+            deadline = time.monotonic() + 1.5
+            while scrape(mount)[('yolofs_oldest_read_in_flight_seconds', ())] < 0.1:
+                assert time.monotonic() < deadline and not reading.done()
+            assert scrape(mount)[('yolofs_reads_in_flight', ())] >= 1
             wants = []
             while not reading.done():
                 for offset, length in mount.client.fill_wants(fill_name, 0.5):
@@ -1053,7 +1082,16 @@ def test_a_base_file_being_filled_is_served_before_it_is_complete(
         fill.write(content)
         fill.close()
         mount.client.fill_done(fill_name, 0, SIZE)
+        metrics = scrape(mount)
+        assert metrics[('yolofs_fills_in_progress', ())] == 1
+        assert metrics[('yolofs_fill_filled_bytes', (('file', fill_name),))] == SIZE
+        # The extent, the hole waited for (FUSE requests of at most max_read bytes each); the
+        # hole that timed out failed.
+        assert metrics[('yolofs_read_seconds_count', (('from', 'fill'),))] >= 2
+        assert metrics[('yolofs_read_seconds_count', (('from', 'error'),))] >= 1
+        assert metrics[('yolofs_read_seconds_bucket', (('from', 'error'), ('le', '0.5')))] == 0
         assert mount.client.fill_end(fill_name, complete=True)['boot_image_matches'] is True
+        assert mount.client.status()['fills'] == []
         os.rename(base_dir / fill_name, base_dir / NAME)
         assert os.pread(fd, SIZE, 0) == content
         assert (mount.mountpoint / NAME).read_bytes() == content

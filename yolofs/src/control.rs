@@ -285,6 +285,9 @@ impl Daemon {
                 "pinned_bytes": self.pinned_bytes,
                 "kernel_passthrough": self.fs.kernel_passthrough(),
                 "touch_safety": self.store.touch_safety(),
+                "fills": self.fs.fills().into_iter().map(|(name, size, filled)| {
+                    json!({"file": name, "size": size, "filled_bytes": filled})
+                }).collect::<Vec<_>>(),
             })),
             Request::Stats { file } => Ok(json!({ "files": self.stats.snapshot(file.as_deref()) })),
             Request::Preload { file } => {

@@ -29,7 +29,7 @@ use thiserror::Error;
 use crate::fill::{Fill, FillError, Outcome, FILL_SUFFIX};
 use crate::format::BootImage;
 use crate::recorder::{Recorder, Recording};
-use crate::stats::{FileStats, StatsRegistry};
+use crate::stats::{FileStats, ReadSource, StatsRegistry};
 use crate::store::{BootImageStore, SourceKey, Verified};
 
 pub const ROOT_INO: u64 = 1;
@@ -404,6 +404,17 @@ impl MirrorFs {
         Ok((filling, true))
     }
 
+    /// The fills under way: (fill file name, its size, bytes filled so far).
+    pub fn fills(&self) -> Vec<(String, u64, u64)> {
+        let fills = self.fills.read().unwrap();
+        let mut progress: Vec<_> = fills
+            .iter()
+            .map(|(name, filling)| (name.clone(), filling.fill.size(), filling.fill.progress().0))
+            .collect();
+        progress.sort();
+        progress
+    }
+
     pub fn filling(&self, name: &str) -> Option<Arc<Filling>> {
         self.fills.read().unwrap().get(name).cloned()
     }
@@ -727,7 +738,11 @@ impl MirrorFs {
     /// Reads up to `size` bytes at `offset` of inode `ino` open as `fh`: fewer only at the end of
     /// the file.
     pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let handle = self.handle_or_reopen(ino, fh)?;
+        let _in_flight = self.stats.in_flight.begin();
+        let started = Instant::now();
+        let handle = self.handle_or_reopen(ino, fh).inspect_err(|_| {
+            self.stats.read_took(ReadSource::Error, started.elapsed());
+        })?;
         let result = match &handle.filling {
             Some(filling) => self.read_filling(&handle, filling, offset, size as u64),
             None => match self.fresh_boot_image(&handle)? {
@@ -739,6 +754,12 @@ impl MirrorFs {
             let (memory, passthrough) = result.as_ref().map_or((0, 0), |(_, m, p)| (*m, *p));
             recording.record(offset, size as u64, memory, passthrough);
         }
+        let source = match &result {
+            Err(_) => ReadSource::Error,
+            Ok(_) if handle.filling.is_some() => ReadSource::Fill,
+            Ok((_, memory, passthrough)) => ReadSource::of(*memory, *passthrough),
+        };
+        self.stats.read_took(source, started.elapsed());
         match result {
             Ok((data, from_memory, passed_through)) => {
                 handle.stats.read(from_memory, passed_through);

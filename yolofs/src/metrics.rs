@@ -2,8 +2,10 @@
 //!
 //! Every value is read from the daemon's own counters at scrape time (a [`Collector`]), so the
 //! read path pays nothing for metrics beyond the counters `yolofs ctl stats` already keeps.
-//! Per-file series are labelled by base file name: Nova's image cache holds one per image.
+//! Per-file series are labelled by base file name (Nova's image cache holds one per image) and
+//! by the Glance image id Nova told yolofs it belongs to (empty where it did not).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -19,7 +21,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::control::Daemon;
-use crate::stats::FileStatsSnapshot;
+use crate::stats::{FileStatsSnapshot, ReadSource};
 
 /// The OpenMetrics text format's content type.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -64,13 +66,21 @@ impl Collector for DaemonMetrics {
         )?;
 
         let files = daemon.stats.snapshot(None);
+        // The Glance image each base file belongs to, where Nova told (base file names are an
+        // opaque hash of it).
+        let images: BTreeMap<&String, String> = files
+            .keys()
+            .map(|file| (file, daemon.store.image_id(file).unwrap_or_default()))
+            .collect();
+        let file_labels = |file: &String| [("file", file.clone()), ("image", images[file].clone())];
         type Count = fn(&FileStatsSnapshot) -> u64;
         // Series of one per-file family: for each file, one per (label value, counter).
         let by_file = |label: &'static str, values: &'static [(&'static str, Count)]| {
             files.iter().flat_map(move |(file, s)| {
-                values
-                    .iter()
-                    .map(move |(value, count)| ([("file", file.clone()), (label, value.to_string())], count(s)))
+                values.iter().map(move |(value, count)| {
+                    let [file, image] = file_labels(file);
+                    ([file, image, (label, value.to_string())], count(s))
+                })
             })
         };
         counters(
@@ -111,8 +121,66 @@ impl Collector for DaemonMetrics {
             e,
             "yolofs_read_errors",
             "Reads answered with an error, by base file.",
-            files.iter().map(|(file, s)| ([("file", file.clone())], s.errors)),
+            files.iter().map(|(file, s)| (file_labels(file), s.errors)),
         )?;
+        let mut latencies = e.encode_descriptor(
+            "yolofs_read_seconds",
+            "Time to serve a read, by where it was served from (fill: a file being filled, whose reads may wait for the download).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for source in ReadSource::ALL {
+            daemon
+                .stats
+                .latency(source)
+                .encode(latencies.encode_family(&[("from", source.label())])?)?;
+        }
+        let (in_flight, oldest) = daemon.stats.in_flight.count_and_oldest();
+        single(
+            e,
+            "yolofs_reads_in_flight",
+            "Reads being served now.",
+            ConstGauge::new(in_flight as i64),
+        )?;
+        single(
+            e,
+            "yolofs_oldest_read_in_flight_seconds",
+            "How long the oldest read in flight has been waiting (0: none): a hung read shows here.",
+            ConstGauge::new(oldest.as_secs_f64()),
+        )?;
+        if let Some(resident) = resident_memory_bytes() {
+            single(
+                e,
+                "yolofs_resident_memory_bytes",
+                "yolofs' own resident memory, boot images loaded included.",
+                ConstGauge::new(resident as i64),
+            )?;
+        }
+        let fills = daemon.fs.fills();
+        single(
+            e,
+            "yolofs_fills_in_progress",
+            "First boots' base files being filled (downloaded while their guests boot).",
+            ConstGauge::new(fills.len() as i64),
+        )?;
+        let mut filled = e.encode_descriptor(
+            "yolofs_fill_filled_bytes",
+            "Bytes of each fill file filled so far (its size: yolofs_fill_size_bytes).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, _, bytes) in &fills {
+            ConstGauge::new(*bytes as i64).encode(filled.encode_family(&[("file", name.clone())])?)?;
+        }
+        let mut sizes = e.encode_descriptor(
+            "yolofs_fill_size_bytes",
+            "Size of each fill file.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, size, _) in &fills {
+            ConstGauge::new(*size as i64).encode(sizes.encode_family(&[("file", name.clone())])?)?;
+        }
         counters(
             e,
             "yolofs_fuse_errors",
@@ -271,6 +339,15 @@ impl Collector for DaemonMetrics {
         }
         Ok(())
     }
+}
+
+/// This process' resident memory (`/proc/self/statm`), if it can be read.
+fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page_size).ok()?)
 }
 
 /// The registry of a daemon's metrics.

@@ -1,10 +1,14 @@
 //! Per-file read statistics: how many bytes and requests were served from boot images and how
-//! many were passed through to the base file. Lock-free counters, one set per file name.
+//! many were passed through to the base file. Lock-free counters, one set per file name. And,
+//! for the whole mount, how long reads take by where they were served from, and the reads in
+//! flight (a hung read shows as the oldest one's age).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::histogram::Histogram;
 use serde::Serialize;
 
 #[derive(Default)]
@@ -72,9 +76,9 @@ impl FileStats {
 
     /// Counts one read request by where its bytes came from.
     pub fn read(&self, bytes_memory: u64, bytes_passthrough: u64) {
-        let requests = match (bytes_memory > 0, bytes_passthrough > 0) {
-            (true, true) => &self.requests_mixed,
-            (true, false) => &self.requests_memory,
+        let requests = match ReadSource::of(bytes_memory, bytes_passthrough) {
+            ReadSource::Mixed => &self.requests_mixed,
+            ReadSource::BootImage => &self.requests_memory,
             _ => &self.requests_passthrough,
         };
         requests.fetch_add(1, Relaxed);
@@ -109,12 +113,112 @@ impl FileStats {
     }
 }
 
-/// Counters of every file read since the mount started, by file name, and of the errors yolofs
-/// answered the kernel with, by FUSE operation and errno.
+/// Where a read was served from, as its latency is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadSource {
+    /// Entirely from a boot image in memory.
+    BootImage,
+    /// Entirely from the base file.
+    BaseFile,
+    /// Both.
+    Mixed,
+    /// A file being filled (first boot before the download): what is not filled yet is waited for.
+    Fill,
+    /// Answered with an error.
+    Error,
+}
+
+impl ReadSource {
+    pub const ALL: [ReadSource; 5] = [
+        ReadSource::BootImage,
+        ReadSource::BaseFile,
+        ReadSource::Mixed,
+        ReadSource::Fill,
+        ReadSource::Error,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ReadSource::BootImage => "boot_image",
+            ReadSource::BaseFile => "base_file",
+            ReadSource::Mixed => "mixed",
+            ReadSource::Fill => "fill",
+            ReadSource::Error => "error",
+        }
+    }
+
+    /// The source of a read that returned `memory` bytes from a boot image and `passthrough`
+    /// from the base file.
+    pub fn of(memory: u64, passthrough: u64) -> ReadSource {
+        match (memory > 0, passthrough > 0) {
+            (true, true) => ReadSource::Mixed,
+            (true, false) => ReadSource::BootImage,
+            _ => ReadSource::BaseFile,
+        }
+    }
+}
+
+/// Read latency buckets, in seconds: from a read served from memory (tens of microseconds) to
+/// one waiting for a fill, which times out after 300 s by default.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.0, 10.0, 60.0, 300.0,
+];
+
+/// The reads being served now, by when each began.
 #[derive(Default)]
+pub struct InFlight {
+    next: AtomicU64,
+    started: Mutex<HashMap<u64, Instant>>,
+}
+
+/// One read in flight, counted until dropped.
+pub struct InFlightRead<'a> {
+    in_flight: &'a InFlight,
+    id: u64,
+}
+
+impl Drop for InFlightRead<'_> {
+    fn drop(&mut self) {
+        self.in_flight.started.lock().unwrap().remove(&self.id);
+    }
+}
+
+impl InFlight {
+    pub fn begin(&self) -> InFlightRead<'_> {
+        let id = self.next.fetch_add(1, Relaxed);
+        self.started.lock().unwrap().insert(id, Instant::now());
+        InFlightRead { in_flight: self, id }
+    }
+
+    /// How many reads are in flight, and how long the oldest has been.
+    pub fn count_and_oldest(&self) -> (usize, Duration) {
+        let started = self.started.lock().unwrap();
+        let oldest = started.values().min().map_or(Duration::ZERO, |t| t.elapsed());
+        (started.len(), oldest)
+    }
+}
+
+/// Counters of every file read since the mount started, by file name, and of the errors yolofs
+/// answered the kernel with, by FUSE operation and errno; read latencies and reads in flight.
 pub struct StatsRegistry {
     files: Mutex<BTreeMap<String, Arc<FileStats>>>,
     operation_errors: Mutex<BTreeMap<(&'static str, i32), u64>>,
+    latencies: Vec<Histogram>,
+    pub in_flight: InFlight,
+}
+
+impl Default for StatsRegistry {
+    fn default() -> Self {
+        StatsRegistry {
+            files: Mutex::default(),
+            operation_errors: Mutex::default(),
+            latencies: ReadSource::ALL
+                .iter()
+                .map(|_| Histogram::new(LATENCY_BUCKETS))
+                .collect(),
+            in_flight: InFlight::default(),
+        }
+    }
 }
 
 impl StatsRegistry {
@@ -143,5 +247,60 @@ impl StatsRegistry {
     /// Errors answered so far, by (FUSE operation, errno).
     pub fn operation_errors(&self) -> BTreeMap<(&'static str, i32), u64> {
         self.operation_errors.lock().unwrap().clone()
+    }
+
+    pub fn read_took(&self, source: ReadSource, took: Duration) {
+        self.latency(source).observe(took.as_secs_f64());
+    }
+
+    /// The latency histogram of reads served from `source`.
+    pub fn latency(&self, source: ReadSource) -> &Histogram {
+        let index = ReadSource::ALL
+            .iter()
+            .position(|s| *s == source)
+            .expect("every source is in ALL");
+        &self.latencies[index]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_in_flight_are_counted_until_done_with_the_oldest_age() {
+        let stats = StatsRegistry::default();
+        assert_eq!(stats.in_flight.count_and_oldest(), (0, Duration::ZERO));
+        let first = stats.in_flight.begin();
+        std::thread::sleep(Duration::from_millis(20));
+        let second = stats.in_flight.begin();
+        let (count, oldest) = stats.in_flight.count_and_oldest();
+        assert_eq!(count, 2);
+        assert!(oldest >= Duration::from_millis(20));
+        drop(first);
+        let (count, oldest) = stats.in_flight.count_and_oldest();
+        assert_eq!(count, 1);
+        assert!(oldest < Duration::from_millis(20));
+        drop(second);
+        assert_eq!(stats.in_flight.count_and_oldest(), (0, Duration::ZERO));
+    }
+
+    #[test]
+    fn reads_are_timed_by_where_they_were_served_from() {
+        assert_eq!(ReadSource::of(10, 0), ReadSource::BootImage);
+        assert_eq!(ReadSource::of(0, 10), ReadSource::BaseFile);
+        assert_eq!(ReadSource::of(10, 10), ReadSource::Mixed);
+        let stats = StatsRegistry::default();
+        stats.read_took(ReadSource::Fill, Duration::from_secs(3));
+        stats.read_took(ReadSource::BootImage, Duration::from_micros(50));
+        let mut text = String::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("fill", "", stats.latency(ReadSource::Fill).clone());
+        registry.register("memory", "", stats.latency(ReadSource::BootImage).clone());
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("fill_count 1\n"), "{text}");
+        assert!(text.contains("fill_bucket{le=\"2.0\"} 0\n"), "{text}");
+        assert!(text.contains("fill_bucket{le=\"10.0\"} 1\n"), "{text}");
+        assert!(text.contains("memory_bucket{le=\"0.0001\"} 1\n"), "{text}");
     }
 }
