@@ -45,9 +45,12 @@ def convert_to_raw(source, dest, fmt=None, limits=None):
     source's format, as declared (else detected by qemu-img). ``limits``: an
     ``oslo_concurrency.processutils.ProcessLimits`` for qemu-img (untrusted data)."""
     fmt = fmt or info(source)['format']
+    # In a session of its own: a signal to its caller's process group (oslo.service's SIGHUP
+    # to the worker, which would fail the image's conversion) is not for it.
     processutils.execute('qemu-img', 'convert', '-t', 'none', '-O', 'raw', '-f', fmt,
                          str(source), str(dest), prlimit=limits,
-                         env_variables=CONVERT_ENVIRONMENT if limits else None)
+                         env_variables=CONVERT_ENVIRONMENT if limits else None,
+                         preexec_fn=os.setsid)
 
 
 def create_overlay(backing, overlay, backing_format='raw', size=None, open_backing=True):

@@ -57,10 +57,12 @@ class Guest:
 
     def start(self):
         self.started = time.monotonic()
+        # In a session of its own: a signal to its caller's process group (oslo.service's
+        # SIGHUP to the worker) is not for the guest.
         self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT,
-                                        preexec_fn=self.preexec_fn)
+                                        preexec_fn=self.preexec_fn, start_new_session=True)
         self._reader = threading.Thread(target=self._read_console, daemon=True)
         self._reader.start()
         return self

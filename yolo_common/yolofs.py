@@ -205,9 +205,10 @@ class Mount:
     def start(self, timeout=30.0):
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, 'ab') if self.log_path else subprocess.DEVNULL
+        # A session of its own, as a guest's (qemu.Guest).
         self.process = subprocess.Popen(self.command(), stdout=log,
                                         stderr=subprocess.STDOUT,
-                                        preexec_fn=self.preexec_fn)
+                                        preexec_fn=self.preexec_fn, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -10,7 +10,6 @@ images uploaded before the worker ran. Its metrics are served for Prometheus on
 import collections
 import concurrent.futures
 import logging
-import signal
 import sys
 import threading
 import time
@@ -18,6 +17,11 @@ import time
 from oslo_config import cfg
 from oslo_log import log as oslo_logging
 import oslo_messaging
+from oslo_reports import guru_meditation_report as gmr
+from oslo_reports import opts as gmr_opts
+from oslo_service.backend import base as service_base
+from oslo_service import opts as service_opts
+import pbr.version
 
 from yolo_common import signing
 from yolo_glance import conf as yolo_conf
@@ -28,6 +32,10 @@ from yolo_glance import worker as worker_mod
 
 LOG = logging.getLogger(__name__)
 EVENTS = r'^image\.(activate|update|delete)$'
+# A stop waits for the builds under way: a download, a conversion, a profiling boot of at most
+# [yolo_profiling] max_seconds (600 s) and the publication (etc/yolo-glance-worker.service's
+# TimeoutStopSec).
+GRACEFUL_STOP_SECONDS = 1200
 # Statuses our own updates set: the image.update notifications they cause need no work.
 OWN_STATUSES = (worker_mod.BUILDING, worker_mod.READY, worker_mod.SKIPPED, worker_mod.FAILED)
 
@@ -241,10 +249,9 @@ def notification_listener(conf, dispatcher, transport=None):
         pool=conf.yolo_worker.notification_pool)
 
 
-def make_dispatcher(conf, glance=None, metrics=None):
-    """The worker and its dispatcher from ``conf``; raises profiling.PluginError if a profiling
-    plugin is unknown or cannot work here, signing.SigningError if the signing key is
-    unusable."""
+def make_worker(conf, glance=None, metrics=None):
+    """The worker from ``conf``; raises profiling.PluginError if a profiling plugin is unknown
+    or cannot work here, signing.SigningError if the signing key is unusable."""
     glance = glance or glance_api.Glance.from_conf(conf)
     options = conf.yolo_profiling
     worker = worker_mod.Worker(
@@ -264,7 +271,14 @@ def make_dispatcher(conf, glance=None, metrics=None):
         sandboxed=options.sandbox,
         max_virtual_size=conf.yolo_worker.max_virtual_size_gib * worker_mod.GiB)
     worker.check()
-    return Dispatcher(worker, glance, conf.yolo_worker.max_concurrent_builds,
+    return worker
+
+
+def make_dispatcher(conf, glance=None, metrics=None):
+    """The worker and its dispatcher from ``conf`` (:func:`make_worker` says what it raises)."""
+    glance = glance or glance_api.Glance.from_conf(conf)
+    return Dispatcher(make_worker(conf, glance, metrics), glance,
+                      conf.yolo_worker.max_concurrent_builds,
                       conf.yolo_worker.activation_timeout,
                       conf.yolo_worker.max_queued_per_project)
 
@@ -294,45 +308,105 @@ def serve_metrics(conf, metrics):
     return server
 
 
+class Version:
+    """What a Guru Meditation Report names as its package."""
+
+    info = pbr.version.VersionInfo('yolo-openstack')
+
+    @staticmethod
+    def vendor_string():
+        return 'YOLO for OpenStack'
+
+    @staticmethod
+    def product_string():
+        return 'yolo-glance-worker'
+
+    def version_string_with_package(self):
+        return self.info.version_string()
+
+
+class WorkerService(service_base.ServiceBase):
+    """The worker as an oslo.service service: its notification listener, its build threads,
+    its periodic scan and its metrics, all started in the service's process and stopped with
+    it. A stop takes no new work and waits for the builds under way (a half-built boot image
+    would only be built again)."""
+
+    def __init__(self, conf):
+        self.conf = conf
+        self.dispatcher = self.listener = self.metrics_server = None
+        self.stopping = threading.Event()
+
+    def start(self):
+        self.dispatcher = make_dispatcher(self.conf)
+        try:
+            self.metrics_server = serve_metrics(self.conf, self.dispatcher.metrics)
+        except OSError as e:   # the port is taken, say
+            LOG.critical('cannot serve metrics on %s port %d: %s',
+                         self.conf.yolo_worker.metrics_address,
+                         self.conf.yolo_worker.metrics_port, e)
+            raise
+        self.listener = notification_listener(self.conf, self.dispatcher)
+        self.listener.start()
+        threading.Thread(target=self._scan_periodically, name='yolo-scan', daemon=True).start()
+        LOG.info('yolo-glance-worker listening on %s (pool %s)',
+                 ', '.join(self.conf.yolo_worker.notification_topics),
+                 self.conf.yolo_worker.notification_pool)
+
+    def _scan_periodically(self):
+        interval = self.conf.yolo_worker.scan_interval
+        while not self.stopping.is_set():
+            if interval:
+                try:
+                    queued = self.dispatcher.scan()
+                    LOG.info('scan: %d image(s) need a boot image', len(queued))
+                except Exception:
+                    LOG.exception('scan failed; next one in %ss', interval)
+            self.stopping.wait(interval or None)
+
+    def stop(self, graceful=True):
+        LOG.info('yolo-glance-worker stopping: no new builds, waiting for those under way')
+        self.stopping.set()
+        if self.listener is not None:
+            self.listener.stop()
+            self.listener.wait()
+        if self.dispatcher is not None:
+            self.dispatcher.shutdown(wait=graceful)
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+        LOG.info('yolo-glance-worker stopped')
+
+    def wait(self):
+        self.stopping.wait()
+
+    def reset(self):
+        # SIGHUP: oslo.service has read the configuration files again and starts a new process.
+        pass
+
+
 def main(argv=None):
+    """``yolo-glance-worker`` (:mod:`yolo_glance.cmd.worker`): oslo.service runs the worker in
+    a process of its own (its threading backend: no eventlet). SIGTERM stops it gracefully
+    (``[DEFAULT] graceful_shutdown_timeout``, 1200 s by default here: the longest build),
+    SIGHUP reads the configuration files again and restarts it, SIGUSR2 to the worker process
+    writes a Guru Meditation Report (docs/glance-worker.md, "Running it")."""
+    from oslo_service import service as oslo_service   # once the backend is chosen (cmd)
+
     conf = cfg.ConfigOpts()
     yolo_conf.register_opts(conf)
     oslo_logging.register_options(conf)
+    service_opts.register_service_opts(conf)
+    service_opts.set_service_opts_defaults(conf, graceful_shutdown_timeout=GRACEFUL_STOP_SECONDS)
+    gmr_opts.set_defaults(conf)
     conf(argv if argv is not None else sys.argv[1:], project='yolo',
          prog='yolo-glance-worker', default_config_files=None)
     oslo_logging.setup(conf, 'yolo')
+    # What cannot work is said at once, before a process is started for it.
     try:
-        dispatcher = make_dispatcher(conf)
+        make_worker(conf)
     except (profiling.PluginError, signing.SigningError) as e:
         LOG.critical('%s', e)
         sys.exit(1)
-    try:
-        serve_metrics(conf, dispatcher.metrics)
-    except OSError as e:   # the port is taken, say
-        LOG.critical('cannot serve metrics on %s port %d: %s', conf.yolo_worker.metrics_address,
-                     conf.yolo_worker.metrics_port, e)
-        sys.exit(1)
-    listener = notification_listener(conf, dispatcher)
-    listener.start()
-    # SIGTERM stops taking work and lets the builds under way finish (the unit's TimeoutStopSec
-    # covers the longest one): a half-built boot image would only be built again.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    LOG.info('yolo-glance-worker listening on %s (pool %s)',
-             ', '.join(conf.yolo_worker.notification_topics), conf.yolo_worker.notification_pool)
-    try:
-        while True:
-            if conf.yolo_worker.scan_interval:
-                try:
-                    queued = dispatcher.scan()
-                    LOG.info('scan: %d image(s) need a boot image', len(queued))
-                except Exception:
-                    LOG.exception('scan failed; next one in %ss', conf.yolo_worker.scan_interval)
-            time.sleep(conf.yolo_worker.scan_interval or 3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        LOG.info('yolo-glance-worker stopping: no new builds, waiting for those under way')
-        listener.stop()
-        listener.wait()
-        dispatcher.shutdown(wait=True)
-        LOG.info('yolo-glance-worker stopped')
+    gmr.TextGuruMeditation.setup_autorun(Version(), conf=conf)
+    launcher = oslo_service.launch(conf, WorkerService(conf), restart_method='reload')
+    sys.exit(launcher.wait())

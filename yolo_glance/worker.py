@@ -29,6 +29,7 @@ import uuid
 from oslo_concurrency import processutils
 from oslo_utils.imageutils import format_inspector
 from oslo_utils import strutils
+import tenacity
 try:
     # A linear-time matcher for the ready patterns images carry (tenants write them). Neither
     # in OpenStack's global requirements nor in Debian 12: the "re2" extra installs it.
@@ -322,33 +323,44 @@ class Worker:
                 and not image.get(glance_api.CLAIM, '').startswith(self.worker_id + ' '):
             return 'claimed'
         self._record(image_id, BUILDING, claim='%s %.0f' % (self.worker_id, self.clock()))
-        for attempt in range(self.retries + 1):
-            try:
-                return self._build_and_publish(image)
-            except glance_api.NotFound:
-                LOG.info('%s: deleted while its boot image was built', image_id)
-                self.delete(image_id)
-                return 'gone'
-            except TooLarge as e:
-                LOG.info('%s: no boot image: %s', image_id, e)
-                self._record(image_id, SKIPPED, str(e))
-                return SKIPPED
-            except (Unbootable, learning.LearningFailed, qemu.BootTimeout,
-                    profiling_mod.PluginError) as e:
-                LOG.warning('%s: no boot image: %s', image_id, e)
-                self._record(image_id, FAILED, str(e))
-                return FAILED
-            except Exception as e:  # Glance, disk or yolofs trouble: worth another try
-                LOG.exception('%s: build attempt %d failed', image_id, attempt + 1)
-                self.metrics.build_transient_errors.inc()
-                last_error = e
-                time.sleep(self.retry_delay * (attempt + 1))
+        attempts = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.retries + 1),
+            wait=tenacity.wait_incrementing(self.retry_delay, self.retry_delay),
+            retry=tenacity.retry_if_exception_type(Exception), reraise=True)
+        try:
+            return attempts(self._attempt_build, image)
+        except Exception as e:  # the last attempt's transient error
+            last_error = e
         # The image's owner reads the reason: what they can act on, not the worker's internals
         # (its log has those). The lack of scratch space is the operator's to act on.
         self._record(image_id, FAILED, 'gave up after %d attempts: %s' % (
             self.retries + 1, last_error if isinstance(last_error, NoRoom)
             else 'the worker met a transient error (its log says which)'))
         return FAILED
+
+    def _attempt_build(self, image):
+        """One attempt at building ``image``'s boot image: its outcome, or the transient error
+        (Glance, disk or yolofs trouble) that makes another attempt worth it."""
+        image_id = image['id']
+        try:
+            return self._build_and_publish(image)
+        except glance_api.NotFound:
+            LOG.info('%s: deleted while its boot image was built', image_id)
+            self.delete(image_id)
+            return 'gone'
+        except TooLarge as e:
+            LOG.info('%s: no boot image: %s', image_id, e)
+            self._record(image_id, SKIPPED, str(e))
+            return SKIPPED
+        except (Unbootable, learning.LearningFailed, qemu.BootTimeout,
+                profiling_mod.PluginError) as e:
+            LOG.warning('%s: no boot image: %s', image_id, e)
+            self._record(image_id, FAILED, str(e))
+            return FAILED
+        except Exception:
+            LOG.exception('%s: build attempt failed', image_id)
+            self.metrics.build_transient_errors.inc()
+            raise
 
     def _published(self, image):
         try:

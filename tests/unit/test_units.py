@@ -3,6 +3,8 @@
 import pathlib
 import shlex
 
+from yolo_glance import service as service_mod
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Options that give a service a mount namespace of its own: a FUSE mount made there is seen by
 # nobody else (systemd.exec(5), "Sandboxing").
@@ -88,5 +90,9 @@ def test_yolofs_restarts_stays_visible_and_is_reclaimed_last():
 def test_the_worker_never_runs_as_root():
     service = unit('yolo-glance-worker.service')['Service']
     assert one(service, 'User') == one(service, 'Group') == 'yolo'
+    # oslo.service stops and reloads it; the builds under way are given their time.
+    assert one(service, 'KillMode') == 'mixed'
+    assert one(service, 'ExecReload') == '/bin/kill -HUP $MAINPID'
+    assert int(one(service, 'TimeoutStopSec')) > service_mod.GRACEFUL_STOP_SECONDS
     # Its learning mounts go through the setuid fusermount3.
     assert service.get('NoNewPrivileges', ['no']) == ['no']
