@@ -96,7 +96,8 @@ for m in dev/pts dev proc sys; do umount -l "$root/$m"; done
 rm -rf "${root:?}"/boot/* "${root:?}"/var/lib/apt/lists/*
 # Room for the tests' files (pytest's temporary directories, base files).
 size=$(( $(du -sm "$root" | cut -f1) + 3072 ))
-mkfs.ext4 -q -L kernelguest -d "$root" "$guest.new/root.ext4" "${size}M"
+# (Its "Creating regular file" line to stderr: stdout names the guest.)
+mkfs.ext4 -q -L kernelguest -d "$root" "$guest.new/root.ext4" "${size}M" >&2
 echo "$script_hash" >"$guest.new/build-id"
 rm -rf "$guest"
 mv "$guest.new" "$guest"
