@@ -217,6 +217,11 @@ class DriverTestCase(nova_base.NoDBTestCase):
                    filename=filename or self.name, image_id=image_id, size=1024 * MiB)
         return disk
 
+    def cache_base(self):
+        """The base file in _base already, as Nova left it after an earlier download."""
+        write_raw_base(self.base)
+        self.yolofs_up()
+
     def create_first_root_disk(self):
         """The first root disk over the base file, which Nova downloads: the disk is made on
         _base, then the boot image is fetched; returns once it is."""
@@ -335,8 +340,11 @@ class TestRootDiskCreation(DriverTestCase):
         self.publish_boot_image()
         self.glance.gate = threading.Event()
         disk = self.create_root_disk()
-        self.assertEqual('fetching', self.drvr.yolo_boot_images.ensure(
-            self.context, IMAGE_ID, str(self.base), later=True))
+        # Later disks of the image, made meanwhile, wait for nothing and download nothing.
+        for later in (True, False):
+            self.assertEqual('fetching', self.drvr.yolo_boot_images.ensure(
+                self.context, IMAGE_ID, str(self.base), later=later))
+        self.assertEqual([], self.glance.downloads)
         created = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
             libvirt_driver.LibvirtDriver, '_create_guest')).mock
         self.drvr._create_guest(self.context, self.domain_xml(disk.path), self.instance)
@@ -350,6 +358,13 @@ class TestRootDiskCreation(DriverTestCase):
         self.drvr._create_guest(self.context, self.domain_xml(disk.path), self.instance)
         self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
         self.client.preload.assert_called_once_with(self.name)
+
+    def test_downloads_an_earlier_nova_compute_left_are_deleted(self):
+        self.downloads.mkdir()
+        (self.downloads / (self.name + '.a1b2.yolo')).write_bytes(b'half a boot image')
+        (self.downloads / 'not-ours').write_bytes(b'')
+        self.drvr.yolo_boot_images.remove_leftover_downloads()
+        self.assertEqual(['not-ours'], os.listdir(self.downloads))
 
     def test_download_dir_defaults_to_the_instances_path(self):
         self.flags(download_dir=None, group='yolo')
@@ -406,6 +421,10 @@ class TestRootDiskCreation(DriverTestCase):
         self.client.install_error = ConnectionResetError('yolofs went away')
         self.create_first_root_disk()
         self.assertEqual([], os.listdir(self.downloads))
+        # A failed fetch holds no disk on _base.
+        self.assertIsNone(self.drvr.yolo_boot_images.fetching(self.name))
+        rescue = self.create_root_disk(name='disk.rescue')
+        self.assertEqual(str(self.mount / self.name), self.backing_of(rescue.path))
         self.assertEqual('failed', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
 
@@ -804,6 +823,7 @@ class TestMoves(DriverTestCase):
 class TestImageCache(DriverTestCase):
 
     def test_base_file_in_use_through_the_mount_is_kept_unused_ones_go(self):
+        self.cache_base()
         self.publish_boot_image()
         disk = self.create_root_disk()
         self.assertEqual(str(self.mount / self.name), self.backing_of(disk.path))
@@ -838,6 +858,7 @@ class TestHostStats(DriverTestCase):
         return data['stats']
 
     def test_reports_load_parameters_and_verified_boot_images(self):
+        self.cache_base()
         self.publish_boot_image()
         self.create_root_disk()
         self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5}
@@ -850,6 +871,7 @@ class TestHostStats(DriverTestCase):
         self.assertEqual(frozenset([IMAGE_ID]), state.boot_images)
 
     def test_rejected_boot_images_are_not_reported(self):
+        self.cache_base()
         self.publish_boot_image()
         self.create_root_disk()
         self.client.entries[self.name].update(verified=False, rejected='does not match')
@@ -908,6 +930,7 @@ class TestBootTiming(DriverTestCase):
         self.drvr.spawn(self.context, self.instance, None, [], None, {}, **kwargs)
 
     def test_a_boot_from_its_boot_image_is_timed_with_the_hosts_load(self):
+        self.cache_base()
         self.publish_boot_image()
         self.spawn()
         self.watch.assert_called_once_with(self.instance, {
@@ -916,8 +939,18 @@ class TestBootTiming(DriverTestCase):
             'boot_image': True})
 
     def test_a_boot_without_one_is_timed_as_a_normal_boot(self):
+        self.cache_base()
         self.spawn()
         self.assertFalse(self.watch.call_args.args[1]['boot_image'])
+
+    def test_a_boot_right_after_novas_download_is_not_timed(self):
+        # The image is in the page cache, its boot image fetched meanwhile: says nothing of
+        # this host's boots.
+        self.publish_boot_image()
+        self.spawn()
+        self.wait_for_boot_image_fetch()
+        self.watch.assert_not_called()
+        self.assertEqual(set(), self.drvr.yolo_backing._made_after_download)
 
     def test_the_vcpu_times_come_from_libvirts_domain_stats(self):
         connection = self.drvr._host.get_connection()

@@ -34,6 +34,9 @@ class BackingFiles:
         # Base files Nova has just downloaded whose boot image is being fetched: their guests
         # start on _base, as Nova's would (boot_images.BootImages.ensure says why).
         self._base_files_on_base = set()
+        # Disks made right after Nova downloaded their base file, until their guest's boot is
+        # (not) timed.
+        self._made_after_download = set()
         # This host's fills of base files (first_boot.FirstBoots), if first boots before the
         # download are on: a base file being filled is in _base only once complete.
         self.first_boots = None
@@ -124,6 +127,18 @@ class BackingFiles:
             self._base_files_on_base.add(name)
         else:
             self._base_files_on_base.discard(name)
+
+    def made_after_download(self, disk_path):
+        """Disk ``disk_path`` was just made over a base file Nova had just downloaded."""
+        self._made_after_download.add(os.path.realpath(disk_path))
+
+    def take_made_after_download(self, disk_path):
+        """Whether disk ``disk_path`` was made right after Nova downloaded its base file
+        (forgotten once asked)."""
+        disk = os.path.realpath(disk_path)
+        answer = disk in self._made_after_download
+        self._made_after_download.discard(disk)
+        return answer
 
     def wait_for_fill(self, name):
         """Waits for base file ``name`` to be in _base if it is being filled: what a guest

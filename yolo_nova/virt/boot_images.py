@@ -21,6 +21,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 
 from oslo_log import log as logging
 from oslo_utils import fileutils
@@ -31,6 +32,12 @@ from yolo_common import signing
 from yolo_common import yolofs
 
 LOG = logging.getLogger(__name__)
+
+# Glance's answers, and each read of a boot image's data, unless [service_user] timeout says.
+READ_TIMEOUT_SECONDS = 60
+# A boot image's whole download (1 GiB at most, [yolo] max_boot_image_bytes; one of 60 MiB takes
+# 5 s at 100 Mbit/s): past it, the download fails.
+DOWNLOAD_SECONDS = 600
 
 BOOT_IMAGE_PROPERTY = contract.BOOT_IMAGE_ID
 SOURCE_IMAGE_PROPERTY = contract.SOURCE_IMAGE_ID
@@ -46,6 +53,8 @@ class ServiceGlance:
         from keystoneauth1 import loading as ks_loading
         auth = ks_loading.load_auth_from_conf_options(conf, 'service_user')
         self.session = ks_loading.load_session_from_conf_options(conf, 'service_user', auth=auth)
+        if self.session.timeout is None:
+            self.session.timeout = READ_TIMEOUT_SECONDS
         self.client = glanceclient.Client(
             '2', session=self.session, region_name=conf.glance.region_name,
             interface=(conf.glance.valid_interfaces or ['internal'])[0],
@@ -63,10 +72,15 @@ class ServiceGlance:
                 'properties': {k: v for k, v in image.items() if k not in core}}
 
     def download(self, context, image_id, dest_path):
-        # glanceclient checks the data against the image's os_hash_value as it streams.
+        # glanceclient checks the data against the image's os_hash_value as it streams. A
+        # stream that stalls or crawls ends the download: nothing waits on a boot image for ever.
+        deadline = time.monotonic() + DOWNLOAD_SECONDS
         with open(dest_path, 'wb') as out:
             for chunk in self.client.images.data(image_id):
                 out.write(chunk)
+                if time.monotonic() > deadline:
+                    raise TimeoutError('boot image %s: not downloaded within %d s' % (
+                        image_id, DOWNLOAD_SECONDS))
 
     def reject(self, context, boot_image_id, reason):
         """Records on the boot image that a host found it other than its image's data: no
@@ -175,6 +189,8 @@ class BootImages:
                 return 'present'
             if not self.fetch:
                 return 'none'
+            if self.fetching(name) is not None:
+                return 'fetching'
             image = self.image_api.get(context, image_id)
             boot_image = self.trusted_boot_image(context, image_id, image)
             if boot_image is None:
@@ -229,6 +245,18 @@ class BootImages:
             fileutils.delete_if_exists(path)
             raise
         return path
+
+    def remove_leftover_downloads(self):
+        """Deletes the downloads an earlier nova-compute left (stopped mid-download)."""
+        try:
+            leftovers = [entry for entry in os.scandir(self.download_dir)
+                         if entry.name.endswith('.yolo') and entry.is_file(follow_symlinks=False)]
+        except FileNotFoundError:
+            return
+        for entry in leftovers:
+            LOG.info('Deleting %s, a boot image download an earlier nova-compute left',
+                     entry.path)
+            fileutils.delete_if_exists(entry.path)
 
     def _check_signature(self, boot_image, image_id, path):
         algorithm = boot_image.get('os_hash_algo') or ''

@@ -153,6 +153,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         super().init_host(host)
         if not serves_disks:
             return
+        self.yolo_boot_images.remove_leftover_downloads()
         if self.yolo_first_boots is not None:
             try:
                 abandoned = self.yolo_first_boots.abandon_leftovers()
@@ -289,10 +290,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
     def _served_from_boot_image(self, instance):
         """Whether the new guest's root disk is served from a verified boot image; None if
         its boot says nothing of this host's boots: a first boot before the download (the fill
-        shares the link and the disk), or a root disk yolofs does not back."""
+        shares the link and the disk) or just after Nova's (the page cache holds the image, its
+        boot image is fetched meanwhile), or a root disk yolofs does not back."""
         root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
         info = backing.backing_info(root) if os.path.exists(root) else None
-        if info is None:
+        if info is None or self.yolo_backing.take_made_after_download(root):
             return None
         name = os.path.basename(info[0])
         if self.yolo_first_boots is not None and self.yolo_first_boots.running(name):

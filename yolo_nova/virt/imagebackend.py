@@ -37,6 +37,8 @@ class YoloQcow2(imagebackend.Qcow2):
         if context is not None and image_id:
             # After Nova's download, the boot image is for the boots that follow.
             self.boot_images.ensure(context, image_id, base, later=downloaded_now)
+        if downloaded_now:
+            self.backing_files.made_after_download(self.path)
         self.backing_files.place(self.path)
 
     def _create_over_fill(self, base, size, kwargs):
