@@ -180,22 +180,29 @@ def test_a_changed_base_file_is_never_served_from_its_boot_image(
 LEASES_ENABLE = '/proc/sys/fs/leases-enable'
 
 
-@pytest.fixture(params=['leases', 'no_leases'])
-def leases(request):
-    """Whether the kernel grants leases: 'no_leases' turns them off machine-wide
-    (fs.leases-enable, as on a filesystem without them) for the test."""
-    if request.param == 'leases':
-        yield True
-        return
+@contextlib.contextmanager
+def no_leases():
+    """Leases turned off machine-wide (fs.leases-enable), NFS delegations with them."""
     with open(LEASES_ENABLE) as f:
         before = f.read()
     with open(LEASES_ENABLE, 'w') as f:
         f.write('0')
     try:
-        yield False
+        yield
     finally:
         with open(LEASES_ENABLE, 'w') as f:
             f.write(before)
+
+
+@pytest.fixture(params=['leases', 'no_leases'])
+def leases(request):
+    """Whether the kernel grants leases: 'no_leases' turns them off machine-wide
+    (as on a filesystem without them) for the test."""
+    if request.param == 'leases':
+        yield True
+        return
+    with no_leases():
+        yield False
 
 
 def verifications(mount):
@@ -289,19 +296,30 @@ def test_a_write_right_after_a_touch_is_never_served_from_the_boot_image(
     assert served(mount, ranges, read_buffered) == expected(changed, ranges)
 
 
+@pytest.fixture
+def other_nfs_client():
+    """The root of ``_base``'s export as another NFS client mounts it. Both mounts are one NFS
+    client (one client id per kernel): the server would not recall the read delegation the
+    first holds when the second writes, as it does when another host writes. Without
+    delegations (nfsd takes them as leases; turned off before any file is opened) the first
+    sees the write by its attributes, as it would after the recall. yolofs takes no lease on
+    NFS anyway."""
+    other_root = os.environ.get('YOLO_NFS_OTHER_CLIENT')
+    if not other_root:
+        pytest.skip('needs _base on NFS and a second client: tools/kernel-matrix/run --fs nfs')
+    with no_leases():
+        yield pathlib.Path(other_root)
+
+
 def test_a_write_from_another_nfs_client_is_seen_once_the_attributes_expire(
-        mount_factory, base_dir, boot_image_dir, content):
+        other_nfs_client, mount_factory, base_dir, boot_image_dir, content):
     """``_base`` shared over NFS (Nova's shared instance storage): yolofs takes no lease there
     and no local mechanism sees another client's write; the ctime this client caches for the
     attribute timeout (``actimeo``) is what tells, as docs/yolofs.md says. The matrix mounts
     the same export twice (tools/kernel-matrix/guest-run, --fs nfs): the second mount, with a
     cache of its own, is the other client."""
-    other_root = os.environ.get('YOLO_NFS_OTHER_CLIENT')
-    if not other_root:
-        pytest.skip('needs _base on NFS and a second client: tools/kernel-matrix/run --fs nfs')
     actimeo = float(os.environ['YOLO_NFS_ACTIMEO'])
-    other = pathlib.Path(other_root) / (base_dir / NAME).relative_to(
-        os.environ['YOLO_NFS_MOUNT'])
+    other = other_nfs_client / (base_dir / NAME).relative_to(os.environ['YOLO_NFS_MOUNT'])
     mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
     offset = covered_offset(boot_image_dir)
     ranges = [(offset - offset % 4096, 4096)] + list(random_ranges(7, 200, align=4096))

@@ -24,6 +24,7 @@ use yolofs::fs::MirrorFs;
 use yolofs::fuse::FuseAdapter;
 use yolofs::hostload::HostLoadSampler;
 use yolofs::keeper;
+use yolofs::lease;
 use yolofs::pin;
 use yolofs::recorder::{RecordConfig, Recorder};
 use yolofs::stats::StatsRegistry;
@@ -619,13 +620,21 @@ fn wait_for_source(source: &Path) -> Result<PathBuf> {
 
 /// Says at start what keeps boot images verified across touches of their base files, from a
 /// lease tried on an unnamed file in the source directory (`O_TMPFILE`: never seen by Nova, gone
-/// once closed), else on one of its base files.
+/// once closed), else on one of its base files, else (a filesystem without `O_TMPFILE`, such as
+/// NFS, and no base file yet) from the directory's filesystem when no lease is taken there.
 fn probe_touch_safety(store: &BootImageStore, source: &Path) {
     let bases = std::fs::read_dir(source)
         .into_iter()
         .flatten()
         .filter_map(|entry| store::open_regular_file(&entry.ok()?.path()).ok());
-    for file in unnamed_file_in(source).into_iter().chain(bases.take(8)) {
+    let not_local = File::open(source)
+        .ok()
+        .filter(|dir| lease::filesystem_type(dir).is_ok_and(|t| !lease::LOCAL_FILESYSTEMS.contains(&t)));
+    for file in unnamed_file_in(source)
+        .into_iter()
+        .chain(bases.take(8))
+        .chain(not_local)
+    {
         store.probe_touch_safety(&file);
         if store.touch_safety().mechanism != "unknown" {
             break;
