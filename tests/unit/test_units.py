@@ -83,6 +83,8 @@ def test_yolofs_restarts_stays_visible_and_is_reclaimed_last():
     assert one(service, 'ExecReload') == '/bin/kill -HUP $MAINPID'
     assert not MOUNT_NAMESPACE_OPTIONS & set(service), 'the mount would be private to yolofs'
     assert 'CAP_SYS_ADMIN' in one(service, 'CapabilityBoundingSet')
+    # Base files are nova's: leasing them takes CAP_LEASE.
+    assert 'CAP_LEASE' in one(service, 'CapabilityBoundingSet').split()
     # yolofs makes its mount point itself, after detaching a dead mount there.
     assert 'ExecStartPre' not in service
 

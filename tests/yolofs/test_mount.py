@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import contextlib
+import ctypes
 import errno
 import json
 import mmap
@@ -194,7 +195,8 @@ def no_leases():
             f.write(before)
 
 
-@pytest.fixture(params=['leases', 'no_leases'])
+# 'no_leases' turns leases off machine-wide: never beside other tests (serial).
+@pytest.fixture(params=['leases', pytest.param('no_leases', marks=pytest.mark.serial)])
 def leases(request):
     """Whether the kernel grants leases: 'no_leases' turns them off machine-wide
     (as on a filesystem without them) for the test."""
@@ -232,6 +234,36 @@ def test_touch_safety_is_known_before_any_base_file(mount_factory, tmp_path, lea
         else 'multigrain_timestamps' if kernel.multigrain_timestamps(empty) else 'none')
     # Tried on an unnamed file: Nova's image cache sees nothing.
     assert list(empty.iterdir()) == []
+
+
+PR_CAPBSET_DROP, CAP_LEASE = 24, 28
+NOBODY = 65534
+
+
+def without_cap_lease():
+    """yolofs' preexec_fn: its capabilities without CAP_LEASE, as under a unit that leaves it
+    out of its bounding set."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_CAPBSET_DROP, CAP_LEASE, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), 'prctl(PR_CAPBSET_DROP, CAP_LEASE)')
+
+
+@pytest.mark.parametrize('cap_lease', [True, False], ids=['cap_lease', 'no_cap_lease'])
+def test_base_files_of_another_user_are_leased_with_cap_lease_only(
+        mount_factory, tmp_path, cap_lease):
+    # Nova's _base and its files are nova's: yolofs, root, leases them only with CAP_LEASE
+    # (etc/yolofs.service keeps it), and says at start when it cannot.
+    base = tmp_path / 'novas_base'
+    base.mkdir()
+    os.chown(base, NOBODY, NOBODY)
+    mount = mount_factory(base, **({} if cap_lease else {'preexec_fn': without_cap_lease}))
+    safety = mount.client.status()['touch_safety']
+    local = kernel.leases_taken(base)
+    assert safety['mechanism'] == (
+        'leases' if cap_lease and local
+        else 'multigrain_timestamps' if kernel.multigrain_timestamps(base) else 'none')
+    if local and not cap_lease:
+        assert 'neither the file\'s owner nor CAP_LEASE' in safety['lease_error']
 
 
 def test_a_base_file_whose_times_were_set_keeps_its_boot_image_under_a_lease(

@@ -657,9 +657,10 @@ fn probe_touch_safety(store: &BootImageStore, source: &Path) {
     }
 }
 
-/// An unnamed file in `dir`, open for reading only (its writer closed, so that it can be leased).
+/// An unnamed file in `dir`, open for reading only (its writer closed, so that it can be leased),
+/// owned as `dir` is: base files are Nova's, and leasing another user's file takes CAP_LEASE.
 fn unnamed_file_in(dir: &Path) -> Option<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     use std::os::unix::io::AsRawFd;
     let writer = std::fs::OpenOptions::new()
         .read(true)
@@ -668,6 +669,10 @@ fn unnamed_file_in(dir: &Path) -> Option<std::fs::File> {
         .custom_flags(libc::O_TMPFILE)
         .open(dir)
         .ok()?;
+    if let Ok(owner) = std::fs::metadata(dir) {
+        // Not as root (without CAP_CHOWN): the file stays its own, as its base files are.
+        let _ = std::os::unix::fs::fchown(&writer, Some(owner.uid()), Some(owner.gid()));
+    }
     std::fs::File::open(format!("/proc/self/fd/{}", writer.as_raw_fd())).ok()
 }
 
