@@ -115,3 +115,24 @@ def mount_factory(tmp_path):
     yield start
     for mount in mounts:
         mount.stop()
+
+
+# In the kernel matrix (tools/kernel-matrix/guest-run sets YOLO_KERNEL_MATRIX) a skip fails the
+# run: where a kernel lacks a feature, the tests assert the documented fallback. The one skip
+# allowed is the NFS test's, outside the NFS lane.
+MATRIX_ALLOWED_SKIPS = ('needs _base on NFS',)
+matrix_skips = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and os.environ.get('YOLO_KERNEL_MATRIX'):
+        reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple)
+                     else report.longrepr)
+        if not any(allowed in reason for allowed in MATRIX_ALLOWED_SKIPS):
+            matrix_skips.append('%s: %s' % (report.nodeid, reason))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if matrix_skips:
+        print('\nkernel matrix: skipped, which fails the matrix:\n  ' + '\n  '.join(matrix_skips))
+        session.exitstatus = 1

@@ -22,6 +22,12 @@ if [[ -f $guest/build-id && $(cat "$guest/build-id") == "$script_hash" ]]; then
     exit 0
 fi
 [[ $EUID -eq 0 ]] || { echo "build-guest.sh: must run as root (debootstrap)" >&2; exit 1; }
+# In a mount namespace of its own: its bind mounts of /dev, /proc and /sys, and their lazy
+# unmounts, reach no other image build that runs meanwhile (tools/run-tests runs three), even
+# where / is a shared mount.
+if [[ -z ${YOLO_GUEST_BUILD_UNSHARED:-} ]]; then
+    YOLO_GUEST_BUILD_UNSHARED=1 exec unshare --mount --propagation private "$0" "$@"
+fi
 for tool in debootstrap mkfs.ext4; do
     command -v "$tool" >/dev/null || { echo "build-guest.sh: missing $tool" >&2; exit 1; }
 done
