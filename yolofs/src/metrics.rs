@@ -53,6 +53,20 @@ fn counters<L: EncodeLabelSet>(
     Ok(())
 }
 
+/// A gauge family: one series per label set.
+fn gauges<L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, i64)>,
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in series {
+        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 impl Collector for DaemonMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let daemon = &self.0;
@@ -163,24 +177,22 @@ impl Collector for DaemonMetrics {
             "First boots' base files being filled (downloaded while their guests boot).",
             ConstGauge::new(fills.len() as i64),
         )?;
-        let mut filled = e.encode_descriptor(
+        gauges(
+            e,
             "yolofs_fill_filled_bytes",
             "Bytes of each fill file filled so far (its size: yolofs_fill_size_bytes).",
-            None,
-            MetricType::Gauge,
+            fills
+                .iter()
+                .map(|(name, _, filled)| ([("file", name.clone())], *filled as i64)),
         )?;
-        for (name, _, bytes) in &fills {
-            ConstGauge::new(*bytes as i64).encode(filled.encode_family(&[("file", name.clone())])?)?;
-        }
-        let mut sizes = e.encode_descriptor(
+        gauges(
+            e,
             "yolofs_fill_size_bytes",
             "Size of each fill file.",
-            None,
-            MetricType::Gauge,
+            fills
+                .iter()
+                .map(|(name, size, _)| ([("file", name.clone())], *size as i64)),
         )?;
-        for (name, size, _) in &fills {
-            ConstGauge::new(*size as i64).encode(sizes.encode_family(&[("file", name.clone())])?)?;
-        }
         counters(
             e,
             "yolofs_fuse_errors",
@@ -224,14 +236,13 @@ impl Collector for DaemonMetrics {
             ConstGauge::new(store.rejected().len() as i64),
         )?;
         let safety = store.touch_safety();
-        let mut family = e.encode_descriptor(
+        gauges(
+            e,
             "yolofs_touch_safety",
             "1 for what keeps boot images verified across touches of their base files: leases, \
              multigrain_timestamps (touches through yolofs only), none, or unknown before a base file was seen.",
-            None,
-            MetricType::Gauge,
+            [([("mechanism", safety.mechanism)], 1)],
         )?;
-        ConstGauge::new(1i64).encode(family.encode_family(&[("mechanism", safety.mechanism)])?)?;
         single(
             e,
             "yolofs_boot_images_loaded",
