@@ -31,15 +31,16 @@ class BackingFiles:
         self.enabled = enabled
         # Disks inside on_base(): any placement Nova's nested calls make keeps them on _base.
         self._held_on_base = set()
-        # Base files Nova has just downloaded whose boot image is being fetched: their guests
-        # start on _base, as Nova's would (boot_images.BootImages.ensure says why).
-        self._base_files_on_base = set()
         # Disks made right after Nova downloaded their base file, until their guest's boot is
         # (not) timed.
         self._made_after_download = set()
         # This host's fills of base files (first_boot.FirstBoots), if first boots before the
         # download are on: a base file being filled is in _base only once complete.
         self.first_boots = None
+        # This host's boot images (boot_images.BootImages): while a base file's boot image is
+        # fetched after Nova's download, its guests start on _base, as Nova's would
+        # (BootImages.ensure says why).
+        self.boot_images = None
 
     def mounted(self):
         return yolofs.is_mounted(self.mount_point)
@@ -82,8 +83,8 @@ class BackingFiles:
         name = os.path.basename(backing)
         if self.directory_of(backing) is None or not self.is_image_base(name):
             return backing
-        if os.path.realpath(disk_path) in self._held_on_base \
-                or name in self._base_files_on_base:
+        if os.path.realpath(disk_path) in self._held_on_base or (
+                self.boot_images is not None and self.boot_images.fetching(name)):
             healthy = False
         elif healthy is None:
             healthy = self.yolofs_healthy()
@@ -119,14 +120,6 @@ class BackingFiles:
         finally:
             self._held_on_base.discard(held)
         self.place(disk_path)
-
-    def keep_on_base(self, name, keep=True):
-        """Disks over base file ``name`` are placed on ``_base`` from now on (``keep``), or
-        again by the rule."""
-        if keep:
-            self._base_files_on_base.add(name)
-        else:
-            self._base_files_on_base.discard(name)
 
     def made_after_download(self, disk_path):
         """Disk ``disk_path`` was just made over a base file Nova had just downloaded."""

@@ -284,7 +284,6 @@ class BootImages:
         with self._fetching_lock:
             if name in self._fetching:
                 return 'fetching'
-            self.backing_files.keep_on_base(name)
             thread = threading.Thread(target=self._fetch, name='yolo-boot-image-' + name[:8],
                                       args=(context, name, image_id, boot_image), daemon=True)
             self._fetching[name] = thread
@@ -307,7 +306,6 @@ class BootImages:
 
     def _fetched(self, name):
         with self._fetching_lock:
-            self.backing_files.keep_on_base(name, keep=False)
             del self._fetching[name]
 
     def fetching(self, name):

@@ -78,6 +78,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             fetch=CONF.yolo.fetch_boot_images, install_timeout=CONF.yolo.install_timeout,
             owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes,
             signing_keys=CONF.yolo.boot_image_signing_keys)
+        self.yolo_backing.boot_images = self.yolo_boot_images
         self.yolo_first_boots = None
         if CONF.yolo.first_boot_before_download and CONF.yolo.fetch_boot_images:
             # Nova's image backend takes its locks of base files there (Image.lock_path).
