@@ -55,9 +55,11 @@ class ServiceGlance:
         self.session = ks_loading.load_session_from_conf_options(conf, 'service_user', auth=auth)
         if self.session.timeout is None:
             self.session.timeout = READ_TIMEOUT_SECONDS
+        # Every interface [glance] valid_interfaces lists, in its order, as Nova's own image API
+        # tries them: a catalogue may list only Glance's public endpoint (devstack's does).
         self.client = glanceclient.Client(
             '2', session=self.session, region_name=conf.glance.region_name,
-            interface=(conf.glance.valid_interfaces or ['internal'])[0],
+            interface=list(conf.glance.valid_interfaces or ['internal', 'public']),
             endpoint_override=conf.glance.endpoint_override)
 
     @property
@@ -166,7 +168,8 @@ class BootImages:
         """Makes sure yolofs has the base file's boot image if Glance publishes one.
 
         Returns what happened: 'unavailable' (yolofs is not healthy: nothing attempted),
-        'present', 'none' (no boot image published: yolofs learns one from the first boot if it
+        'present' (a boot image Glance published, or one learned here while Glance publishes
+        none), 'none' (no boot image published: yolofs learns one from the first boot if it
         runs with --learn), 'installed', 'rejected' (yolofs refused it) or 'failed'; with
         ``later``, 'fetching': a thread fetches and installs it, and until it is done the
         guests over the base file start on ``_base``. For a base file Nova has just downloaded:
@@ -185,7 +188,11 @@ class BootImages:
             # boot image it learns from the coming boot is attributed to it.
             self.client.remember(name, image_id)
             present = yolofs.boot_images(status).get(name)
-            if present and not present.get('rejected'):
+            usable = bool(present) and not present.get('rejected')
+            # One this host learned from its own boots (perhaps a boot that failed early, or
+            # while Glance was away) gives way to the one Glance publishes, built from a whole
+            # boot and trusted.
+            if usable and not (present.get('learned') and self.fetch):
                 return 'present'
             if not self.fetch:
                 return 'none'
@@ -194,9 +201,11 @@ class BootImages:
             image = self.image_api.get(context, image_id)
             boot_image = self.trusted_boot_image(context, image_id, image)
             if boot_image is None:
+                if usable:
+                    return 'present'
                 published = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
                 return 'rejected' if published else 'none'
-            if later:
+            if later and not usable:
                 return self._install_later(context, name, image_id, boot_image)
             return self._install(context, name, image_id, boot_image)
         except Untrusted:
