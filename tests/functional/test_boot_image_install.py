@@ -88,7 +88,8 @@ def test_a_published_boot_image_is_installed_by_yolofs_and_served(host, tmp_path
     assert list((tmp_path / 'downloads').iterdir()) == []
     status = mount.client.status()
     assert yolofs.boot_images(status)[NAME] == {
-        'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None}
+        'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None,
+        'learned': False}
     assert driver_side.verified_image_ids() == {IMAGE_ID}
     assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'present'
     # The next open reads from it.
@@ -231,10 +232,43 @@ def test_a_learned_boot_image_names_the_image_nova_remembered(tmp_path, mount_fa
         assert f.read(65536) == data[:65536]
     assert mount.client.record_stop(NAME)['built'] is True
     entry = yolofs.boot_images(mount.client.status())[NAME]
-    assert entry == {'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None}
+    assert entry == {'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None,
+                     'learned': True}
     learned = tmp_path / 'boot-images' / (NAME + '.yolo')
     info = json.loads(yolofs.run('inspect', '--json', learned).stdout)
     assert info['identity']['image_id'] == IMAGE_ID
+
+
+def test_a_published_boot_image_replaces_one_learned_here(tmp_path, mount_factory):
+    # A boot that failed early (or ran while Glance was away) left a boot image of a few reads;
+    # the one Glance publishes, from a whole boot, takes its place at the next boot.
+    base_dir = tmp_path / '_base'
+    base_dir.mkdir()
+    data = random.Random(3).randbytes(SIZE)
+    (base_dir / NAME).write_bytes(data)
+    store = tmp_path / 'boot-images'
+    mount = mount_factory(base_dir, boot_images=store, learn=True, record_idle_secs=600,
+                          no_keep_cache=True)
+    mount.client.remember(NAME, IMAGE_ID)
+    with open(mount.mountpoint / NAME, 'rb') as f:
+        f.read(4096)
+    assert mount.client.record_stop(NAME)['built'] is True
+    files = backing.BackingFiles(base_dir, mount.mountpoint, mount.control_socket, 5.0)
+    glance = FakeImageAPI()
+    glance.images[IMAGE_ID] = {'properties': {}}
+    driver_side = boot_images.BootImages(files, tmp_path / 'downloads', image_api=glance,
+                                         boot_image_api=glance)
+    # Nothing published: the learned one is used.
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'present'
+    publish(tmp_path, glance, base_dir / NAME)
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'installed'
+    assert (store / (NAME + '.yolo')).read_bytes() == \
+        pathlib.Path(glance.images['boot-image']['file']).read_bytes()
+    assert not (store / (NAME + '.trace')).exists()
+    assert yolofs.boot_images(mount.client.status())[NAME]['learned'] is False
+    # Installed: the next boot does not ask Glance again.
+    glance.images.clear()
+    assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'present'
 
 
 CLIENT = '''

@@ -123,7 +123,7 @@ class FakeYolofs:
                                      % (boot_image_path, file, proc.stderr.strip()),
                                      refused=True)
         self.entries[file] = {'file': file, 'image_id': image_id, 'verified': True,
-                              'rejected': None}
+                              'rejected': None, 'learned': False}
         return {'file': file, 'image_id': image_id}
 
     def prune(self):
@@ -830,7 +830,8 @@ class TestImageCache(DriverTestCase):
         unused = self.base_dir / images.base_file_name('unused-image')
         write_raw_base(unused, size=MiB)
         self.client.entries[unused.name] = {'file': unused.name, 'image_id': 'unused-image',
-                                            'verified': True, 'rejected': None}
+                                            'verified': True, 'rejected': None,
+                                            'learned': False}
         old = time.time() - 10 * 86400
         for base in (self.base, unused):
             os.utime(base, (old, old))

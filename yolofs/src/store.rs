@@ -396,6 +396,9 @@ pub struct BootImageInfo {
     pub verified: bool,
     /// Why it was refused, if it was (and has not changed since).
     pub rejected: Option<String>,
+    /// Learned on this host from its own boots (its trace is in the store), not installed: a
+    /// boot image Glance publishes for the image replaces it.
+    pub learned: bool,
 }
 
 #[derive(Debug, Error)]
@@ -554,6 +557,10 @@ impl BootImageStore {
         self.config.dir.join(format!("{name}{BOOT_IMAGE_SUFFIX}"))
     }
 
+    fn trace_path(&self, name: &str) -> PathBuf {
+        self.config.dir.join(format!("{name}{TRACE_SUFFIX}"))
+    }
+
     fn image_id_path(&self, name: &str) -> PathBuf {
         self.config.dir.join(format!("{name}{IMAGE_ID_SUFFIX}"))
     }
@@ -689,6 +696,12 @@ impl BootImageStore {
             }
         }
         result?;
+        // A learned boot image's trace describes it, not the one installed over it.
+        if let Err(e) = fs::remove_file(self.trace_path(name)) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                warn!("{name}: could not remove the trace of the boot image replaced: {e}");
+            }
+        }
         self.evict(name);
         info!(
             "{name}: installed a verified boot image for image {image_id}: {} bytes in {} extents",
@@ -814,11 +827,13 @@ impl BootImageStore {
         let image_id = self
             .image_id(&name)
             .or_else(|| header.map(|h| h.image_id).filter(|id| !id.is_empty()));
+        let learned = self.trace_path(&name).exists();
         BootImageInfo {
             file: name,
             image_id,
             verified: rejected.is_none() && (loaded || stamped),
             rejected,
+            learned,
         }
     }
 
@@ -1426,6 +1441,7 @@ mod tests {
                 image_id: Some(IMAGE.into()),
                 verified: true,
                 rejected: None,
+                learned: false,
             }]
         );
         // The stamp is valid: loading does not verify again, and the image is served.
@@ -1435,6 +1451,18 @@ mod tests {
         let anonymous = f.candidate(&content(0), "");
         f.install(&anonymous, IMAGE).unwrap();
         assert_eq!(f.store.image_id("disk").as_deref(), Some(IMAGE));
+    }
+
+    #[test]
+    fn an_install_replaces_a_learned_boot_image_and_its_trace() {
+        let f = Fixture::new(1 << 30);
+        // What learning leaves: a boot image built from the base file, and its trace.
+        fs::copy(f.candidate(&content(0), IMAGE), f.store.path_for("disk")).unwrap();
+        fs::write(f.store.trace_path("disk"), "yolofs trace v1\n").unwrap();
+        assert!(f.store.boot_images(&f.base_dir())[0].learned);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        assert!(!f.store.trace_path("disk").exists());
+        assert!(!f.store.boot_images(&f.base_dir())[0].learned);
     }
 
     #[test]
