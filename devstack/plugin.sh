@@ -208,6 +208,8 @@ function cleanup_yolo {
     _yolo_unmount
     sudo rm -rf "$YOLOFS_BOOT_IMAGES" "$YOLO_WORKER_DIR" "$YOLO_WORKER_CONF" "$YOLO_CONF_DIR"
     sudo rmdir "$YOLOFS_MOUNTPOINT" 2>/dev/null || true
+    # yolofs' runtime directory, which it made for its control socket (if empty: never /run).
+    sudo rmdir "$(dirname "$YOLOFS_CONTROL_SOCKET")" 2>/dev/null || true
     sudo rm -f "$YOLOFS_BIN"
     if [[ -e "$YOLO_CARGO_HOME/.installed-by-yolo" ]]; then
         rm -rf "$YOLO_RUSTUP_HOME" "$YOLO_CARGO_HOME"

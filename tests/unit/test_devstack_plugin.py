@@ -552,6 +552,7 @@ def test_clean_removes_what_the_plugin_made(tmp_path):
     assert ('rm', '-rf', str(data / 'yolo/boot-images'), str(data / 'yolo/worker'),
             '/etc/yolo/yolo-glance-worker.conf', '/etc/yolo') in sudo
     assert ('rmdir', str(data / 'nova/yolofs')) in sudo
+    assert ('rmdir', '/run/yolofs') in sudo
     assert not (toolchain / 'cargo').exists() and not (toolchain / 'rustup').exists()
     # The package lives in devstack's venv, which devstack's clean removes.
     assert not [args for args in clean.calls if 'uninstall' in args]
