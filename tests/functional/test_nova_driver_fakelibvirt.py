@@ -1054,6 +1054,17 @@ class TestFailedFirstBoot(DriverTestCase):
         self.assertIn('nova-compute restarted before the download ended',
                       str(self.faults.call_args[0][2]))
 
+    def test_a_new_host_makes_base_so_that_yolofs_is_up_before_its_first_boot(self):
+        self.flags(first_boot_before_download=True, group='yolo')
+        drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(), 'yolo.YoloLibvirtDriver')
+        drvr.yolo_backing.client = drvr.yolo_first_boots.client = self.client
+        shutil.rmtree(self.base_dir)
+        with mock.patch.object(libvirt_driver.LibvirtDriver, 'init_host'), \
+                mock.patch.object(yolo_driver.LOG, 'exception') as logged:
+            drvr.init_host('h')
+        self.assertTrue(self.base_dir.is_dir())
+        logged.assert_not_called()
+
     def test_an_active_server_is_stopped_and_put_in_error_with_the_reason(self):
         self.instance.vm_state = 'active'
         self.drvr._yolo_fail_guests_of(self.fill)

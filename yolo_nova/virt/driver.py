@@ -40,6 +40,7 @@ from nova.virt.libvirt import guest as libvirt_guest
 from nova.virt.libvirt import migration as libvirt_migrate
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
+from oslo_utils import fileutils
 import tenacity
 
 from yolo_common import contract
@@ -154,6 +155,9 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         super().init_host(host)
         if not serves_disks:
             return
+        # Nova makes _base when it caches its first image, and yolofs waits for it; made now, the
+        # mount is up before a new host's first boot, which can then start before its download.
+        fileutils.ensure_tree(self.yolo_backing.base_dir)
         self.yolo_boot_images.remove_leftover_downloads()
         if self.yolo_first_boots is not None:
             try:
