@@ -1103,6 +1103,9 @@ def test_a_base_file_being_filled_is_served_before_it_is_complete(
     try:
         start, length = extent['source_offset'], extent['length']
         assert os.pread(fd, length, start) == content[start:start + length]
+        # Labelled with the image being filled, before its base file exists.
+        assert scrape(mount)[('yolofs_read_bytes_total', (
+            ('file', fill_name), ('from', 'boot_image'), ('image', 'some-image-id')))] >= length
 
         with pytest.raises(OSError) as hole:
             os.pread(fd, holes[0][1], holes[0][0])

@@ -389,6 +389,12 @@ impl Daemon {
             })?;
         let extents = image.extents.len();
         let (filling, new) = self.fs.begin_fill(name, image).map_err(|e| e.to_string())?;
+        // Its reads are the image's (in the metrics too) before its base file exists.
+        if let Some(base) = name.strip_suffix(FILL_SUFFIX) {
+            if let Err(e) = self.store.remember_image_id(base, image_id) {
+                log::warn!("{name}: could not record its image id: {e}");
+            }
+        }
         let (filled, _) = filling.fill.progress();
         log::info!(
             "{name}: serving a fill of {} bytes ({extents} boot image extents)",

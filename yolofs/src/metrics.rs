@@ -21,6 +21,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::control::Daemon;
+use crate::fill::FILL_SUFFIX;
 use crate::stats::{FileStatsSnapshot, ReadSource};
 
 /// The OpenMetrics text format's content type.
@@ -81,10 +82,13 @@ impl Collector for DaemonMetrics {
 
         let files = daemon.stats.snapshot(None);
         // The Glance image each base file belongs to, where Nova told (base file names are an
-        // opaque hash of it).
+        // opaque hash of it); a fill file's is its base file's.
         let images: BTreeMap<&String, String> = files
             .keys()
-            .map(|file| (file, daemon.store.image_id(file).unwrap_or_default()))
+            .map(|file| {
+                let base = file.strip_suffix(FILL_SUFFIX).unwrap_or(file);
+                (file, daemon.store.image_id(base).unwrap_or_default())
+            })
             .collect();
         let file_labels = |file: &String| [("file", file.clone()), ("image", images[file].clone())];
         type Count = fn(&FileStatsSnapshot) -> u64;
