@@ -3,6 +3,7 @@ from tests import nova_env  # noqa: F401
 
 import pathlib
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -15,18 +16,32 @@ import pytest
 def libvirtd():
     """A libvirtd (and virtlogd) started for the test, unless one already runs."""
     started = []
-    for daemon in ('virtlogd', 'libvirtd'):
+    for daemon, ready in (('virtlogd', lambda: listening('/run/libvirt/virtlogd-sock')),
+                          ('libvirtd', lambda: subprocess.run(
+                              ['virsh', '-c', 'qemu:///system', 'version'],
+                              capture_output=True).returncode == 0)):
         if not system_daemon_running(daemon):
             subprocess.run([daemon, '-d'], check=True)
             started.append(daemon)
-    deadline = time.monotonic() + 30
-    while subprocess.run(['virsh', '-c', 'qemu:///system', 'version'],
-                         capture_output=True).returncode != 0:
-        assert time.monotonic() < deadline, 'libvirtd did not answer within 30 s'
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while not ready():
+            assert time.monotonic() < deadline, '%s did not answer within 30 s' % daemon
+            time.sleep(0.2)
     yield 'qemu:///system'
+    # Each stopped (by its pid file: a test may have restarted it) and waited for, so that the
+    # next test's start of it does not race its exit.
     for daemon in reversed(started):
-        subprocess.run(['pkill', '-x', daemon], check=False)
+        try:
+            process = psutil.Process(int(pathlib.Path('/run/%s.pid' % daemon).read_text()))
+            process.terminate()
+            psutil.wait_procs([process], timeout=30)
+        except (OSError, ValueError, psutil.Error):
+            subprocess.run(['pkill', '-x', daemon], check=False)
+
+
+def listening(path):
+    with socket.socket(socket.AF_UNIX) as sock:
+        return sock.connect_ex(path) == 0
 
 
 def system_daemon_running(name):
