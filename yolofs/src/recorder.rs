@@ -19,7 +19,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -322,9 +321,8 @@ impl Recorder {
             return Ok(false);
         }
         let started = Instant::now();
-        let dir = &self.store.config().dir;
-        std::fs::create_dir_all(dir)?;
-        let trace_path: PathBuf = dir.join(format!("{}{}", recording.name, store::TRACE_SUFFIX));
+        std::fs::create_dir_all(&self.store.config().dir)?;
+        let trace_path = self.store.trace_path(&recording.name);
         let mut trace = std::io::BufWriter::new(File::create(&trace_path)?);
         let header = format!("yolofs trace v1\nfile {}\nreads {}", recording.name, reads.len());
         build::write_trace(&mut trace, &header, &reads)?;

@@ -557,7 +557,8 @@ impl BootImageStore {
         self.config.dir.join(format!("{name}{BOOT_IMAGE_SUFFIX}"))
     }
 
-    fn trace_path(&self, name: &str) -> PathBuf {
+    /// The trace a learned boot image of `name` was built from.
+    pub fn trace_path(&self, name: &str) -> PathBuf {
         self.config.dir.join(format!("{name}{TRACE_SUFFIX}"))
     }
 
