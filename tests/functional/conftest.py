@@ -20,7 +20,7 @@ def libvirtd():
                           ('libvirtd', lambda: subprocess.run(
                               ['virsh', '-c', 'qemu:///system', 'version'],
                               capture_output=True).returncode == 0)):
-        if not system_daemon_running(daemon):
+        if daemon_process(daemon) is None:
             subprocess.run([daemon, '-d'], check=True)
             started.append(daemon)
         deadline = time.monotonic() + 30
@@ -31,12 +31,12 @@ def libvirtd():
     # Each stopped (by its pid file: a test may have restarted it) and waited for, so that the
     # next test's start of it does not race its exit.
     for daemon in reversed(started):
-        try:
-            process = psutil.Process(int(pathlib.Path('/run/%s.pid' % daemon).read_text()))
-            process.terminate()
-            psutil.wait_procs([process], timeout=30)
-        except (OSError, ValueError, psutil.Error):
+        process = daemon_process(daemon)
+        if process is None:
             subprocess.run(['pkill', '-x', daemon], check=False)
+            continue
+        process.terminate()
+        psutil.wait_procs([process], timeout=30)
 
 
 def listening(path):
@@ -44,15 +44,17 @@ def listening(path):
         return sock.connect_ex(path) == 0
 
 
-def system_daemon_running(name):
+def daemon_process(name):
     """The machine's daemon, by its pid file (pgrep would also find the all-in-one's second
-    host's, in namespaces of their own); not a later process given its pid."""
+    host's, in namespaces of their own); not a later process given its pid. None if none runs."""
     pidfile = pathlib.Path('/run/%s.pid' % name)
     try:
         process = psutil.Process(int(pidfile.read_text()))
-        return process.name() == name and process.create_time() <= pidfile.stat().st_mtime + 2
+        if process.name() == name and process.create_time() <= pidfile.stat().st_mtime + 2:
+            return process
     except (OSError, ValueError, psutil.Error):
-        return False
+        pass
+    return None
 
 
 @pytest.fixture
