@@ -19,6 +19,7 @@ from tests.e2e.conftest import connection
 from tests.e2e.conftest import create_server_on
 from tests.e2e.conftest import delete_server
 from tests.e2e.conftest import demo
+from tests.e2e.conftest import image_property
 from tests.e2e.conftest import LogSince
 from tests.e2e.conftest import upload_public
 from tests.e2e.conftest import wait_for_boot_image
@@ -51,6 +52,55 @@ def test_a_tenant_cannot_set_yolo_properties(cloud):
         demo('image', 'set', '--property', 'os_distro=debian', image['id'], parse=False)
     finally:
         demo('image', 'delete', image['id'], parse=False, check=False)
+
+
+def test_a_tenant_uploads_a_volume_made_from_an_image_with_a_boot_image(published_boot_image):
+    # Cinder keeps the properties of a volume's image, YOLO's among them, and sends them to
+    # Glance as the tenant when the volume is uploaded as an image: Glance's protections of
+    # yolo_* would refuse the upload (403) unless cinder-api leaves them out
+    # (yolo-configure cinder-api).
+    image, boot_image_id = published_boot_image
+    volume = demo('volume', 'create', '--image', image['id'], '--size', 2, 'e2e-from-image')
+    uploaded_id = None
+    try:
+        wait_until('volume from the image', 600, lambda: volume_available(volume['id']), 2.0)
+        copied = demo('volume', 'show', volume['id'])['volume_image_metadata']
+        assert copied['yolo_boot_image_id'] == boot_image_id
+        uploaded_id = demo('image', 'create', '--volume', volume['id'], '--disk-format', 'raw',
+                           'e2e-uploaded-volume')['image_id']
+        uploaded = wait_until('upload of the volume', 600,
+                              lambda: image_if_active(uploaded_id), 2.0)
+        # The new image is another image: it inherits neither the boot image nor its status
+        # (the worker may have begun its own).
+        assert image_property(uploaded, 'yolo_boot_image_id') != boot_image_id
+        assert image_property(uploaded, 'yolo_source_image_id') is None
+    finally:
+        if uploaded_id:
+            demo('image', 'delete', uploaded_id, parse=False, check=False)
+        wait_until('volume settled', 600,
+                   lambda: volume_status(volume['id']) not in VOLUME_BUSY, 2.0)
+        demo('volume', 'delete', volume['id'], parse=False, check=False)
+
+
+VOLUME_BUSY = ('creating', 'downloading', 'uploading')
+
+
+def volume_status(volume_id):
+    return connection('aio-demo').block_storage.get_volume(volume_id).status
+
+
+def volume_available(volume_id):
+    status = volume_status(volume_id)
+    if status == 'error':
+        raise AssertionError('volume %s: error (cinder-volume.log)' % volume_id)
+    return status == 'available'
+
+
+def image_if_active(image_id):
+    status = connection('aio-demo').image.get_image(image_id).status
+    if status in ('killed', 'deleted'):
+        raise AssertionError('upload of the volume: image %s' % status)
+    return demo('image', 'show', image_id) if status == 'active' else None
 
 
 def nova_service_user():

@@ -7,6 +7,7 @@
 # other services, in the foreground under start-stop-daemon (their output in $AIO_LOG_DIR, their
 # logs in /var/log/ceph).
 
+# shellcheck disable=SC2034 # read by lib.sh's install_packages
 CEPH_PACKAGES=(ceph-mon ceph-mgr ceph-osd ceph-common python3-rados python3-rbd)
 CEPH_CONF=/etc/ceph/ceph.conf
 CEPH_STATE=/var/lib/ceph/aio

@@ -23,6 +23,7 @@ SERVICE_USERS = {
     'nova': ('admin', 'service'),
     'neutron': ('admin', 'service'),
     'barbican': ('admin', 'service'),
+    'cinder': ('admin', 'service'),
     'yolo': ('admin', 'service'),
 }
 # (service type, name, URL)
@@ -32,6 +33,7 @@ SERVICES = [
     ('compute', 'nova', 'http://%s:8774/v2.1' % HOST),
     ('network', 'neutron', 'http://%s:9696' % HOST),
     ('key-manager', 'barbican', 'http://%s:9311' % HOST),
+    ('block-storage', 'cinder', 'http://%s:8776/v3' % HOST),
 ]
 # Non-admin users, each in a project of its own: (user, project).
 TENANTS = [('demo', 'demo'), ('alt', 'alt')]

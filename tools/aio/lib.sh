@@ -117,7 +117,7 @@ create_users() {
     local user home
     install -d -o root -g root -m 0755 "$(dirname "$YOLOFS_BOOT_IMAGES")" \
         "$(dirname "$YOLO_WORKER_DIR")"
-    for user in keystone glance placement nova neutron barbican yolo; do
+    for user in keystone glance placement nova neutron barbican cinder yolo; do
         home=$(service_home "$user")
         if ! getent passwd "$user" >/dev/null; then
             useradd --system --user-group --home-dir "$home" --no-create-home \
@@ -334,7 +334,7 @@ EOF
         --bootstrap-region-id "$AIO_REGION" >/dev/null
     start_wsgi keystone keystone "$KEYSTONE_PORT" keystone.wsgi.api:application
     local user
-    for user in glance placement nova neutron barbican yolo; do
+    for user in glance placement nova neutron barbican cinder yolo; do
         secret "keystone-$user" >/dev/null
     done
     secret demo >/dev/null
@@ -510,7 +510,7 @@ first_boot_before_download = false
 $(hdd_capacity)
 EOF
     install -m 0644 "$AIO_VENV/etc/nova/api-paste.ini" /etc/nova/api-paste.ini
-    install_nova_rootwrap
+    install_rootwrap nova
     "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova.conf \
         --mount-point "$YOLOFS_MOUNTPOINT" --control-socket "$YOLOFS_CONTROL_SOCKET" \
         --boot-image-signing-key-file "$YOLO_SIGNING_KEY.pub"
@@ -541,20 +541,20 @@ start_scheduler() {
         --config-file /etc/nova/nova-scheduler.conf
 }
 
-install_nova_rootwrap() {
-    # nova-compute reaches root through sudo and rootwrap, which starts privsep-helper, as in
-    # production; the venv's bin is where rootwrap finds privsep-helper.
-    install -d -m 0755 /etc/nova/rootwrap.d
-    install -m 0644 "$AIO_VENV"/etc/nova/rootwrap.d/*.filters /etc/nova/rootwrap.d/
-    sed -e "s|^filters_path=.*|filters_path=/etc/nova/rootwrap.d|" \
+install_rootwrap() {  # SERVICE: its daemon reaches root through sudo and its rootwrap
+    # As in production: rootwrap also starts privsep-helper, found in the venv's bin.
+    local service=$1
+    install -d -m 0755 "/etc/$service/rootwrap.d"
+    install -m 0644 "$AIO_VENV/etc/$service"/rootwrap.d/*.filters "/etc/$service/rootwrap.d/"
+    sed -e "s|^filters_path=.*|filters_path=/etc/$service/rootwrap.d|" \
         -e "s|^exec_dirs=.*|exec_dirs=$AIO_VENV/bin,/sbin,/usr/sbin,/bin,/usr/bin,/usr/local/sbin,/usr/local/bin|" \
-        "$AIO_VENV/etc/nova/rootwrap.conf" | install -m 0644 /dev/stdin /etc/nova/rootwrap.conf
-    install -m 0440 /dev/stdin /etc/sudoers.d/yolo-aio-nova <<EOF
-Defaults:nova !requiretty
-Defaults:nova secure_path="$AIO_VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-nova ALL = (root) NOPASSWD: $AIO_VENV/bin/nova-rootwrap /etc/nova/rootwrap.conf *
+        "$AIO_VENV/etc/$service/rootwrap.conf" | install -m 0644 /dev/stdin "/etc/$service/rootwrap.conf"
+    install -m 0440 /dev/stdin "/etc/sudoers.d/yolo-aio-$service" <<EOF
+Defaults:$service !requiretty
+Defaults:$service secure_path="$AIO_VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+$service ALL = (root) NOPASSWD: $AIO_VENV/bin/$service-rootwrap /etc/$service/rootwrap.conf *
 EOF
-    visudo -c -q -f /etc/sudoers.d/yolo-aio-nova
+    visudo -c -q -f "/etc/sudoers.d/yolo-aio-$service"
 }
 
 compute_registered() {  # NODE
