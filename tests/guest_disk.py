@@ -1,7 +1,7 @@
 """A running guest reads its whole disk, from inside, and its files are compared with the
 source image's: the check that a guest no longer depends on yolofs (tests of the detach).
 
-The guest's commands run through the QEMU guest agent (``yolo_bench.guest_agent``); the source's
+The guest's commands run through the QEMU guest agent (``yolo_testing.guest_agent``); the source's
 files are read on the host from a read-only loop mount of the image's root partition.
 """
 
@@ -10,8 +10,8 @@ import struct
 import subprocess
 import tempfile
 
-from yolo_bench import guest_agent
 from yolo_common import images
+from yolo_testing import guest_agent
 
 # What a failed read looks like in a Linux guest's kernel log.
 GUEST_IO_ERROR = re.compile(

@@ -50,3 +50,5 @@ echo "==> Python packages into .venv (Nova, Glance and their test fixtures: seve
 # The project itself (console scripts, the nova.virt.yolo driver module); tests import the
 # checkout's packages first (pytest.ini), this is what makes Nova find the driver.
 "$repo/.venv/bin/pip" install -q --no-deps "$repo"
+# The benchmarks and what they share with the tests (bench/README.md): their console script.
+"$repo/.venv/bin/pip" install -q --no-deps "$repo/testing" "$repo/bench"

@@ -16,19 +16,19 @@ import subprocess
 import psutil
 import pytest
 
-from yolo_bench.cloud import wait as wait_until
+from yolo_testing import aio
+from yolo_testing.wait import wait as wait_until
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-AIO = REPO / 'tools' / 'aio' / 'aio'
-VENV = pathlib.Path(os.environ.get('AIO_VENV', '/opt/yolo-aio/venv'))
+AIO = aio.AIO
+VENV = aio.VENV
 CLOUDS_YAML = pathlib.Path('/etc/openstack/clouds.yaml')
-INSTANCES = pathlib.Path('/var/lib/nova/instances')
+INSTANCES = aio.INSTANCES[aio.FIRST_HOST]
 BASE_DIR = INSTANCES / '_base'
-MOUNT_POINT = pathlib.Path('/var/lib/nova/yolofs')
-CONTROL_SOCKET = '/run/yolofs/control.sock'
-AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
-AIO_LOG_DIR = pathlib.Path('/var/log/yolo-aio')
-YOLOFS = '/usr/local/bin/yolofs'
+MOUNT_POINT = aio.MOUNT_POINTS[aio.FIRST_HOST]
+CONTROL_SOCKET = aio.CONTROL_SOCKETS[aio.FIRST_HOST]
+AIO_RUN_DIR = aio.RUN_DIR
+AIO_LOG_DIR = aio.LOG_DIR
+YOLOFS = aio.YOLOFS_BIN
 READY_MARKER = 'YOLO-GUEST-READY'
 FLAVOR = 'm1.yolo'
 RESIZE_FLAVOR = 'm1.yolo-large'
@@ -209,7 +209,7 @@ def cached_on_the_first_host(source):
     """A host's first boot of an image is Nova's own: the download, then the guest over _base
     while the boot image is fetched (docs/nova-driver.md, rule 1). The tests of boots served
     from boot images start after one: the image's base file and boot image on the first host."""
-    from yolo_bench.scheduling import FIRST_HOST
+    from yolo_testing.aio import FIRST_HOST
     name = base_file_name(source['id'])
     server = create_server_on(FIRST_HOST, source['id'], 'e2e-first-boot')
     try:
@@ -248,8 +248,8 @@ def second_host(cloud):
     """The second compute host (``aio add-compute``): its own libvirtd, instances directory on a
     block device of its own, yolofs and boot image store, and first boots before the download
     (docs/first-boot.md). Its tests come after those that expect one compute host."""
-    from yolo_bench.scheduling import FIRST_HOST
-    from yolo_bench.scheduling import SECOND_HOST
+    from yolo_testing.aio import FIRST_HOST
+    from yolo_testing.aio import SECOND_HOST
     subprocess.run([str(AIO), 'add-compute'], check=True)
     hosts = {h['Host'] for h in admin('compute', 'service', 'list', '--service', 'nova-compute')}
     assert hosts == {FIRST_HOST, SECOND_HOST}
@@ -258,7 +258,7 @@ def second_host(cloud):
 
 def on_its_mount(host, server_id):
     """The guest's disk is backed by its host's own yolofs mount."""
-    from yolo_bench.scheduling import INSTANCES
+    from yolo_testing.aio import INSTANCES
     backing = backing_file(server_id, INSTANCES[host])
     assert backing.startswith(str(INSTANCES[host].parent / 'yolofs') + '/'), (host, backing)
 

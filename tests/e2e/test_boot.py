@@ -10,7 +10,7 @@ from tests import prometheus
 from tests.e2e.conftest import (
     MOUNT_POINT, admin, backing_file, base_file_name, create_server, delete_server, demo,
     image_property, wait_for_ready, wait_until, yolofs_ctl)
-from yolo_bench.scheduling import observed_boots
+from yolo_testing.aio import observed_boots
 
 
 def test_plain_upload_publishes_a_hidden_linked_boot_image(published_boot_image):

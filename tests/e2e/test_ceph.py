@@ -20,7 +20,7 @@ from tests.e2e.conftest import wait_for_boot_image
 from tests.e2e.conftest import wait_for_ready
 from tests.e2e.conftest import wait_for_status
 from tests import guest_disk
-from yolo_bench.scheduling import INSTANCES
+from yolo_testing.aio import INSTANCES
 
 
 def upload_to_store(image_file, name, store):

@@ -22,9 +22,9 @@ from tests.e2e.conftest import FLAVOR
 from tests.e2e.conftest import on_its_mount
 from tests.e2e.conftest import wait_for_ready
 from tests.e2e.conftest import wait_for_status
-from yolo_bench.cloud import wait as wait_until
-from yolo_bench.scheduling import INSTANCES
 from yolo_nova.virt import first_boot
+from yolo_testing.aio import INSTANCES
+from yolo_testing.wait import wait as wait_until
 
 LOG_DIR = '/var/log/yolo-aio'
 

@@ -2,7 +2,7 @@
 pip installs it, real keystone tokens and roles."""
 
 from tests.e2e.conftest import admin, demo
-from yolo_bench.cloud import wait as wait_until
+from yolo_testing.wait import wait as wait_until
 
 
 def by_field(rows):

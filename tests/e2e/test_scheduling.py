@@ -23,14 +23,14 @@ from tests.e2e.conftest import wait_for_ready
 from tests.e2e.conftest import wait_for_status
 from tests.e2e.conftest import wait_until
 from yolo_bench.scheduling import contention
-from yolo_bench.scheduling import FIRST_HOST
-from yolo_bench.scheduling import INSTANCES
-from yolo_bench.scheduling import log_position
-from yolo_bench.scheduling import OBSERVED_BOOTS
-from yolo_bench.scheduling import observed_boots
-from yolo_bench.scheduling import predictions
-from yolo_bench.scheduling import SECOND_HOST
-from yolo_bench.scheduling import wait_for_reports
+from yolo_testing.aio import FIRST_HOST
+from yolo_testing.aio import INSTANCES
+from yolo_testing.aio import log_position
+from yolo_testing.aio import OBSERVED_BOOTS
+from yolo_testing.aio import observed_boots
+from yolo_testing.aio import predictions
+from yolo_testing.aio import SECOND_HOST
+from yolo_testing.aio import wait_for_reports
 
 pytestmark = pytest.mark.two_hosts
 

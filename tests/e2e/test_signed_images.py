@@ -26,8 +26,8 @@ from tests.e2e.conftest import create_server_on
 from tests.e2e.conftest import delete_server
 from tests.e2e.conftest import LogSince
 from tests.e2e.conftest import upload_public
-from yolo_bench.cloud import wait as wait_until
 from yolo_nova.virt import first_boot
+from yolo_testing.wait import wait as wait_until
 
 VERIFY_CONF = '/etc/nova/nova-compute-2.conf.d/verify-signatures.conf'
 

@@ -3,7 +3,7 @@ all-in-one cloud with YOLO on, as they do on plain Nova."""
 
 import subprocess
 
-from tests.e2e.conftest import REPO
+from yolo_testing import REPO
 
 
 def test_tempest_compute_subset_passes(cloud):

@@ -24,11 +24,11 @@ from tests.e2e.conftest import LogSince
 from tests.e2e.conftest import upload_public
 from tests.e2e.conftest import wait_for_boot_image
 from tests.e2e.conftest import YOLOFS
-from yolo_bench.cloud import wait as wait_until
-from yolo_bench.scheduling import INSTANCES
 from yolo_common import contract
 from yolo_common import signing
 from yolo_nova.virt import first_boot
+from yolo_testing.aio import INSTANCES
+from yolo_testing.wait import wait as wait_until
 
 WORKER_KEY = '/etc/yolo/boot-image-signing.key'
 

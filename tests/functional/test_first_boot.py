@@ -1,6 +1,6 @@
 """The first boot of an image before its download (docs/first-boot.md): the driver's fills of
 base files, through a real yolofs mount and socket, from an HTTP server that serves an image's
-data as Glance's image download does (yolo_bench.image_server: single ranges honoured), over a
+data as Glance's image download does (yolo_testing.image_server: single ranges honoured), over a
 throttled link or failing at will.
 Nova's image API and Glance's metadata are not involved here (the e2e tests boot through them):
 a fill is started as FirstBoots.begin starts it once it has a trusted boot image."""
@@ -26,13 +26,13 @@ import tenacity
 from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
 from tests.yolofs.test_mount import boot_image_extents
 from tests.yolofs.test_mount import holes_between
-from yolo_bench.cloud import wait as wait_until
-from yolo_bench.image_server import ImageServer
 from yolo_common import yolofs
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
 from yolo_nova.virt import first_boot
 from yolo_nova.virt import qcow2_ranges
+from yolo_testing.image_server import ImageServer
+from yolo_testing.wait import wait as wait_until
 
 SIZE = 24 << 20
 NAME = '3f786850e387550fdab836ed7e6dc881de23001b'

@@ -12,11 +12,11 @@ import pytest
 from tests.functional.glance.fakes import MiB
 from tests.functional.glance.fakes import publish_signed
 from tests.functional.glance.fakes import raw_disk
-from yolo_bench.cloud import wait as wait_until
 from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
 from yolo_glance import service
+from yolo_testing.wait import wait as wait_until
 
 
 def value(metrics, name, **labels):

@@ -18,7 +18,6 @@ from tests.functional.glance.fakes import fake_learner
 from tests.functional.glance.fakes import MiB
 from tests.functional.glance.fakes import publish_signed
 from tests.functional.glance.fakes import raw_disk
-from yolo_bench.cloud import wait as wait_until
 from yolo_common import contract
 from yolo_common import images
 from yolo_common import learning
@@ -28,6 +27,7 @@ from yolo_glance import glance as glance_api
 from yolo_glance import sandbox as sandbox_mod
 from yolo_glance import service
 from yolo_glance import worker as worker_mod
+from yolo_testing.wait import wait as wait_until
 
 
 def raw_of(glance, image_id, tmp_path):

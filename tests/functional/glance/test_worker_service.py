@@ -9,8 +9,8 @@ import sys
 
 import psutil
 
-from yolo_bench.cloud import wait as wait_until
 from yolo_common import yolofs
+from yolo_testing.wait import wait as wait_until
 
 WORKER = pathlib.Path(sys.executable).parent / 'yolo-glance-worker'
 

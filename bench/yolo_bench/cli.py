@@ -20,8 +20,7 @@ from yolo_bench import plan as plan_mod
 from yolo_bench import results as results_mod
 from yolo_common import cli
 from yolo_common import qemu
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from yolo_testing import REPO
 
 
 def _list(kind=str):

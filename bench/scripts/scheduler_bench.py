@@ -5,18 +5,15 @@ the weigher through Nova's weight handler, as nova-scheduler does for every requ
 Reports CPU time (process time, so other load on the machine does not count) per host per
 request, for the filter, the weigher and both.
 
-Usage: python3 tools/bench/scheduler_bench.py [--hosts 1000] [--requests 200]
+Usage: python3 bench/scripts/scheduler_bench.py [--hosts 1000] [--requests 200]
 """
 
 import argparse
 import os
-import pathlib
 import random
-import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+import checkout  # noqa: F401 (makes the checkout importable)
 os.environ.setdefault('OS_NOVA_DISABLE_EVENTLET_PATCHING', '1')
 
 import nova.tests.unit  # noqa: E402,F401  (selects Nova's threading backend first)

@@ -11,7 +11,7 @@
    the block-size trade-off: boot images built at several block sizes from one boot's trace, and
    how much of a second boot's reads each covers.
 
-Usage: python3 tools/bench/yolofs_bench.py [--workdir DIR] [--repeats N] [--runtime S]
+Usage: python3 bench/scripts/yolofs_bench.py [--workdir DIR] [--repeats N] [--runtime S]
        [--skip-boots]
 Prints a Markdown report (and writes it, with the raw figures as JSON, to --out).
 """
@@ -26,8 +26,7 @@ import sys
 import time
 import uuid
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from checkout import REPO  # noqa: E402 (makes the checkout importable)
 
 from yolo_bench import storage  # noqa: E402
 from yolo_common import images  # noqa: E402

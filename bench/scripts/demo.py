@@ -8,7 +8,7 @@ page cache (the best a cache can do, at the cost of the whole image in RAM). Pri
 boot times side by side. The boot benchmark (docs/boot-benchmark.md) measures the same with
 repetitions and more conditions.
 
-Usage: python3 tools/demo.py [--workdir DIR] [--stressors N] [--runs N]
+Usage: python3 bench/scripts/demo.py [--workdir DIR] [--stressors N] [--runs N]
 """
 
 import argparse
@@ -22,8 +22,7 @@ import sys
 import threading
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from checkout import REPO  # noqa: E402 (makes the checkout importable)
 
 from yolo_bench import plan  # noqa: E402
 from yolo_bench import runner  # noqa: E402

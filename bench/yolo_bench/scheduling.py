@@ -4,7 +4,7 @@ predicted for each host, and how long their guests took to boot.
     python -m yolo_bench.scheduling [--requests 3] [--on-contended 1] [--stressors 2]
                                     [--yolo on,off]
 
-(``tools/aio/scheduling`` stands the all-in-one cloud up with its second compute host first.)
+(``bench/aio/scheduling`` stands the all-in-one cloud up with its second compute host first.)
 For each scheduler setting and each phase (fio stressors on the first host's instance storage,
 then on the second's), servers are created one at a time, each once both hosts have reported
 their load after the stressors settled and after the last server was deleted (and its guest's
@@ -25,9 +25,7 @@ import argparse
 import configparser
 import contextlib
 import dataclasses
-import json
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
@@ -41,33 +39,23 @@ from yolo_bench import replay
 from yolo_bench import runner
 from yolo_bench import storage
 from yolo_nova import calibration
+from yolo_testing import aio
 
-FIRST_HOST = 'aio-compute'
-SECOND_HOST = 'aio-compute-2'
-INSTANCES = {FIRST_HOST: cloud.INSTANCES,
-             SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/instances')}
+FIRST_HOST = aio.FIRST_HOST
+SECOND_HOST = aio.SECOND_HOST
+INSTANCES = aio.INSTANCES
 # Where a host on an emulated HDD of its own (the all-in-one's AIO_COMPUTE_DISK=hdd) names its
 # throttle, for its libvirt hook: its libvirtd's /run/libvirt.
 GUESTS_CGROUP_FILES = {FIRST_HOST: cloud.GUESTS_CGROUP_FILE,
-                       SECOND_HOST: cloud.COMPUTE2_LIBVIRT / 'run' / cloud.GUESTS_CGROUP_FILE.name}
-# Where each host's nova-compute keeps the boots it timed ($state_path/yolo/observed-boots.json).
-OBSERVED_BOOTS = {FIRST_HOST: pathlib.Path('/var/lib/nova/yolo/observed-boots.json'),
-                  SECOND_HOST: pathlib.Path('/var/lib/nova-compute-2/yolo/observed-boots.json')}
+                       SECOND_HOST: aio.COMPUTE2_LIBVIRT / 'run' / cloud.GUESTS_CGROUP_FILE.name}
 # Both hosts share this machine's CPUs, run their guests under TCG and learn from their boots
 # as configured by default.
 HOST_CPUS = psutil.cpu_count()
 LEARN_FROM_BOOTS = 3
 SCHEDULER_CONF = pathlib.Path('/etc/nova/nova-scheduler.conf')
-SCHEDULER_LOG = pathlib.Path('/var/log/yolo-aio/nova-scheduler.log')
 # What setting "off" writes into [yolo] of the scheduler's configuration.
 YOLO_OFF = {'max_boot_time_ratio': '0', 'max_predicted_boot_time': '0',
             'boot_time_weight_multiplier': '0'}
-# YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
-PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
-                        r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown).*: (passes|rejected)\b')
-# nova-compute reports every 60 s; yolofs' load is a moving average with a time constant of
-# 10 s, which has come 95% of the way to a new load after three.
-REPORT_TIMEOUT = 300
 LOAD_SETTLE_SECONDS = 30
 # Servers are kept this long after their guest is ready, for nova-compute to time their boot.
 KEEP_SECONDS = 3.0
@@ -91,30 +79,6 @@ class Request:
         if self.landed not in self.predicted:
             return None
         return (self.predicted[self.landed][0] - self.boot_seconds) / self.boot_seconds
-
-
-def reported_stats(host):
-    """The stats ``host`` last reported to the scheduler (Nova's compute_nodes), YOLO's among
-    them; {} before its first report."""
-    row = subprocess.run(
-        ['mysql', '-N', '-B', 'nova', '-e',
-         "SELECT stats FROM compute_nodes WHERE host = '%s' AND deleted = 0" % host],
-        capture_output=True, text=True, check=True).stdout.strip()
-    return json.loads(row) if row else {}
-
-
-def wait_for_reports(hosts, after, accept=None, timeout=REPORT_TIMEOUT):
-    """Waits until every host has reported a load measured after Unix time ``after`` (and, with
-    ``accept``, until it accepts them); returns their I/O utilisations as reported: with a
-    calibrated disk capacity a share of throughput, else of busy time."""
-    def reported():
-        stats = {host: reported_stats(host) for host in hosts}
-        if any(float(s.get('yolo_updated_at', 0)) < after for s in stats.values()):
-            return None
-        loads = {host: float(s['yolo_io_utilisation']) for host, s in stats.items()}
-        return loads if accept is None or accept(loads) else None
-    return cloud.wait('reports of %s after %s' % (', '.join(hosts), time.ctime(after)), timeout,
-                      reported, interval=5.0)
 
 
 def instance_storage(host):
@@ -154,17 +118,10 @@ def contention(host, stressors):
 def reported_parameters(hosts):
     """{host: (alpha, beta, alpha_yolo, io_pole_yolo, cpu_contention, beta_growth)} as the
     hosts last reported them."""
-    return {host: tuple(float(reported_stats(host).get('yolo_' + name, 'nan'))
+    return {host: tuple(float(aio.reported_stats(host).get('yolo_' + name, 'nan'))
                         for name in ('alpha', 'beta', 'alpha_yolo', 'io_pole_yolo',
                                      'cpu_contention', 'beta_growth'))
             for host in hosts}
-
-
-def observed_boots(host, since=0.0):
-    """The boots ``host``'s nova-compute timed (calibration.ObservedBoot), started after Unix
-    time ``since``."""
-    return [boot for boot in calibration.load_observed(OBSERVED_BOOTS[host])
-            if boot.started_at >= since]
 
 
 def described(boot):
@@ -192,21 +149,6 @@ def stolen_share(before, after):
     return delta.get('steal', 0.0) / busy if busy > 0 else 0.0
 
 
-def log_position():
-    return SCHEDULER_LOG.stat().st_size
-
-
-def predictions(since, log=SCHEDULER_LOG):
-    """YoloBootFilter's last prediction per host in the scheduler's log after byte ``since``:
-    {host: (predicted seconds, io utilisation, verdict, cpu pressure or None)}."""
-    with open(log, 'rb') as f:
-        f.seek(since)
-        text = f.read().decode(errors='replace')
-    return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(6),
-                         None if m.group(5) == 'unknown' else float(m.group(5)))
-            for m in PREDICTION.finditer(text)}
-
-
 def set_scheduler(setting):
     """YOLO's filter and weigher as configured (``on``) or without effect (``off``); restarts
     nova-scheduler."""
@@ -227,7 +169,7 @@ def set_scheduler(setting):
 def request(conn, admin, image, flavor, name, timeout, **placement):
     """One server: (the host it landed on, its boot from ACTIVE to ready, the predictions);
     ``placement``: an admin's ``host=HOST`` (the scheduler's filters weigh that host alone)."""
-    since = log_position()
+    since = aio.log_position()
     landed = {}
 
     def on_active(servers):
@@ -235,7 +177,7 @@ def request(conn, admin, image, flavor, name, timeout, **placement):
     active, ready, _ = cloud.boot_servers(conn, admin, image, flavor, name, 1, timeout,
                                           on_active=on_active, keep_seconds=KEEP_SECONDS,
                                           **placement)
-    return landed['host'], ready - active, predictions(since)
+    return landed['host'], ready - active, aio.predictions(since)
 
 
 def summary(requests):
@@ -339,7 +281,7 @@ def main(argv=None):
             set_scheduler(setting)
             for busy in (FIRST_HOST, SECOND_HOST):
                 with contention(busy, args.stressors) as settled:
-                    loads = wait_for_reports(INSTANCES, settled)
+                    loads = aio.wait_for_reports(INSTANCES, settled)
                     print('==> YOLO %s, %s under contention: reported I/O %s, parameters %s'
                           % (setting, busy, loads, reported_parameters(INSTANCES)), flush=True)
                     fresh_after = settled
@@ -347,7 +289,7 @@ def main(argv=None):
                         # Each request is predicted from reports of the hosts as they are: taken
                         # once the last server's guest has left yolofs' smoothed load, and after
                         # its host learned from its boot.
-                        wait_for_reports(INSTANCES, fresh_after)
+                        aio.wait_for_reports(INSTANCES, fresh_after)
                         parameters = reported_parameters(INSTANCES)
                         onto_busy = number > args.requests
                         name = 'scheduling-%s-%s-%d' % (setting, busy, number)
@@ -361,7 +303,7 @@ def main(argv=None):
                         fresh_after = time.time() + LOAD_SETTLE_SECONDS
                         requests.append(Request(setting, busy, number, landed, predicted, boot,
                                                 asked=onto_busy))
-                        timed = observed_boots(landed, since=asked)
+                        timed = aio.observed_boots(landed, since=asked)
                         print('==> %d: landed on %s, boot %.1f s, predicted %s from parameters '
                               '%s' % (number, landed, boot, predicted, parameters), flush=True)
                         print('    its guest: %s; steal %.0f%% of the CPUs\' busy time meanwhile'
@@ -371,11 +313,11 @@ def main(argv=None):
         set_scheduler('on')
     print()
     print(summary(requests))
-    for host, path in OBSERVED_BOOTS.items():
+    for host, path in aio.OBSERVED_BOOTS.items():
         print('\n==> the model on the boots %s timed, each predicted from those before it '
               '(python -m yolo_bench.replay %s --cpus %d --accel tcg):' % (host, path, HOST_CPUS))
         base = dataclasses.replace(calibration.UNCALIBRATED, cpus=HOST_CPUS)
-        boots = [boot for boot in observed_boots(host) if boot.accel == 'tcg']
+        boots = [boot for boot in aio.observed_boots(host) if boot.accel == 'tcg']
         print('\n'.join(replay.report(base, boots, LEARN_FROM_BOOTS)))
     return 0
 

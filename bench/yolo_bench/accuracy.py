@@ -1,4 +1,4 @@
-"""How well the boot-time model predicts real boots: ``tools/bench/model_accuracy.py``.
+"""How well the boot-time model predicts real boots: ``bench/scripts/model_accuracy.py``.
 
 On the emulated HDD of the boot benchmark (yolo_bench.storage.ThrottledDisk), boots are made
 idle (the calibration), under graded I/O load (fio at a fixed rate: a known share of the disk's
@@ -25,8 +25,8 @@ from yolo_bench import runner
 from yolo_bench import storage as storage_mod
 from yolo_nova import boot_model
 from yolo_nova import calibration
+from yolo_testing import REPO
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 FIELDS = ('kind', 'level', 'policy', 'repetition', 'x', 'y', 'boot_s', 'vcpu_run_s', 'runnable')
 # Normal boots under this I/O load measure k, the I/O part's exponent (not evaluated).
 IO_CALIBRATION_LEVEL = 0.5

@@ -24,7 +24,7 @@ process doing I/O there shares its one blkio throttle: the fio stressors and yol
 its cgroup, and each guest's QEMU joins it as it starts, paused before its vCPUs run, through the
 all-in-one's libvirt hook (``tools/aio/libvirt-qemu-hook``).
 
-Run as root with the all-in-one's venv (tools/aio/boot-times does both).
+Run as root with the all-in-one's venv (bench/aio/boot-times does both).
 """
 
 import argparse
@@ -45,23 +45,20 @@ import openstack
 from yolo_bench import results
 from yolo_common import images
 from yolo_common import yolofs
+from yolo_testing import aio
+from yolo_testing import REPO
+from yolo_testing.wait import wait
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-AIO = REPO / 'tools' / 'aio' / 'aio'
 READY_MARKER = 'YOLO-GUEST-READY'
 POLICIES = ('off', 'on', 'warm')
 IMAGE_KINDS = ('same', 'distinct')
-INSTANCES = pathlib.Path('/var/lib/nova/instances')
-AIO_RUN_DIR = pathlib.Path('/run/yolo-aio')
+INSTANCES = aio.INSTANCES[aio.FIRST_HOST]
 # Read by tools/aio/libvirt-qemu-hook: the cgroup the first host's guests join as they start.
 GUESTS_CGROUP_FILE = pathlib.Path('/run/libvirt/yolo-guests-blkio-cgroup')
 # Where the all-in-one's compute hosts keep their instances (tools/aio/settings
 # AIO_COMPUTE_DISK): this benchmark mounts its emulated HDD over the first host's directory on
 # the machine's disk, not over a disk of the host's own.
-COMPUTE_DISK_FILE = pathlib.Path('/var/lib/nova/compute-disk')
-# The second compute host's libvirt (its /run/libvirt is run/ in there).
-COMPUTE2_LIBVIRT = pathlib.Path('/var/lib/libvirt-compute-2')
-YOLOFS_CONTROL_SOCKET = '/run/yolofs/control.sock'
+COMPUTE_DISK_FILE = aio.STATE[aio.FIRST_HOST] / 'compute-disk'
 
 
 @dataclasses.dataclass
@@ -117,17 +114,6 @@ def drop_caches():
     pathlib.Path('/proc/sys/vm/drop_caches').write_text('3\n')
 
 
-def wait(what, timeout, probe, interval=1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError('%s: not within %d s' % (what, timeout))
-        time.sleep(interval)
-
-
 class ComputeNode:
     """The all-in-one's compute node as the benchmark changes it: yolofs on or off, and (storage
     ``hdd``) the emulated HDD under its instances directory, whose cgroup yolofs joins whenever
@@ -137,11 +123,11 @@ class ComputeNode:
         self.disk = None
 
     def set_policy(self, policy):
-        subprocess.run([str(AIO), 'start-yolofs' if policy == 'on' else 'stop-yolofs'],
+        subprocess.run([str(aio.AIO), 'start-yolofs' if policy == 'on' else 'stop-yolofs'],
                        check=True, stdout=subprocess.DEVNULL)
         if policy == 'on' and self.disk is not None:
             # The service's process group: the keeper and yolofs (a restarted one inherits it).
-            group = os.getpgid(int((AIO_RUN_DIR / 'yolofs.pid').read_text()))
+            group = os.getpgid(int((aio.RUN_DIR / 'yolofs.pid').read_text()))
             pids = subprocess.run(['pgrep', '-g', str(group)], check=True, capture_output=True,
                                   text=True).stdout.split()
             for pid in pids:
@@ -175,8 +161,7 @@ class ComputeNode:
 
 # libvirt of the all-in-one's second compute host (tools/aio/settings); the first host's is the
 # machine's.
-LIBVIRT_URIS = {'aio-compute-2':
-                'qemu+unix:///system?socket=%s' % (COMPUTE2_LIBVIRT / 'run' / 'libvirt-sock')}
+LIBVIRT_URIS = {aio.SECOND_HOST: aio.COMPUTE2_LIBVIRT_URI}
 
 
 def virsh(admin, server_id, *args):
@@ -527,7 +512,7 @@ def measure(args, node, user, admin, image, flavor, policy, stressors, servers, 
         # yolofs has just started: its boot images are loaded (verified against the base files)
         # before the clock starts, as on a compute node where yolofs runs all along.
         for base in bases:
-            yolofs.ControlClient(YOLOFS_CONTROL_SOCKET).preload(base.name)
+            yolofs.ControlClient(aio.CONTROL_SOCKETS[aio.FIRST_HOST]).preload(base.name)
     drop_caches()
     if policy == 'warm':
         subprocess.run(['cat'] + [str(base) for base in bases], stdout=subprocess.DEVNULL,

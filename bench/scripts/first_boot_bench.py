@@ -3,7 +3,7 @@ after it, and a boot with the image already cached (docs/first-boot.md).
 
 Nova's image backend as nova-compute runs it (YoloLibvirtDriver's, with Nova's configuration and
 in-process privsep), a real yolofs mount, real qemu-img, and QEMU boots under TCG with
-``cache=none``, one at a time. Glance's image download is yolo_bench.image_server: the image, raw
+``cache=none``, one at a time. Glance's image download is yolo_testing.image_server: the image, raw
 (as Glance stores it for Ceph and as Nova caches it), and its boot image, over one link of
 ``--rates`` Mbit/s that every connection shares. Each round boots, in an order rotated per round:
 
@@ -20,7 +20,7 @@ cache is dropped before each boot; the next boot waits for the fill. The boot im
 first, by one boot of the image on a learning mount, as the Glance worker learns one.
 
 Usage (as root):
-    python3 tools/bench/first_boot_bench.py [--rates 1000,100] [--rounds 3] [--image test|large]
+    python3 bench/scripts/first_boot_bench.py [--rates 1000,100] [--rounds 3] [--image test|large]
 
 ``--image large``: the test image grown to 8 GiB with 2 GiB of random data beyond its file system
 (data a boot never reads, which a full download carries).
@@ -33,13 +33,11 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from checkout import REPO  # noqa: E402 (makes the checkout importable)
 
 # Native threads, no eventlet, and Nova's test environment, as the functional tests have them.
 import tests.conftest  # noqa: E402,F401
@@ -58,7 +56,6 @@ from nova.virt.libvirt import utils as libvirt_utils  # noqa: E402
 from oslo_config import fixture as config_fixture  # noqa: E402
 
 from yolo_bench import first_boots  # noqa: E402
-from yolo_bench.image_server import ImageServer  # noqa: E402
 from yolo_common import images  # noqa: E402
 from yolo_common import learning  # noqa: E402
 from yolo_common import qemu  # noqa: E402
@@ -66,6 +63,7 @@ from yolo_common import yolofs  # noqa: E402
 from yolo_nova import conf as yolo_conf  # noqa: E402
 from yolo_nova.virt import boot_images  # noqa: E402
 from yolo_nova.virt import first_boot  # noqa: E402
+from yolo_testing.image_server import ImageServer  # noqa: E402
 
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)

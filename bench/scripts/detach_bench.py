@@ -19,7 +19,7 @@ host's page cache dropped before each run; ROUNDS rounds, the guests' order rota
 each guest compared with the one that never used yolofs in the same round.
 
 Usage (as root, libvirtd running):
-    python3 tools/bench/detach_bench.py [--cycles N] [--rounds N] [--fio-seconds S]
+    python3 bench/scripts/detach_bench.py [--cycles N] [--rounds N] [--fio-seconds S]
 """
 
 import argparse
@@ -34,19 +34,18 @@ import tempfile
 import time
 import uuid
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from checkout import REPO  # noqa: E402 (makes the checkout importable)
 os.environ.setdefault('OS_NOVA_DISABLE_EVENTLET_PATCHING', '1')
 
 import libvirt  # noqa: E402
 from nova.virt.libvirt import guest as libvirt_guest  # noqa: E402
 
 from tests.guest_disk import GUEST_IO_ERROR  # noqa: E402
-from yolo_bench import guest_agent  # noqa: E402
 from yolo_common import images  # noqa: E402
 from yolo_common import qemu  # noqa: E402
 from yolo_common import yolofs  # noqa: E402
 from yolo_nova.virt import detach  # noqa: E402
+from yolo_testing import guest_agent  # noqa: E402
 
 GUESTS = ('never on yolofs', 'on the mount', 'detached')
 FIO_JOBS = {

@@ -11,6 +11,7 @@ import psutil
 from yolo_bench import scheduling
 from yolo_nova import calibration
 from yolo_nova.scheduler.filters import boot_time_filter
+from yolo_testing import aio
 
 from tests.unit.nova_base import NoDBTestCase
 from tests.unit.scheduler.test_boot_time import host
@@ -35,7 +36,7 @@ class TestPredictionsFromTheLog(NoDBTestCase):
                 # oslo.log's debug suffix follows the message.
                 f.write('2026-11-24 21:00:01.000 1 DEBUG %s [req-y] %s {{(pid=1) _passes '
                         'boot_time_filter.py:51}}\n' % (record.name, record.getMessage()))
-        found = scheduling.predictions(since, log)
+        found = aio.predictions(since, log)
         self.assertEqual({'aio-compute', 'aio-compute-2'}, set(found))
         busy, idle = found['aio-compute'], found['aio-compute-2']
         self.assertEqual((0.97, 'rejected', 0.3), busy[1:])
@@ -86,7 +87,7 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
     monkeypatch.setattr(scheduling.cloud, 'wait_for_boot_image', lambda *args: None)
     monkeypatch.setattr(scheduling, 'set_scheduler', lambda setting: events.append(setting))
     monkeypatch.setattr(scheduling, 'contention', contention)
-    monkeypatch.setattr(scheduling, 'wait_for_reports',
+    monkeypatch.setattr(scheduling.aio, 'wait_for_reports',
                         lambda hosts, after: events.append(('reports', after)) or {})
     monkeypatch.setattr(scheduling, 'reported_parameters', lambda hosts: {})
     monkeypatch.setattr(scheduling, 'request', request)
@@ -97,7 +98,7 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
     monkeypatch.setattr(scheduling.cloud, 'boot_servers', None)  # no warm-ups
     timed = observed(seconds=41.0, cpu_seconds=30.0, cpu_delay_seconds=2.5, disk_seconds=0.75,
                      disk_write_seconds=0.25, accel='tcg')
-    monkeypatch.setattr(scheduling, 'observed_boots',
+    monkeypatch.setattr(scheduling.aio, 'observed_boots',
                         lambda host, since=0.0: [timed] if host == 'aio-compute-2' else [])
     times = iter([cpu(busy=100.0, steal=0.0), cpu(busy=150.0, steal=10.0)] * 6)
     monkeypatch.setattr(scheduling.psutil, 'cpu_times', lambda: next(times))

@@ -25,7 +25,7 @@ would carry them. The page cache is dropped before each boot.
 system (data a boot never reads, which a full download carries), booted with a flavor of an
 8 GB disk (``m1.yolo-8g``, created if missing).
 
-Run as root with the all-in-one's venv (tools/aio/first-boot-times does both).
+Run as root with the all-in-one's venv (bench/aio/first-boot-times does both).
 """
 
 import argparse
@@ -43,12 +43,15 @@ from yolo_bench import cloud
 from yolo_bench import scheduling
 from yolo_common import images
 from yolo_common import yolofs
+from yolo_testing import aio
+from yolo_testing import REPO
+from yolo_testing.wait import wait
 
 MODES = ('cached', 'nova', 'yolo')
 GLANCE_PORT = 9292
-COMPUTE_LOG = pathlib.Path('/var/log/yolo-aio/nova-compute-2.log')
+COMPUTE_LOG = aio.LOG_DIR / 'nova-compute-2.log'
 HOST = scheduling.SECOND_HOST
-CONTROL_SOCKET = '/run/yolofs-compute-2/control.sock'
+CONTROL_SOCKET = aio.CONTROL_SOCKETS[HOST]
 GiB = 1 << 30
 LARGE_FLAVOR = 'm1.yolo-8g'
 
@@ -127,7 +130,7 @@ class Host:
         if not self.cached():
             print('==> untimed boot on %s' % self.name, flush=True)
             boot(admin, image, flavor, self.name, 'first-boots-untimed', timeout)
-            cloud.wait('boot image on %s' % self.name, timeout, self.cached, interval=2.0)
+            wait('boot image on %s' % self.name, timeout, self.cached, interval=2.0)
 
 
 def logged(path, since):
@@ -197,7 +200,7 @@ def public_image(admin, name, disk_format, large, store=None):
     image = admin.image.find_image(name)
     if image is None:
         test_image = pathlib.Path(subprocess.run(
-            [str(cloud.REPO / 'tools' / 'build-test-image.sh')], check=True,
+            [str(REPO / 'tools' / 'build-test-image.sh')], check=True,
             capture_output=True, text=True).stdout.splitlines()[-1])
         raw = pathlib.Path('/var/tmp/first-boots-%s.raw' % name)
         upload = raw.with_suffix('.' + disk_format)
@@ -236,7 +239,7 @@ def main(argv=None):
 
     try:
         # A host just restarted is reported up at its first report (every 10 s).
-        cloud.wait('nova-compute on %s up' % HOST, 120, second_host_up, interval=5.0)
+        wait('nova-compute on %s up' % HOST, 120, second_host_up, interval=5.0)
     except TimeoutError:
         sys.exit('this benchmark boots on the all-in-one\'s second compute host (tools/aio/aio '
                  'add-compute), which is not up')
@@ -276,8 +279,8 @@ def main(argv=None):
                         # The next boot waits for the fill to end and its boot image to be
                         # installed: the host is then in the cached state.
                         started = time.monotonic()
-                        cloud.wait('the base file and boot image on %s' % host.name,
-                                   args.timeout, host.cached, interval=2.0)
+                        wait('the base file and boot image on %s' % host.name,
+                             args.timeout, host.cached, interval=2.0)
                         filled = ' (its fill ended %.0f s later)' % (time.monotonic() - started)
                         # Booted before the download, not by Nova's normal path, unless the
                         # store serves no ranges (rbd): then Nova's path, by design.

@@ -1,0 +1,7 @@
+"""What YOLO's tests and benchmarks share, and the product does not ship: waits, an image
+server, commands in guests through their agent, and the all-in-one cloud's layout."""
+
+import pathlib
+
+# The checkout this package runs from (it is used from a checkout, never installed apart).
+REPO = pathlib.Path(__file__).resolve().parents[2]
