@@ -9,7 +9,7 @@ from yolo_common import qemu
 from yolo_common import yolofs
 
 
-class LearningFailed(Exception):
+class LearningFailed(qemu.GuestFailed):
     """The profiling boot taught nothing usable (the guest died early, or read nothing)."""
 
 
@@ -83,7 +83,8 @@ def _wait_for_window(guest, mount, name, timeout):
             return 'ready'
         if guest.process.poll() is not None:
             raise LearningFailed('QEMU exited with %d before the guest was ready; console '
-                                 'tail: %r' % (guest.process.returncode, guest.console_tail()))
+                                 'tail: %r' % (guest.process.returncode, guest.console_tail()),
+                                 guest.stderr_tail())
         recording = [r for r in mount.client.status()['recording'] if r['name'] == name]
         if recording:
             seen_recording = True

@@ -16,7 +16,17 @@ QEMU = os.environ.get('YOLO_QEMU', 'qemu-system-x86_64')
 CONSOLE_LOG_LIMIT = 16 << 20   # bytes of a guest's console kept in its log file
 
 
-class BootTimeout(Exception):
+class GuestFailed(Exception):
+    """A guest that did not do what was asked of it. The message says what its console showed
+    (the image's owner may read it); ``qemu_stderr``, what QEMU or its sandbox said, is for
+    logs only: it names the host's paths."""
+
+    def __init__(self, message, qemu_stderr=''):
+        super().__init__(message)
+        self.qemu_stderr = qemu_stderr
+
+
+class BootTimeout(GuestFailed):
     """The guest did not become ready in time."""
 
 
@@ -52,20 +62,29 @@ class Guest:
         self.vcpu_at_ready = None
         self.cpu_at_ready = None
         self._console = bytearray()
+        self._stderr = bytearray()
         self._ready = threading.Event()
         self._reader = None
+        self._stderr_reader = None
 
     def start(self):
         self.started = time.monotonic()
         # In a session of its own: a signal to its caller's process group (oslo.service's
-        # SIGHUP to the worker) is not for the guest.
+        # SIGHUP to the worker) is not for the guest. Its console (stdout) is the guest's own;
+        # QEMU's messages (stderr) are kept apart.
         self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         preexec_fn=self.preexec_fn, start_new_session=True)
         self._reader = threading.Thread(target=self._read_console, daemon=True)
         self._reader.start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
         return self
+
+    def _read_stderr(self):
+        while chunk := self.process.stderr.read1(65536):
+            self._stderr += chunk
+            del self._stderr[:-4096]
 
     def _read_console(self):
         log = open(self.console_log, 'wb') if self.console_log else None
@@ -115,10 +134,11 @@ class Guest:
                     break
                 raise BootTimeout('QEMU exited with %d before the guest was ready; '
                                   'console tail: %r' % (self.process.returncode,
-                                                        self.console_tail()))
+                                                        self.console_tail()),
+                                  self.stderr_tail())
             if time.monotonic() > deadline:
                 raise BootTimeout('guest not ready after %ss; console tail: %r' % (
-                    timeout, self.console_tail()))
+                    timeout, self.console_tail()), self.stderr_tail())
         return self.ready_at - self.started
 
     def cpu_seconds(self):
@@ -150,6 +170,12 @@ class Guest:
     def console_tail(self, size=800):
         return bytes(self._console[-size:]).decode(errors='replace')
 
+    def stderr_tail(self):
+        """The last of what QEMU (or the command it runs under) wrote to its stderr."""
+        if self._stderr_reader and self.process.poll() is not None:
+            self._stderr_reader.join(5)
+        return bytes(self._stderr).decode(errors='replace').strip()
+
     def stop(self):
         if self.process and self.process.poll() is None:
             self.process.terminate()
@@ -158,8 +184,9 @@ class Guest:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self._reader:
-            self._reader.join(5)
+        for reader in (self._reader, self._stderr_reader):
+            if reader:
+                reader.join(5)
 
     def __enter__(self):
         return self.start()

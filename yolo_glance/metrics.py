@@ -14,6 +14,12 @@ SIZE_BUCKETS = tuple(float(1 << shift) for shift in range(20, 33, 2))
 COVERAGE_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 # Outcomes shown at 0 before the first build, so that rate() and alerts see them from the start.
 MAIN_OUTCOMES = ('ready', 'skipped', 'failed', 'error')
+# Why an image gets no boot image (its yolo_boot_image_reason says it in words): not a disk
+# image to boot (a kernel, an ISO, an empty image...), over the size limit, no scratch space,
+# the guest not booting (no ready pattern, nothing read), not ready in time, a profiling plugin's
+# error, transient errors through every retry.
+REFUSALS = ('unsupported', 'too_large', 'no_room', 'not_bootable', 'not_ready', 'plugin',
+            'transient')
 
 
 class Metrics:
@@ -29,6 +35,9 @@ class Metrics:
         self.build_duration = prometheus_client.Histogram(
             'yolo_worker_build_duration_seconds', 'Duration of build jobs, by outcome.',
             ['outcome'], buckets=DURATION_BUCKETS, **on)
+        self.builds_refused = prometheus_client.Counter(
+            'yolo_worker_builds_refused',
+            'Images given no boot image (skipped or failed), by reason.', ['reason'], **on)
         self.build_transient_errors = prometheus_client.Counter(
             'yolo_worker_build_transient_errors',
             'Build attempts that failed on a transient error (Glance, disk, yolofs).', **on)
@@ -56,6 +65,8 @@ class Metrics:
         self.deletions_failed = prometheus_client.Counter(
             'yolo_worker_deletions_failed',
             'Deletion jobs that failed (the boot images of a deleted image may remain).', **on)
+        for refusal in REFUSALS:
+            self.builds_refused.labels(refusal)
         for outcome in MAIN_OUTCOMES:
             self.builds_finished.labels(outcome)
             self.build_duration.labels(outcome)

@@ -10,9 +10,10 @@ worker's user may run without privileges (it builds unprivileged user namespaces
   loopback, so keystone, RabbitMQ, MariaDB and glance-api are unreachable, and no other process
   of the worker's user can be seen, signalled or traced;
 * a new root, read-only, holding ``/usr`` (QEMU, its firmware and libraries), a private
-  ``/proc``, a minimal ``/dev`` (plus ``/dev/kvm`` for the kvm runner), an empty ``/tmp``, the
-  learning mount's directory read-only and the overlay's directory: no ``/etc``, no ``/var``,
-  no ``/run``, no home;
+  ``/proc``, a minimal ``/dev``, read-only (plus ``/dev/kvm`` for the kvm runner), an empty
+  ``/tmp`` of TMP_BYTES (memory: unbounded, an escaped QEMU could fill the host's RAM through
+  it), the learning mount's directory read-only and the overlay's directory: no ``/etc``, no
+  ``/var``, no ``/run``, no home;
 * resource limits set before bubblewrap starts, inherited by QEMU: address space (guest memory
   plus QEMU's own: its TCG translation cache is up to 1 GiB), CPU seconds, the size of any file
   it writes (the overlay), its threads' stacks, no core dumps; the worker kills it at the
@@ -36,6 +37,8 @@ BWRAP = 'bwrap'
 QEMU_OVERHEAD_BYTES = 3 << 30
 # Threads take their stacks' size from the stack limit: 2 MiB, not 8.
 STACK_BYTES = 2 << 20
+# The sandbox's /tmp, in memory: QEMU writes nothing there.
+TMP_BYTES = 16 << 20
 
 
 class Sandbox:
@@ -63,9 +66,12 @@ class Sandbox:
                 '--ro-bind', '/usr', '/usr',
                 '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64',
                 '--symlink', 'usr/bin', '/bin', '--symlink', 'usr/sbin', '/sbin',
-                '--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp']
+                '--proc', '/proc', '--dev', '/dev', '--size', str(TMP_BYTES), '--tmpfs', '/tmp']
         for device in self.devices:
             args += ['--dev-bind', device, device]
+        # /dev is a tmpfs of bubblewrap's, without a size: no files made there (its devices
+        # still open for writing).
+        args += ['--remount-ro', '/dev']
         for path in read_only:
             args += ['--ro-bind', str(path), str(path)]
         for path in writable:

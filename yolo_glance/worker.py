@@ -314,11 +314,11 @@ class Worker:
             return 'ignored'
         if image.get(glance_api.BOOT_IMAGE_ID) and self._published(image):
             return 'present'
-        reason = why_not(image, self.container_format) or self._too_large(image)
-        if reason:
-            LOG.info('%s: no boot image: %s', image_id, reason)
-            self._record(image_id, SKIPPED, reason)
-            return SKIPPED
+        for refusal, reason in (('unsupported', why_not(image, self.container_format)),
+                                ('too_large', self._too_large(image))):
+            if reason:
+                LOG.info('%s: no boot image: %s', image_id, reason)
+                return self._refuse(image_id, SKIPPED, refusal, reason)
         if image.get(glance_api.STATUS) == BUILDING and not self._claim_expired(image) \
                 and not image.get(glance_api.CLAIM, '').startswith(self.worker_id + ' '):
             return 'claimed'
@@ -333,10 +333,11 @@ class Worker:
             last_error = e
         # The image's owner reads the reason: what they can act on, not the worker's internals
         # (its log has those). The lack of scratch space is the operator's to act on.
-        self._record(image_id, FAILED, 'gave up after %d attempts: %s' % (
-            self.retries + 1, last_error if isinstance(last_error, NoRoom)
-            else 'the worker met a transient error (its log says which)'))
-        return FAILED
+        no_room = isinstance(last_error, NoRoom)
+        return self._refuse(image_id, FAILED, 'no_room' if no_room else 'transient',
+                            'gave up after %d attempts: %s' % (
+                                self.retries + 1, last_error if no_room
+                                else 'the worker met a transient error (its log says which)'))
 
     def _attempt_build(self, image):
         """One attempt at building ``image``'s boot image: its outcome, or the transient error
@@ -350,13 +351,15 @@ class Worker:
             return 'gone'
         except TooLarge as e:
             LOG.info('%s: no boot image: %s', image_id, e)
-            self._record(image_id, SKIPPED, str(e))
-            return SKIPPED
-        except (Unbootable, learning.LearningFailed, qemu.BootTimeout,
-                profiling_mod.PluginError) as e:
-            LOG.warning('%s: no boot image: %s', image_id, e)
-            self._record(image_id, FAILED, str(e))
-            return FAILED
+            return self._refuse(image_id, SKIPPED, 'too_large', str(e))
+        except (Unbootable, qemu.GuestFailed, profiling_mod.PluginError) as e:
+            # What QEMU itself said names the worker's paths: the log's, not the image's.
+            LOG.warning('%s: no boot image: %s%s', image_id, e,
+                        '; QEMU said: %s' % e.qemu_stderr
+                        if getattr(e, 'qemu_stderr', '') else '')
+            refusal = ('plugin' if isinstance(e, profiling_mod.PluginError)
+                       else 'not_ready' if isinstance(e, qemu.BootTimeout) else 'not_bootable')
+            return self._refuse(image_id, FAILED, refusal, str(e))
         except Exception:
             LOG.exception('%s: build attempt failed', image_id)
             self.metrics.build_transient_errors.inc()
@@ -592,6 +595,13 @@ class Worker:
             self.glance.delete(extra['id'])
             self.metrics.boot_images_deleted.labels(reason).inc()
         return ours[0]['id']
+
+    def _refuse(self, image_id, status, refusal, reason):
+        """``image_id`` gets no boot image (``status`` skipped or failed): the reason on the
+        image, its kind (metrics.REFUSALS) counted."""
+        self._record(image_id, status, reason)
+        self.metrics.builds_refused.labels(refusal).inc()
+        return status
 
     def _record(self, image_id, status, reason=None, claim=None, boot_image_id=None):
         properties = {glance_api.STATUS: status}

@@ -1,5 +1,7 @@
 """The console of a guest: watched for its ready marker, logged within a bound."""
 
+import pytest
+
 from yolo_common import qemu
 
 
@@ -17,3 +19,17 @@ def test_a_guest_that_prints_without_end_fills_its_log_only_up_to_the_limit(tmp_
     data = log.read_bytes()
     assert data.startswith(b'x' * (1 << 20))
     assert data[1 << 20:] == b'\n[console log truncated]\n'
+
+
+def test_what_qemu_says_is_kept_apart_from_the_guests_console(tmp_path):
+    # The image's owner reads why its guest failed (the console); QEMU's and its sandbox's
+    # messages name the host's paths and are for the worker's log only.
+    guest = qemu.Guest(tmp_path / 'disk')
+    guest.command = ['sh', '-c', 'echo "SeaBIOS: booting from hard disk"; '
+                     'echo "qemu: /var/lib/yolo/worker/x/disk: Permission denied" >&2; exit 1']
+    with guest:
+        with pytest.raises(qemu.BootTimeout) as failed:
+            guest.wait_ready(timeout=60)
+    assert 'SeaBIOS: booting from hard disk' in str(failed.value)
+    assert '/var/lib/yolo' not in str(failed.value)
+    assert failed.value.qemu_stderr == 'qemu: /var/lib/yolo/worker/x/disk: Permission denied'

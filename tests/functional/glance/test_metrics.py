@@ -50,6 +50,12 @@ def test_builds_by_outcome(glance, make_worker, monkeypatch):
         assert value(metrics, 'yolo_worker_build_duration_seconds_count', outcome=outcome) == 1
     assert value(metrics, 'yolo_worker_build_duration_seconds_sum', outcome='ready') > 0
     assert value(metrics, 'yolo_worker_build_transient_errors_total') == 1
+    # Why the skipped and the failed image got no boot image; every reason shown from the start.
+    assert {reason: value(metrics, 'yolo_worker_builds_refused_total', reason=reason)
+            for reason in metrics_mod.REFUSALS} == {
+        **dict.fromkeys(metrics_mod.REFUSALS, 0.0), 'unsupported': 1.0, 'not_bootable': 1.0}
+    assert metrics.registry.get_sample_value('yolo_worker_builds_refused_total',
+                                             {'reason': 'plugin'}) == 0.0
     # One profiling boot (the fake one: 12.5 s, ended by the ready pattern) and one boot image.
     assert value(metrics, 'yolo_worker_profiling_boot_duration_seconds_count',
                  ended_by='ready') == 1

@@ -75,6 +75,16 @@ try:
                 found['limits'][line[:26].strip()] = line[26:47].strip()
 except OSError:
     pass
+# /tmp filled with files each under the file size limit, up to twice what it may hold.
+if args['fill_tmp']:
+    found['tmp_bytes'] = 0
+    try:
+        for i in range(2 * args['tmp_bytes'] // (args['max_file_bytes'] - 1) + 1):
+            with open('/tmp/fill%d' % i, 'wb') as f:
+                f.write(bytes(args['max_file_bytes'] - 1))
+            found['tmp_bytes'] += args['max_file_bytes'] - 1
+    except OSError as e:
+        found['tmp_full'] = e.strerror
 big = os.path.join(args['writable'], 'big')
 try:
     with open(big, 'wb') as f:
@@ -123,10 +133,11 @@ def probe(layout, sandbox, inside):
     without it."""
     args = {'files': CREDENTIALS + [str(layout['secret'])],
             'ports': SERVICE_PORTS + [layout['port']], 'sockets': [str(layout['socket'])],
-            'writes': ['/x', '/usr/x', '/etc/x', str(layout['read_only'] / 'x'),
+            'writes': ['/x', '/usr/x', '/etc/x', '/dev/x', str(layout['read_only'] / 'x'),
                        str(layout['writable'] / 'x')],
             'pids': [layout['neighbour']], 'writable': str(layout['writable']),
-            'max_file_bytes': sandbox.max_file_bytes}
+            'max_file_bytes': sandbox.max_file_bytes, 'fill_tmp': inside,
+            'tmp_bytes': sandbox_mod.TMP_BYTES}
     command = ['/usr/bin/python3', '-c', PROBE, json.dumps(args)]
     if inside:
         command = sandbox.command(command, read_only=[layout['read_only']],
@@ -164,8 +175,10 @@ def test_in_the_sandbox_nothing_worth_stealing_and_nothing_reachable(layout, san
     assert not (layout['read_only'] / 'x').exists()
     # The user's other processes cannot be seen or signalled (a PID namespace of its own).
     assert found['signalled'] == []
-    # The limits hold inside: a file past the limit is refused.
+    # The limits hold inside: a file past the limit is refused, /tmp (memory) fills up.
     assert found['too_big'] == 'File too large'
+    assert found['tmp_full'] == 'No space left on device'
+    assert found['tmp_bytes'] <= sandbox_mod.TMP_BYTES
     assert found['limits'] == {'Max cpu time': '%d' % sandbox.cpu_seconds,
                                'Max file size': '%d' % sandbox.max_file_bytes,
                                'Max stack size': '%d' % sandbox_mod.STACK_BYTES,

@@ -8,6 +8,9 @@ real boots); downloads, format checks, the qemu-img conversion and every yolofs 
 import copy
 import datetime
 import hashlib
+import os
+import re
+import socket
 import subprocess
 import threading
 from unittest import mock
@@ -135,12 +138,20 @@ def test_unsafe_qcow2_is_refused(glance, make_worker, tmp_path):
     assert 'safety check' in glance.images[source][glance_api.REASON]
 
 
-def test_a_boot_that_teaches_nothing_fails_with_its_reason(glance, make_worker):
+def test_a_boot_that_teaches_nothing_fails_with_its_reason(glance, make_worker, caplog):
     source = glance.add(raw_disk())
-    learner = mock.Mock(side_effect=learning.LearningFailed('QEMU exited with 1'))
-    assert make_worker(learner=learner).build(source) == 'failed'
-    assert glance.images[source][glance_api.REASON] == 'QEMU exited with 1'
+    learner = mock.Mock(side_effect=learning.LearningFailed(
+        "QEMU exited with 1 before the guest was ready; console tail: 'Booting'",
+        'qemu-system-x86_64: /var/lib/yolo/worker/job/disk.raw: Permission denied'))
+    worker = make_worker(learner=learner)
+    assert worker.build(source) == 'failed'
+    # The owner reads what its guest did; what QEMU said (the worker's paths) is in the log.
+    assert glance.images[source][glance_api.REASON] == (
+        "QEMU exited with 1 before the guest was ready; console tail: 'Booting'")
+    assert 'QEMU said: qemu-system-x86_64: /var/lib/yolo/worker/job/disk.raw' in caplog.text
     learner.assert_called_once()  # not retried: it would fail the same way
+    assert worker.metrics.registry.get_sample_value(
+        'yolo_worker_builds_refused_total', {'reason': 'not_bootable'}) == 1
 
 
 def test_transient_errors_are_retried(glance, make_worker):
@@ -177,6 +188,23 @@ def test_a_fresh_claim_is_respected_a_stale_one_taken_over(glance, make_worker):
     assert make_worker(clock=lambda: 1000 + 60).build(source) == 'claimed'
     assert glance.downloads == 0
     assert make_worker(clock=lambda: 1000 + 7201).build(source) == 'ready'
+
+
+def test_a_claim_names_no_host_and_no_process(glance, make_worker):
+    # The claim is tenant-readable: an opaque id per worker, its host and pid in its log only.
+    source = glance.add(raw_disk())
+    claims = []
+    real_set_properties = glance.set_properties
+
+    def set_properties(image_id, remove=(), **properties):
+        claims.append(properties.get(glance_api.CLAIM))
+        return real_set_properties(image_id, remove=remove, **properties)
+    glance.set_properties = set_properties
+    worker = make_worker(worker_id=None)
+    assert worker.build(source) == 'ready'
+    claim = next(c for c in claims if c)
+    assert re.fullmatch(r'worker-[0-9a-f]{12} \d+', claim), claim
+    assert socket.gethostname() not in claim and str(os.getpid()) not in claim.split()[0]
 
 
 def test_racing_workers_converge_on_one_boot_image(glance, make_worker, signer):
