@@ -7,8 +7,12 @@ holding its disk open, which takes the same image lock as QEMU. No guest is boot
 
 import json
 import os
+import pathlib
+import pwd
 import random
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 
@@ -189,6 +193,55 @@ def test_only_the_disks_nova_made_are_read_and_rewritten(node, capsys):
     assert backing(named / 'root.qcow2') == (str(node.base_dir / NAME), 'raw')
     # Not in its disk.info: not one of its disks.
     assert backing(named / 'disk') == (str(node.mount / NAME), 'raw')
+
+
+@pytest.fixture
+def shared_node():
+    """A node in a directory other users may enter, as /var/lib/nova/instances is (pytest's
+    own directories are root's only)."""
+    top = pathlib.Path(tempfile.mkdtemp(prefix='yolo-rollback-test.', dir='/var/tmp'))
+    top.chmod(0o755)
+    yield Node(top)
+    shutil.rmtree(top)
+
+
+def test_qemu_img_has_no_more_than_the_disks_owners_rights(shared_node, capsys):
+    """qemu-img runs as each disk's owner without root's capabilities: a disk its owner may
+    rewrite is rewritten (and keeps its owner); one its owner may not read is not read, where
+    root could read it."""
+    node = shared_node
+    nobody = pwd.getpwnam('nobody')
+    for instance, mode in (('owned', 0o644), ('unreadable', 0o200)):
+        disk = node.disk(instance, node.mount / NAME)
+        os.chown(disk, nobody.pw_uid, nobody.pw_gid)
+        disk.chmod(mode)
+    code, disks, _ = node.run_json(capsys, '--apply')
+    assert disks['owned']['state'] == 'rewritten'
+    assert backing(node.disks['owned']) == (str(node.base_dir / NAME), 'raw')
+    assert os.stat(node.disks['owned']).st_uid == nobody.pw_uid
+    assert disks['unreadable']['state'] == 'failed'
+    assert 'Permission denied' in disks['unreadable']['error']
+
+
+def test_qemu_img_runs_on_qcow2_only_and_within_novas_limits(node, capsys, monkeypatch):
+    """Every qemu-img names its format (no probing of a guest's bytes) and runs under Nova's
+    limits of qemu-img."""
+    commands = []
+    real_execute = rollback.processutils.execute
+
+    def execute(*command, **kwargs):
+        commands.append((command, kwargs.get('prlimit')))
+        return real_execute(*command, **kwargs)
+    monkeypatch.setattr(rollback.processutils, 'execute', execute)
+    code, disks, _ = node.run_json(capsys, '--apply')
+    assert {'rewritten', 'on_base'} <= {d['state'] for d in disks.values()}
+    assert commands
+    for command, limits in commands:
+        qemu_img = command[command.index('qemu-img'):]
+        assert qemu_img[1] in ('info', 'rebase'), qemu_img
+        assert '-f' in qemu_img and qemu_img[qemu_img.index('-f') + 1] == 'qcow2', qemu_img
+        assert limits == rollback.QEMU_IMG_LIMITS
+        assert limits.address_space == 1 << 30 and limits.cpu_time == 30
 
 
 def test_bad_arguments(tmp_path, capsys):

@@ -12,7 +12,9 @@ file of the same name in ``_base`` as its backing file (``qemu-img rebase -u``: 
 same bytes, so only the header changes), as the driver does when yolofs is down. Nothing else
 in an instance directory is read: guests write some of it (``console.log``), and a file a guest
 wrote to look like a qcow2 header would otherwise be inspected and rewritten by root. qemu-img
-runs with ``-f qcow2`` and under Nova's limits of qemu-img. Disks open in a
+runs with ``-f qcow2``, under Nova's limits of qemu-img, and as the disk's owner without
+capabilities (``setpriv``): what a guest wrote reaches no more than its disk's owner may touch.
+The scan of QEMU's open files needs root. Disks open in a
 QEMU process (running guests) are left: QEMU locks them, and it reads the backing file it opened
 at start, on the mount, until the guest stops. Exit status: 0 when no disk is left on the mount,
 1 when some are (or could not be inspected), 2 on errors.
@@ -97,12 +99,23 @@ def instance_disks(instances_path, skip):
                 yield path
 
 
+def qemu_img(disk, *args):
+    """qemu-img ``args`` on ``disk`` (its last argument), under Nova's limits, as the disk's
+    owner with no capability (when run as root): the disk's content is a guest's."""
+    owner = []
+    if os.geteuid() == 0:
+        stat = os.stat(disk)
+        owner = ['setpriv', '--reuid=%d' % stat.st_uid, '--regid=%d' % stat.st_gid,
+                 '--clear-groups', '--no-new-privs', '--inh-caps=-all', '--bounding-set=-all',
+                 '--']
+    out, _ = processutils.execute(*owner, 'qemu-img', *args, disk, prlimit=QEMU_IMG_LIMITS)
+    return out
+
+
 def qemu_img_info(path):
     # --force-share: a running guest's disk is locked by its QEMU. qemu-img info does not open
     # the backing file, so a dead mount does not matter here.
-    out, _ = processutils.execute('qemu-img', 'info', '-f', 'qcow2', '--force-share',
-                                  '--output=json', path, prlimit=QEMU_IMG_LIMITS)
-    return json.loads(out)
+    return json.loads(qemu_img(path, 'info', '-f', 'qcow2', '--force-share', '--output=json'))
 
 
 def files_open_in_qemu():
@@ -174,8 +187,7 @@ class Rollback:
             return self.record(disk, backing, TO_REWRITE)
         try:
             # -u: the header only; the _base file holds the same bytes as its mirror.
-            processutils.execute('qemu-img', 'rebase', '-u', '-f', 'qcow2', '-F', fmt, '-b',
-                                 base_file, disk, prlimit=QEMU_IMG_LIMITS)
+            qemu_img(disk, 'rebase', '-u', '-f', 'qcow2', '-F', fmt, '-b', base_file)
         except processutils.ProcessExecutionError as e:
             # Also a guest that started since the scan: QEMU holds the disk's lock.
             return self.record(disk, backing, FAILED, error='qemu-img rebase: %s' % error_text(e))
