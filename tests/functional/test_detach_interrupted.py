@@ -134,6 +134,14 @@ class Host:
     def stop(self):
         virsh('destroy', self.name)
 
+    def start_again(self):
+        """The guest starts as Nova starts a stopped guest: defined again from Nova's own
+        record (its disk), which QEMU opens, over its backing chain, without a lock in the way.
+        """
+        self.start()
+        live = self.guest().get_xml_desc()
+        assert [path for _, path, _ in detach.qcow2_file_disks(live)] == [str(self.disk)]
+
     def assert_holds(self, *patterns):
         """The disk Nova starts the guest from holds every write, over _base."""
         detach.recover(str(self.disk))
@@ -145,8 +153,8 @@ class Host:
 def holds(disk, pattern):
     """Whether the qcow2 ``disk`` (its chain) holds the write ``pattern``."""
     value, offset = pattern
-    # qemu-io fails (status 1) on a pattern that differs.
-    result = subprocess.run(['qemu-io', '-f', 'qcow2', '-r', '-c',
+    # qemu-io fails (status 1) on a pattern that differs. -U: the guest may be running on it.
+    result = subprocess.run(['qemu-io', '-f', 'qcow2', '-r', '-U', '-c',
                              'read -P %d %d 64k' % (value, offset), str(disk)],
                             capture_output=True, text=True)
     return result.returncode == 0 and 'read 65536/65536' in result.stdout \
@@ -217,6 +225,7 @@ def test_nova_compute_killed_then_the_guest_stops(host, step, host_restarted, ca
     kept = [host.disk.parent / name for name in leftovers(host)]
     assert all(detach.KEPT_SUFFIX in path.name for path in kept)
     assert bool(kept) == host_restarted == ('ALARM' in caplog.text)
+    host.start_again()
     for write in (BEFORE, AFTER):
         assert any(holds(path, write) for path in [host.disk] + kept), write
 
@@ -236,10 +245,10 @@ def restart_libvirtd():
 
 
 @pytest.mark.serial
-# Not with the pivot in flight ('pivot requested'): there libvirt 9.0 does not behave the same
-# twice (docs/nova-driver.md, "When libvirt loses track"); run by hand, one run in three
+# Every step but the pivot in flight ('pivot requested'): there libvirt 9.0 does not behave the
+# same twice (docs/nova-driver.md, "When libvirt loses track"); run by hand, one run in three
 # failed for reasons not yet understood: a CI lane must not depend on it.
-@pytest.mark.parametrize('step', ['copied', 'pivoting', 'copied#2', 'pivoting#2'])
+@pytest.mark.parametrize('step', [step for step in STEPS if not step.startswith('pivot requested')])
 def test_libvirtd_restarted_during_a_detach(host, step, monkeypatch, caplog):
     """libvirtd restarts at a step (stopped as its service manager stops it: SIGKILL after
     10 s). Before the pivot is asked for, the detach stops with the guest where libvirt says,
@@ -288,9 +297,11 @@ def test_libvirtd_restarted_during_a_detach(host, step, monkeypatch, caplog):
     host.stop()
     host.nova_compute_starts()
     detach.recover(str(host.disk))
-    # Every write is in the disk, or in a file kept beside it with the alarm.
+    # Every write is in the disk, or in a file kept beside it with the alarm, and the guest
+    # starts again on its disk.
     kept = [host.disk.parent / name for name in leftovers(host)]
     assert all(detach.KEPT_SUFFIX in path.name for path in kept)
     assert not kept or 'ALARM' in caplog.text
+    host.start_again()
     for write in writes:
         assert any(holds(path, write) for path in [host.disk] + kept), write
