@@ -22,6 +22,9 @@ except ImportError:
     oslo_service_backend = None
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# The checkout's build (tools/build-yolofs.sh), unless the caller names another yolofs.
+if (REPO / 'yolofs' / 'target' / 'release' / 'yolofs').exists():
+    os.environ.setdefault('YOLOFS_BIN', str(REPO / 'yolofs' / 'target' / 'release' / 'yolofs'))
 
 
 class NoEventlet(importlib.abc.MetaPathFinder):

@@ -51,4 +51,4 @@ echo "==> Python packages into .venv (Nova, Glance and their test fixtures: seve
 # checkout's packages first (pytest.ini), this is what makes Nova find the driver.
 "$repo/.venv/bin/pip" install -q --no-deps "$repo"
 # The benchmarks and what they share with the tests (bench/README.md): their console script.
-"$repo/.venv/bin/pip" install -q --no-deps "$repo/testing" "$repo/bench"
+"$repo/.venv/bin/pip" install -q --no-deps -e "$repo/testing" -e "$repo/bench"

@@ -23,7 +23,7 @@ class Learned:
 
 
 def learn_boot_image(base, work, boot_timeout=900, idle_seconds=None, sandbox=None,
-                     **boot_options):
+                     yolofs_binary=None, **boot_options):
     """Boots ``base`` once through a learning yolofs mount of its directory and returns what was
     learned. The mount, its store (``work/boot-images``), socket and log live under ``work``,
     the guest's overlay in ``work/guest``. ``sandbox`` (a ``yolo_glance.sandbox.Sandbox``):
@@ -33,7 +33,8 @@ def learn_boot_image(base, work, boot_timeout=900, idle_seconds=None, sandbox=No
     ``record_stop``), or, if ``idle_seconds`` is given, when yolofs sees that long without a
     read, or after ``boot_timeout`` seconds. Without ``idle_seconds`` a guest that is not ready
     in time raises ``qemu.BootTimeout``: under TCG a guest can go longer than any sensible idle
-    gap without reading its disk. ``boot_options`` go to :class:`yolo_common.qemu.Guest`.
+    gap without reading its disk. ``yolofs_binary``: the yolofs command (see
+    :func:`yolo_common.yolofs.binary`). ``boot_options`` go to :class:`yolo_common.qemu.Guest`.
     """
     base, work = pathlib.Path(base), pathlib.Path(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -42,7 +43,7 @@ def learn_boot_image(base, work, boot_timeout=900, idle_seconds=None, sandbox=No
               'record_max_secs': boot_timeout if idle_seconds else boot_timeout + 60}
     with yolofs.Mount(source=base.parent, mountpoint=work / 'mnt', boot_images=store,
                       control_socket=work / 'control.sock', log_path=work / 'yolofs-learn.log',
-                      learn=True, **window) as mount:
+                      learn=True, yolofs_binary=yolofs_binary, **window) as mount:
         guest_dir = work / 'guest'
         guest_dir.mkdir(exist_ok=True)
         overlay = guest_dir / 'learn.qcow2'

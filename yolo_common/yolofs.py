@@ -9,7 +9,6 @@ import socket
 import subprocess
 import time
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_SOCKET = '/run/yolofs/control.sock'
 
 
@@ -22,16 +21,17 @@ class YolofsError(Exception):
         self.refused = refused
 
 
-def binary():
-    """Path of the yolofs binary: $YOLOFS_BIN, the repository's release build, or PATH."""
-    candidates = [os.environ.get('YOLOFS_BIN'),
-                  REPO_ROOT / 'yolofs' / 'target' / 'release' / 'yolofs',
-                  shutil.which('yolofs')]
-    for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
-            return str(candidate)
-    raise YolofsError('yolofs binary not found: build it with '
-                      '`cargo build --release` in yolofs/ or set YOLOFS_BIN')
+def binary(configured=None):
+    """Path of the yolofs command: ``configured`` (a service's option: a path, or a name found
+    on PATH), else $YOLOFS_BIN, else ``yolofs`` on PATH."""
+    for candidate in (configured, os.environ.get('YOLOFS_BIN'), 'yolofs'):
+        path = candidate and shutil.which(candidate)
+        if path:
+            return path
+        if candidate and candidate != 'yolofs':
+            raise YolofsError('yolofs binary %s not found or not executable' % candidate)
+    raise YolofsError('yolofs binary not found on PATH: install it, or set YOLOFS_BIN (a '
+                      'checkout builds it with tools/build-yolofs.sh)')
 
 
 def run(*args, check=True):
@@ -172,11 +172,13 @@ class Mount:
     Extra command-line options are given as keyword arguments (``learn=True`` becomes
     ``--learn``, ``record_idle_secs=5`` becomes ``--record-idle-secs 5``). ``preexec_fn`` runs
     in the child before yolofs starts (to join a cgroup, say). ``kept=True`` runs it under
-    ``yolofs keep``, which restarts it on the same mount whenever it dies.
+    ``yolofs keep``, which restarts it on the same mount whenever it dies. ``yolofs_binary``:
+    the command a service is configured with (see :func:`binary`).
     """
 
     def __init__(self, source, mountpoint, boot_images, control_socket,
-                 log_path=None, preexec_fn=None, kept=False, **options):
+                 log_path=None, preexec_fn=None, kept=False, yolofs_binary=None, **options):
+        self.yolofs_binary = yolofs_binary
         self.preexec_fn = preexec_fn
         self.kept = kept
         self.source = pathlib.Path(source)
@@ -189,8 +191,9 @@ class Mount:
         self.client = ControlClient(self.control_socket)
 
     def command(self):
-        cmd = [binary(), 'keep', '--'] if self.kept else []
-        cmd += [binary(), 'mount', '--source', str(self.source),
+        yolofs = binary(self.yolofs_binary)
+        cmd = [yolofs, 'keep', '--'] if self.kept else []
+        cmd += [yolofs, 'mount', '--source', str(self.source),
                 '--mountpoint', str(self.mountpoint),
                 '--boot-images', str(self.boot_images),
                 '--control-socket', str(self.control_socket)]

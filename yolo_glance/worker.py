@@ -42,6 +42,7 @@ from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
 from yolo_common import signing
+from yolo_common import yolofs
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
 from yolo_glance import profiling as profiling_mod
@@ -526,6 +527,7 @@ class Worker:
                                accel=accel, memory_mib=options.memory_mib,
                                console_log=os.path.join(work, 'console.log'),
                                network=False, sandbox=self._sandbox(options, accel),
+                               yolofs_binary=self.yolofs_binary,
                                extra_args=(SANDBOX + NO_DEFAULT_DEVICES + guest_devices(image)
                                            + runner_args))
         LOG.info('%s: profiling boot ended by %s after %.1fs', image['id'], learned.ended_by,
@@ -566,7 +568,7 @@ class Worker:
         return None
 
     def _yolofs(self, *args):
-        return subprocess.run([self.yolofs_binary, *map(str, args)], check=True,
+        return subprocess.run([yolofs.binary(self.yolofs_binary), *map(str, args)], check=True,
                               capture_output=True, text=True).stdout
 
     def _keep_one(self, image_id):

@@ -363,7 +363,7 @@ def test_an_unprivileged_client_installs_only_its_own_files(tmp_path, public_dir
         mount.stop()
 
 
-def test_preload_opens_no_link_and_no_fifo(tmp_path, mount_factory):
+def test_preload_and_touch_open_no_link_and_no_fifo(tmp_path, mount_factory):
     """A name in a request is opened as install opens one: a link to a file the client may not
     read is refused before anything of that file is told, and a FIFO blocks no thread."""
     base_dir = tmp_path / '_base'
@@ -371,15 +371,20 @@ def test_preload_opens_no_link_and_no_fifo(tmp_path, mount_factory):
     secret = tmp_path / 'root-only'
     secret.write_bytes(random.Random(5).randbytes(SIZE))
     secret.chmod(0o600)
+    os.utime(secret, ns=(1, 1))
+    secret_mtime = secret.stat().st_mtime_ns
     link, fifo = images.base_file_name('link'), images.base_file_name('fifo')
     (base_dir / link).symlink_to(secret)
     os.mkfifo(base_dir / fifo)
     mount = mount_factory(base_dir)
-    with pytest.raises(yolofs.YolofsError, match='is a symbolic link'):
-        mount.client.preload(link)
-    with pytest.raises(yolofs.YolofsError, match='is not a regular file'):
-        mount.client.request('preload', file=fifo, timeout=10)
+    for op in ('preload', 'touch'):
+        with pytest.raises(yolofs.YolofsError, match='is a symbolic link'):
+            mount.client.request(op, file=link)
+        with pytest.raises(yolofs.YolofsError, match='is not a regular file'):
+            mount.client.request(op, file=fifo, timeout=10)
     assert mount.client.status()['ok']
+    # touch set no time on the file the link names.
+    assert secret.stat().st_mtime_ns == secret_mtime
 
 
 def test_control_clients_are_bounded_in_number_size_and_idleness(tmp_path, mount_factory):

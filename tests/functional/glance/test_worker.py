@@ -150,6 +150,8 @@ def test_a_boot_that_teaches_nothing_fails_with_its_reason(glance, make_worker, 
         "QEMU exited with 1 before the guest was ready; console tail: 'Booting'")
     assert 'QEMU said: qemu-system-x86_64: /var/lib/yolo/worker/job/disk.raw' in caplog.text
     learner.assert_called_once()  # not retried: it would fail the same way
+    # Its learning mount runs the yolofs the worker is configured with, as its builds do.
+    assert learner.call_args.kwargs['yolofs_binary'] == worker.yolofs_binary
     assert worker.metrics.registry.get_sample_value(
         'yolo_worker_builds_refused_total', {'reason': 'not_bootable'}) == 1
 
