@@ -23,10 +23,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use log::{info, warn};
 use sd_notify::NotifyState;
 use sendfd::RecvWithFd;
+use thiserror::Error;
+
+/// Why `yolofs keep` could not run or keep its command.
+#[derive(Debug, Error)]
+pub enum KeepError {
+    #[error("no command to keep (yolofs keep -- yolofs mount ...)")]
+    NoCommand,
+    #[error("keeper directory {dir}: {source}")]
+    Directory { dir: PathBuf, source: io::Error },
+    #[error("binding {path}: {source}")]
+    Bind { path: PathBuf, source: io::Error },
+    #[error("starting {program}: {source}")]
+    Start { program: String, source: io::Error },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
 
 /// The name under which the mount's `/dev/fuse` descriptor is stored.
 pub const FUSE_FD_NAME: &str = "yolofs-fuse";
@@ -233,7 +248,7 @@ impl Notifications {
 }
 
 /// A private directory for the keeper's notification socket (only our user may send to it).
-fn socket_dir() -> Result<PathBuf> {
+fn socket_dir() -> Result<PathBuf, KeepError> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::var_os("RUNTIME_DIRECTORY")
         .map(PathBuf::from)
@@ -243,11 +258,14 @@ fn socket_dir() -> Result<PathBuf> {
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
-        .with_context(|| format!("keeper directory {}", dir.display()))?;
+        .map_err(|source| KeepError::Directory {
+            dir: dir.clone(),
+            source,
+        })?;
     Ok(dir)
 }
 
-fn spawn(command: &[OsString], socket: &std::path::Path, store: &Store) -> Result<Child> {
+fn spawn(command: &[OsString], socket: &std::path::Path, store: &Store) -> Result<Child, KeepError> {
     use std::ffi::CString;
     let mut child = Command::new(&command[0]);
     child.args(&command[1..]);
@@ -286,9 +304,10 @@ fn spawn(command: &[OsString], socket: &std::path::Path, store: &Store) -> Resul
             Ok(())
         });
     }
-    child
-        .spawn()
-        .with_context(|| format!("starting {}", command[0].to_string_lossy()))
+    child.spawn().map_err(|source| KeepError::Start {
+        program: command[0].to_string_lossy().into_owned(),
+        source,
+    })
 }
 
 /// `pid` as a NUL-terminated decimal string in `buffer`, without allocating (after fork).
@@ -322,9 +341,9 @@ fn exit_code(status: ExitStatus) -> i32 {
 /// whenever it exits while the mount lives. SIGTERM and SIGINT are passed on and end the keeper
 /// once the child has unmounted; SIGHUP restarts the child (to upgrade yolofs: it hands over the
 /// mount). Returns the exit code of the last child.
-pub fn keep(command: &[OsString]) -> Result<i32> {
+pub fn keep(command: &[OsString]) -> Result<i32, KeepError> {
     if command.is_empty() {
-        bail!("no command to keep (yolofs keep -- yolofs mount ...)");
+        return Err(KeepError::NoCommand);
     }
     let terminate = Arc::new(AtomicBool::new(false));
     let hangup = Arc::new(AtomicBool::new(false));
@@ -336,7 +355,10 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
     let upstream = Upstream(std::env::var_os("NOTIFY_SOCKET"));
     let dir = socket_dir()?;
     let socket_path = dir.join("notify");
-    let socket = UnixDatagram::bind(&socket_path).with_context(|| format!("binding {}", socket_path.display()))?;
+    let socket = UnixDatagram::bind(&socket_path).map_err(|source| KeepError::Bind {
+        path: socket_path.clone(),
+        source,
+    })?;
     socket.set_read_timeout(Some(Duration::from_millis(100)))?;
 
     // A keeper started again by the service manager gets back what the last one held.
@@ -359,7 +381,7 @@ pub fn keep(command: &[OsString]) -> Result<i32> {
             Ok(child) => child,
             // The binary being replaced, no memory to fork: the mount waits for the next try.
             Err(e) if notifications.store.holds_mount() && !terminate.load(Ordering::Relaxed) => {
-                warn!("{e:#}: trying again in {delay:?}");
+                warn!("{e}: trying again in {delay:?}");
                 std::thread::sleep(delay);
                 delay = (delay * 2).min(MAX_RESTART_DELAY);
                 continue;

@@ -26,14 +26,32 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use log::{info, warn};
 use serde::Serialize;
+use thiserror::Error;
 
-use crate::build::{self, TraceRead};
-use crate::format::{self, BootImage, SourceIdentity};
+use crate::build::{self, BuildError, TraceRead};
+use crate::format::{self, BootImage, FormatError, SourceIdentity};
 use crate::stats::{BootRecord, StatsRegistry};
 use crate::store::{self, BootImageKey, BootImageStore};
 
 /// An observed boot that read less than this share of its bytes from its boot image is partial.
 pub const PARTIAL_COVERAGE: f64 = 0.9;
+
+/// Why a boot image was not learned, or not extended.
+#[derive(Debug, Error)]
+pub enum LearnError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("its boot image changed meanwhile (installed or built); it is kept")]
+    Replaced,
+    #[error("the base file keeps changing")]
+    Changing,
+    #[error("it would hold {planned} bytes, more than --max-boot-image-bytes ({limit})")]
+    TooLarge { planned: u64, limit: u64 },
+}
 
 #[derive(Clone, Debug)]
 pub struct RecordConfig {
@@ -295,7 +313,7 @@ impl Recorder {
                         Ok(true) => &recorder.counters.learned,
                         Ok(false) => &recorder.counters.failed,
                         Err(e) => {
-                            warn!("{}: could not learn a boot image: {e:#}", recording.name);
+                            warn!("{}: could not learn a boot image: {e}", recording.name);
                             &recorder.counters.failed
                         }
                     };
@@ -314,7 +332,7 @@ impl Recorder {
     }
 
     /// Builds the boot image of a finished learning window; false if there was nothing to learn.
-    fn build_from(&self, recording: &Recording) -> anyhow::Result<bool> {
+    fn build_from(&self, recording: &Recording) -> Result<bool, LearnError> {
         let reads = std::mem::take(&mut recording.state.lock().unwrap().reads);
         if reads.is_empty() {
             info!("{}: recording ended with no reads; nothing to learn", recording.name);
@@ -361,15 +379,14 @@ impl Recorder {
         reads: &[TraceRead],
         identity: &SourceIdentity,
         replaces: Option<BootImageKey>,
-    ) -> anyhow::Result<build::BuildSummary> {
+    ) -> Result<build::BuildSummary, LearnError> {
         let _exclusive = self.store.exclusive();
         let output = self.store.path_for(name);
         let current = format::read_header(&output).ok().map(|h| BootImageKey::of_header(&h));
         if current != replaces {
-            anyhow::bail!("its boot image changed meanwhile (installed or built); it is kept");
+            return Err(LearnError::Replaced);
         }
-        let source_key = store::SourceKey::settled(source, Duration::from_secs(10))?
-            .ok_or_else(|| anyhow::anyhow!("the base file keeps changing"))?;
+        let source_key = store::SourceKey::settled(source, Duration::from_secs(10))?.ok_or(LearnError::Changing)?;
         let summary = build::build_boot_image(reads, source, identity, self.config.block_size, &output)?;
         let image = BootImage::open(&output)?;
         store::write_stamp(&output, &image, source_key)?;
@@ -416,7 +433,7 @@ impl Recorder {
             match self.extend(recording, image, &reads) {
                 Ok(added) => added,
                 Err(e) => {
-                    warn!("{}: could not extend the boot image: {e:#}", recording.name);
+                    warn!("{}: could not extend the boot image: {e}", recording.name);
                     0
                 }
             }
@@ -438,7 +455,7 @@ impl Recorder {
     /// The boot image with the ranges `reads` had outside it, built again from the base file;
     /// returns the bytes it grew by. At most as many new bytes as it holds, and never past the
     /// store's size limit.
-    fn extend(&self, recording: &Recording, image: &BootImage, reads: &[TraceRead]) -> anyhow::Result<u64> {
+    fn extend(&self, recording: &Recording, image: &BootImage, reads: &[TraceRead]) -> Result<u64, LearnError> {
         let old = image.covered_bytes();
         // The blocks the boot read outside the boot image, the first it read first, up to as many
         // bytes as the boot image holds.
@@ -483,11 +500,9 @@ impl Recorder {
             .iter()
             .map(|(_, blocks)| blocks * self.config.block_size as u64)
             .sum();
-        if planned > self.store.config().max_boot_image_bytes {
-            anyhow::bail!(
-                "it would hold {planned} bytes, more than --max-boot-image-bytes ({})",
-                self.store.config().max_boot_image_bytes
-            );
+        let limit = self.store.config().max_boot_image_bytes;
+        if planned > limit {
+            return Err(LearnError::TooLarge { planned, limit });
         }
         let summary = self.build_into_store(
             &recording.name,

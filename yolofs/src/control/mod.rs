@@ -1,7 +1,7 @@
 //! The control socket: a Unix stream socket speaking JSON lines.
 //!
 //! Each line a client writes is one [`Request`], tagged by `"op"`; each answer is one JSON line,
-//! `{"ok": true, ...}` or `{"ok": false, "error": "..."}`. This is the only interface Nova's and
+//! `{"ok": true, ...}` or `{"ok": false, "error": "..."}` ([`Answer`], in `answer.rs`). This is the only interface Nova's and
 //! Glance's Python code use to talk to a running yolofs, and the only way a boot image from
 //! elsewhere enters the store (`install`).
 //!
@@ -9,6 +9,8 @@
 //! as root, Nova as its own user in the socket's group. The socket is bound in a private
 //! directory, given its group and mode there, and renamed into place, so no client can connect
 //! while it still has the mode the umask gave it.
+
+mod answer;
 
 use std::ffi::CString;
 use std::fs::{self, DirBuilder};
@@ -24,7 +26,12 @@ use std::time::Instant;
 
 use log::{debug, warn};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
+
+pub use answer::{
+    Answer, EvictAnswer, FillBeginAnswer, FillDoneAnswer, FillEndAnswer, FillInfo, FillWantsAnswer, InstallAnswer,
+    PreloadAnswer, PruneAnswer, RecordStopAnswer, RejectedInfo, RememberAnswer, StatsAnswer, StatusAnswer, TouchAnswer,
+};
 
 use crate::fill::{Outcome, FILL_SUFFIX};
 use crate::fs::{self as mirror, Filling, MirrorFs};
@@ -32,6 +39,7 @@ use crate::hostload::HostLoadSampler;
 use crate::recorder::Recorder;
 use crate::stats::StatsRegistry;
 use crate::store::{self, BootImageStore};
+use answer::{json_line, reply_line, Failed};
 
 /// Every request the control socket understands (also the subcommands of `yolofs ctl`).
 #[derive(Debug, Deserialize, Serialize, PartialEq, clap::Subcommand)]
@@ -221,7 +229,7 @@ pub fn install(
     boot_image: &Path,
     image_id: &str,
     client_uid: u32,
-) -> Result<Value, Failure> {
+) -> Result<InstallAnswer, Failure> {
     let name = base_file_name(file)?;
     let base = store::open_regular_file(&source_dir.join(name)).map_err(|e| format!("base file {name}: {e}"))?;
     let owner = (client_uid != 0).then_some(client_uid);
@@ -231,7 +239,7 @@ pub fn install(
             refused: e.is_refusal(),
             error: e.to_string(),
         })?;
-    Ok(json!({ "installed": installed }))
+    Ok(InstallAnswer { installed })
 }
 
 /// The name of a fill file.
@@ -247,7 +255,12 @@ fn fill_file_name(file: &str) -> Result<&str, String> {
 const MAX_WANTS_WAIT_MS: u64 = 10_000;
 
 /// The `remember` request: the base file must exist in `source_dir`.
-pub fn remember(source_dir: &Path, store: &BootImageStore, file: &str, image_id: &str) -> Result<Value, String> {
+pub fn remember(
+    source_dir: &Path,
+    store: &BootImageStore,
+    file: &str,
+    image_id: &str,
+) -> Result<RememberAnswer, String> {
     let name = base_file_name(file)?;
     let image_id = store::check_image_id(image_id)?;
     match fs::symlink_metadata(source_dir.join(name)) {
@@ -258,51 +271,40 @@ pub fn remember(source_dir: &Path, store: &BootImageStore, file: &str, image_id:
     let changed = store
         .remember_image_id(name, image_id)
         .map_err(|e| format!("recording the image id of {name}: {e}"))?;
-    Ok(json!({ "file": name, "image_id": image_id, "changed": changed }))
+    Ok(RememberAnswer {
+        file: name.into(),
+        image_id: image_id.into(),
+        changed,
+    })
 }
 
 impl Daemon {
     /// Answers one request of a client with uid `client_uid`.
-    pub fn handle(&self, request: Request, client_uid: u32) -> Result<Value, Failure> {
+    pub fn handle(&self, request: Request, client_uid: u32) -> Result<Answer, Failure> {
         match request {
-            Request::Status => Ok(json!({
-                "version": env!("CARGO_PKG_VERSION"),
-                "pid": std::process::id(),
-                "took_over_mount": self.took_over_mount,
-                "source": self.source,
-                "mountpoint": self.mountpoint,
-                "boot_image_dir": self.store.config().dir,
-                "uptime_seconds": self.started.elapsed().as_secs_f64(),
-                "memory_budget_bytes": self.store.config().memory_budget,
-                "memory_used_bytes": self.store.used_bytes(),
-                "lock_in_memory": self.store.config().lock_in_memory,
-                "loaded": self.store.loaded(),
-                "rejected": self.store.rejected().into_iter().map(|(n, r)| json!({"name": n, "reason": r})).collect::<Vec<_>>(),
-                "boot_images": self.store.boot_images(&self.source),
-                "learning": self.fs.learns(),
-                "recording": self.recorder.as_ref().map(|r| r.active()).unwrap_or_default(),
-                "open_files": self.fs.open_handles(),
-                "pinned_bytes": self.pinned_bytes,
-                "kernel_passthrough": self.fs.kernel_passthrough(),
-                "touch_safety": self.store.touch_safety(),
-                "fills": self.fs.fills().into_iter().map(|(name, size, filled)| {
-                    json!({"file": name, "size": size, "filled_bytes": filled})
-                }).collect::<Vec<_>>(),
+            Request::Status => Ok(Answer::Status(Box::new(self.status()))),
+            Request::Stats { file } => Ok(Answer::Stats(StatsAnswer {
+                files: self.stats.snapshot(file.as_deref()),
             })),
-            Request::Stats { file } => Ok(json!({ "files": self.stats.snapshot(file.as_deref()) })),
             Request::Preload { file } => {
                 let name = base_file_name(&file)?;
                 // Not followed if a link, never a FIFO: the answers would tell a client about
                 // a file it may not read, or a control thread would block.
                 let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
                 let image = self.store.load(name, &source).map_err(|e| e.to_string())?.image;
-                Ok(
-                    json!({ "file": name, "extents": image.extents.len(), "bytes": image.data_len(), "locked": image.is_locked() }),
-                )
+                Ok(Answer::Preload(PreloadAnswer {
+                    file: name.into(),
+                    extents: image.extents.len(),
+                    bytes: image.data_len(),
+                    locked: image.is_locked(),
+                }))
             }
             Request::Evict { file } => {
                 let name = base_file_name(&file)?;
-                Ok(json!({ "file": name, "evicted": self.store.evict(name) }))
+                Ok(Answer::Evict(EvictAnswer {
+                    file: name.into(),
+                    evicted: self.store.evict(name),
+                }))
             }
             Request::Touch { file } => {
                 let name = base_file_name(&file)?;
@@ -311,9 +313,12 @@ impl Daemon {
                     .store
                     .touch(&self.source, name, &source)
                     .map_err(|e| format!("{name}: {e}"))?;
-                Ok(json!({ "file": name, "verification_kept": kept }))
+                Ok(Answer::Touch(TouchAnswer {
+                    file: name.into(),
+                    verification_kept: kept,
+                }))
             }
-            Request::HostLoad => serde_json::to_value(self.host_load.current()).map_err(|e| e.to_string().into()),
+            Request::HostLoad => Ok(Answer::HostLoad(self.host_load.current())),
             Request::RecordStop { file } => {
                 let name = base_file_name(&file)?;
                 let recorder = self
@@ -325,27 +330,37 @@ impl Daemon {
                 // it learned is there, and later boots extend it.
                 let window_was_open = recorder.stop(name);
                 recorder.wait_idle();
-                Ok(
-                    json!({ "file": name, "window_was_open": window_was_open, "built": self.store.path_for(name).exists() }),
-                )
+                Ok(Answer::RecordStop(RecordStopAnswer {
+                    file: name.into(),
+                    window_was_open,
+                    built: self.store.path_for(name).exists(),
+                }))
             }
             Request::Install {
                 file,
                 boot_image,
                 image_id,
-            } => install(&self.source, &self.store, &file, &boot_image, &image_id, client_uid),
-            Request::Remember { file, image_id } => Ok(remember(&self.source, &self.store, &file, &image_id)?),
+            } => install(&self.source, &self.store, &file, &boot_image, &image_id, client_uid).map(Answer::Install),
+            Request::Remember { file, image_id } => {
+                Ok(Answer::Remember(remember(&self.source, &self.store, &file, &image_id)?))
+            }
             Request::FillBegin {
                 file,
                 boot_image,
                 image_id,
-            } => self.fill_begin(&file, &boot_image, &image_id, client_uid),
+            } => self
+                .fill_begin(&file, &boot_image, &image_id, client_uid)
+                .map(Answer::FillBegin),
             Request::FillDone { file, offset, length } => {
                 let (name, filling) = self.filling(&file)?;
                 let range = offset..offset.checked_add(length).ok_or("range overflows")?;
                 filling.fill.filled(range).map_err(|e| e.to_string())?;
                 let (filled, _) = filling.fill.progress();
-                Ok(json!({ "file": name, "filled_bytes": filled, "size": filling.fill.size() }))
+                Ok(Answer::FillDone(FillDoneAnswer {
+                    file: name.into(),
+                    filled_bytes: filled,
+                    size: filling.fill.size(),
+                }))
             }
             Request::FillWants { file, wait_ms } => {
                 let (name, filling) = self.filling(&file)?;
@@ -356,17 +371,59 @@ impl Daemon {
                     .into_iter()
                     .map(|r| [r.start, r.end - r.start])
                     .collect();
-                Ok(json!({ "file": name, "wants": wants }))
+                Ok(Answer::FillWants(FillWantsAnswer {
+                    file: name.into(),
+                    wants,
+                }))
             }
-            Request::FillEnd { file, complete, reason } => self.fill_end(&file, complete, reason),
+            Request::FillEnd { file, complete, reason } => self.fill_end(&file, complete, reason).map(Answer::FillEnd),
             Request::Prune => {
                 let recording: Vec<String> = self.recorder.as_ref().map(|r| r.learning()).unwrap_or_default();
                 let removed = self
                     .store
                     .prune(&self.source, |name| recording.iter().any(|r| r == name))
                     .map_err(|e| format!("pruning the store: {e}"))?;
-                Ok(json!({ "removed": removed }))
+                Ok(Answer::Prune(PruneAnswer { removed }))
             }
+        }
+    }
+
+    fn status(&self) -> StatusAnswer {
+        StatusAnswer {
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            took_over_mount: self.took_over_mount,
+            source: self.source.clone(),
+            mountpoint: self.mountpoint.clone(),
+            boot_image_dir: self.store.config().dir.clone(),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            memory_budget_bytes: self.store.config().memory_budget,
+            memory_used_bytes: self.store.used_bytes(),
+            lock_in_memory: self.store.config().lock_in_memory,
+            loaded: self.store.loaded(),
+            rejected: self
+                .store
+                .rejected()
+                .into_iter()
+                .map(|(name, reason)| RejectedInfo { name, reason })
+                .collect(),
+            boot_images: self.store.boot_images(&self.source),
+            learning: self.fs.learns(),
+            recording: self.recorder.as_ref().map(|r| r.active()).unwrap_or_default(),
+            open_files: self.fs.open_handles(),
+            pinned_bytes: self.pinned_bytes,
+            kernel_passthrough: self.fs.kernel_passthrough(),
+            touch_safety: self.store.touch_safety(),
+            fills: self
+                .fs
+                .fills()
+                .into_iter()
+                .map(|(file, size, filled_bytes)| FillInfo {
+                    file,
+                    size,
+                    filled_bytes,
+                })
+                .collect(),
         }
     }
 
@@ -377,7 +434,13 @@ impl Daemon {
         Ok((name, filling))
     }
 
-    fn fill_begin(&self, file: &str, boot_image: &Path, image_id: &str, client_uid: u32) -> Result<Value, Failure> {
+    fn fill_begin(
+        &self,
+        file: &str,
+        boot_image: &Path,
+        image_id: &str,
+        client_uid: u32,
+    ) -> Result<FillBeginAnswer, Failure> {
         let name = fill_file_name(file)?;
         let owner = (client_uid != 0).then_some(client_uid);
         let (_, image) = self
@@ -400,16 +463,26 @@ impl Daemon {
             "{name}: serving a fill of {} bytes ({extents} boot image extents)",
             filling.fill.size()
         );
-        Ok(json!({ "file": name, "size": filling.fill.size(), "new": new, "filled_bytes": filled }))
+        Ok(FillBeginAnswer {
+            file: name.into(),
+            size: filling.fill.size(),
+            new,
+            filled_bytes: filled,
+        })
     }
 
-    fn fill_end(&self, file: &str, complete: bool, reason: Option<String>) -> Result<Value, Failure> {
+    fn fill_end(&self, file: &str, complete: bool, reason: Option<String>) -> Result<FillEndAnswer, Failure> {
         let name = fill_file_name(file)?;
         if !complete {
             let reason = reason.unwrap_or_else(|| "ended by the client".into());
             log::warn!("{name}: fill failed: {reason}");
             let ended = self.fs.end_fill(name, Outcome::Failed(reason)).is_some();
-            return Ok(json!({ "file": name, "ended": ended }));
+            return Ok(FillEndAnswer {
+                file: name.into(),
+                ended,
+                boot_image_matches: None,
+                mismatch: None,
+            });
         }
         let (_, filling) = self.filling(name)?;
         let source = store::open_regular_file(&self.source.join(name)).map_err(|e| format!("{name}: {e}"))?;
@@ -417,27 +490,29 @@ impl Daemon {
         let matches = filling.boot_image.verify_against(&source);
         self.fs.end_fill(name, Outcome::Complete);
         match matches {
-            Ok(()) => Ok(json!({ "file": name, "ended": true, "boot_image_matches": true })),
+            Ok(()) => Ok(FillEndAnswer {
+                file: name.into(),
+                ended: true,
+                boot_image_matches: Some(true),
+                mismatch: None,
+            }),
             Err(e) => {
                 log::error!("{name}: ALARM: the boot image served during the fill does not match the filled data: {e}");
                 self.store.counters().rejected("fill_mismatch");
-                Ok(json!({ "file": name, "ended": true, "boot_image_matches": false, "mismatch": e.to_string() }))
+                Ok(FillEndAnswer {
+                    file: name.into(),
+                    ended: true,
+                    boot_image_matches: Some(false),
+                    mismatch: Some(e.to_string()),
+                })
             }
         }
     }
 
-    fn answer(&self, line: &str, client_uid: u32) -> Value {
-        let result = serde_json::from_str::<Request>(line)
+    fn answer(&self, line: &str, client_uid: u32) -> Result<Answer, Failure> {
+        serde_json::from_str::<Request>(line)
             .map_err(|e| Failure::from(format!("bad request: {e}")))
-            .and_then(|r| self.handle(r, client_uid));
-        match result {
-            Ok(Value::Object(mut fields)) => {
-                fields.insert("ok".into(), Value::Bool(true));
-                Value::Object(fields)
-            }
-            Ok(other) => json!({ "ok": true, "result": other }),
-            Err(Failure { error, refused }) => json!({ "ok": false, "error": error, "refused": refused }),
-        }
+            .and_then(|r| self.handle(r, client_uid))
     }
 
     fn serve_client(&self, stream: UnixStream, limits: ClientLimits) -> std::io::Result<()> {
@@ -457,7 +532,11 @@ impl Daemon {
                 return Ok(());
             }
             if line.len() > MAX_REQUEST_BYTES {
-                let refused = json!({"ok": false, "error": format!("request longer than {MAX_REQUEST_BYTES} bytes")});
+                let refused = json_line(&Failed {
+                    ok: false,
+                    error: &format!("request longer than {MAX_REQUEST_BYTES} bytes"),
+                    refused: None,
+                });
                 writeln!(writer, "{refused}")?;
                 return Ok(());
             }
@@ -465,9 +544,9 @@ impl Daemon {
             if line.trim().is_empty() {
                 continue;
             }
-            let answer = self.answer(&line, client_uid);
-            debug!("control: {} -> ok={}", line.trim_end(), answer["ok"]);
-            writeln!(writer, "{answer}")?;
+            let outcome = self.answer(&line, client_uid);
+            debug!("control: {} -> ok={}", line.trim_end(), outcome.is_ok());
+            writeln!(writer, "{}", reply_line(outcome))?;
         }
     }
 }
@@ -533,9 +612,16 @@ pub fn serve(path: &Path, access: SocketAccess, daemon: Arc<Daemon>, limits: Cli
                 Ok(mut stream) => {
                     if clients.fetch_add(1, Ordering::SeqCst) >= limits.max_clients {
                         clients.fetch_sub(1, Ordering::SeqCst);
-                        warn!("control socket: {} clients already: one more let go", limits.max_clients);
+                        warn!(
+                            "control socket: {} clients already: one more let go",
+                            limits.max_clients
+                        );
                         let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(1)));
-                        let busy = json!({"ok": false, "error": format!("yolofs serves {} clients already: try again", limits.max_clients)});
+                        let busy = json_line(&Failed {
+                            ok: false,
+                            error: &format!("yolofs serves {} clients already: try again", limits.max_clients),
+                            refused: None,
+                        });
                         let _ = writeln!(stream, "{busy}");
                         continue;
                     }
@@ -676,7 +762,7 @@ mod tests {
         assert!(err.contains("symbolic link"), "{err}");
         assert!(remember(&base, &store, "link", "id").is_err());
         assert!(remember(&base, &store, "disk", "bad id").is_err());
-        assert_eq!(remember(&base, &store, "disk", "id").unwrap()["changed"], true);
+        assert!(remember(&base, &store, "disk", "id").unwrap().changed);
         assert_eq!(store.image_id("disk").as_deref(), Some("id"));
     }
 
