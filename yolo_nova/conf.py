@@ -4,10 +4,13 @@ Registered with :func:`register_opts` (the scheduler filter, the weigher and the
 do it on Nova's CONF when loaded) and listed for ``oslo-config-generator`` (entry points
 ``oslo.config.opts``): all by :func:`list_opts` (``yolo_nova``), the compute node's by
 :func:`list_compute_opts` (``yolo_nova.compute``) and the scheduler's by
-:func:`list_scheduler_opts` (``yolo_nova.scheduler``), one sample each in etc/.
+:func:`list_scheduler_opts` (``yolo_nova.scheduler``), one sample each in etc/. The options that
+set the boot-time model's parameters come from its table (yolo_nova.model.parameters).
 """
 
 from oslo_config import cfg
+
+from yolo_nova.model import parameters
 
 yolo_group = cfg.OptGroup(
     'yolo', title='YOLO boot-time aware scheduling and boot images',
@@ -213,30 +216,10 @@ extent with the base file). The disk is created either way.
 This host's calibration, written by ``yolo-calibrate``: its boot-time parameters and its disk's
 capacity, reported to the scheduler. The options below override it.
 """),
-    cfg.FloatOpt(
-        'boot_time_alpha', min=0.0,
-        help="""
-The I/O part, in seconds, of a boot on this host when idle (boot-time model, see
-``docs/scheduling.md``). Unset: from ``calibration_file``, else 5.9.
-"""),
-    cfg.FloatOpt(
-        'boot_time_beta', min=0.0,
-        help="""
-The CPU part, in seconds, of a boot on this host when idle. Unset: from ``calibration_file``,
-else 22.7.
-"""),
-    cfg.FloatOpt(
-        'boot_time_alpha_yolo', min=0.0,
-        help="""
-The I/O part, in seconds, of an idle boot served from a verified boot image. Unset: from
-``calibration_file``, else 0.4.
-"""),
-    cfg.FloatOpt(
-        'io_exponent', min=0.0, max=3.0,
-        help="""
-k in the model's I/O part ``e^(k x) alpha / (1 - x)``: 1 (the thesis) for a seeking HDD, near 0
-for a disk that shares its rate without seeking. Unset: from ``calibration_file``, else 1.
-"""),
+    # The boot-time model's parameters that an operator may set here, from its table.
+    *[cfg.FloatOpt(p.option, min=p.bounds[0], max=p.option_max,
+                   help=p.option_help.format(default=p.default))
+      for p in parameters.PARAMETERS if p.option],
     cfg.FloatOpt(
         'disk_iops', min=0.0,
         help="""

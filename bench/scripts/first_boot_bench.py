@@ -182,7 +182,7 @@ class Host:
                    filename=self.name, image_id=IMAGE_ID, size=10 * GiB)
         created = time.monotonic() - started
         # What a start does: the disk's backing file placed (the mount, or _base if YOLO is off).
-        drvr._place_backing_files(
+        drvr._yolo_place_backing_files(
             "<domain><devices><disk type='file' device='disk'><driver name='qemu' "
             "type='qcow2'/><source file='%s'/></disk></devices></domain>" % disk.path, instance)
         with qemu.Guest(disk.path, console_log=console) as guest:

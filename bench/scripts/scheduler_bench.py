@@ -21,8 +21,8 @@ from nova import objects  # noqa: E402,H306
 from nova.scheduler import weights  # noqa: E402
 from nova.tests.unit.scheduler import fakes  # noqa: E402
 
-from yolo_nova.boot_model import BootTimeParameters  # noqa: E402
-from yolo_nova import host_stats  # noqa: E402
+from yolo_nova.model import host_stats  # noqa: E402
+from yolo_nova.model.parameters import BootTimeParameters  # noqa: E402
 from yolo_nova.scheduler.filters import boot_time_filter  # noqa: E402
 from yolo_nova.scheduler.weights import boot_time  # noqa: E402
 

@@ -23,8 +23,9 @@ import time
 from yolo_bench import plan as plan_mod
 from yolo_bench import runner
 from yolo_bench import storage as storage_mod
-from yolo_nova import boot_model
-from yolo_nova import calibration
+from yolo_nova.model import calibration
+from yolo_nova.model import estimators
+from yolo_nova.model import prediction
 from yolo_testing import REPO
 
 FIELDS = ('kind', 'level', 'policy', 'repetition', 'x', 'y', 'boot_s', 'vcpu_run_s', 'runnable')
@@ -180,9 +181,10 @@ def read(path):
 
 def calibrate(rows, cpus=None):
     idle = [r for r in rows if r.kind == 'idle']
-    return calibration.from_boots([(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'normal'],
-                                  [(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'yolo'],
-                                  cpus=cpus or os.cpu_count() or 1)
+    return estimators.from_boots(
+        [(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'normal'],
+        [(r.boot_s, r.vcpu_run_s) for r in idle if r.policy == 'yolo'],
+        cpus=cpus or os.cpu_count() or 1)
 
 
 def concurrency_report(multi_csv, cpus=2):
@@ -204,7 +206,7 @@ def concurrency_report(multi_csv, cpus=2):
         if n == 1:
             continue
         measured = statistics.median(times)
-        predicted = boot_model.predict(params, 0, 0, boot_image=policy == 'yolo',
+        predicted = prediction.predict(params, 0, 0, boot_image=policy == 'yolo',
                                        concurrent_boots=n - 1)
         relative.append(abs(predicted - measured) / measured)
         lines.append('| %d | %s | %s | %.1f | %.1f | %+.0f %% |' % (
@@ -217,7 +219,7 @@ def concurrency_report(multi_csv, cpus=2):
 
 def io_exponent(rows, cal):
     """k from the I/O-calibration boots (median), or the thesis' 1 without any."""
-    ks = [boot_model.io_exponent_from(cal.params, r.boot_s, r.x, r.y, r.runnable)
+    ks = [estimators.io_exponent_from(cal.params, r.boot_s, r.x, r.y, r.runnable)
           for r in rows if r.kind == 'iocal']
     return statistics.median(ks) if ks else 1.0
 
@@ -233,7 +235,7 @@ def predictions(rows, model='thesis'):
     params = cal.params
     if model == 'measured':
         params = dataclasses.replace(params, io_exponent=io_exponent(rows, cal))
-    return [(r, boot_model.predict(params, r.x, r.y, boot_image=r.policy == 'yolo',
+    return [(r, prediction.predict(params, r.x, r.y, boot_image=r.policy == 'yolo',
                                    runnable=r.runnable if model == 'measured' else None))
             for r in rows if r.kind in ('io', 'cpu')]
 

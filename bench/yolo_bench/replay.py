@@ -3,11 +3,11 @@ it could have learned from, for the load recorded with it.
 
     python -m yolo_bench.replay /var/lib/nova/yolo/observed-boots.json [--cpus 2] [--accel tcg]
 
-Each boot is predicted from the parameters its host learns (calibration.with_observed_boots,
+Each boot is predicted from the parameters its host learns (estimators.with_observed_boots,
 on the uncalibrated host's or ``--calibration``'s) from the boots that were over (ready) when
 it started, once at least ``--learn-from-boots`` of them were served from a boot image, and
 from the load recorded with it: what the host measured when the boot was asked for. It does so
-twice, side by side: beta from the last boots (as built, calibration.BETA_HALF_LIFE_BOOTS) and
+twice, side by side: beta from the last boots (as built, estimators.BETA_HALF_LIFE_BOOTS) and
 from all the boots kept alike. Boots under I/O load (x at least 0.5) are reported apart: their
 error is the I/O term's, the others' the CPU part's. Beside them, the error of predicting every
 boot of a group the group's median time, known only afterwards: what the boots' own spread
@@ -26,12 +26,13 @@ import os
 import statistics
 import sys
 
-from yolo_nova import calibration
-from yolo_nova import host_stats
+from yolo_nova.model import calibration
+from yolo_nova.model import estimators
+from yolo_nova.model import host_stats
 
 # Boots at this I/O utilisation or more are "under I/O load" in the report.
 LOADED = 0.5
-HALF_LIVES = {'beta from the last boots': calibration.BETA_HALF_LIFE_BOOTS,
+HALF_LIVES = {'beta from the last boots': estimators.BETA_HALF_LIFE_BOOTS,
               'all boots alike': None}
 # The image the replayed boots are of, for the scheduler's own prediction (host_stats).
 IMAGE = 'replayed'
@@ -56,7 +57,7 @@ def replay(base, boots, min_boots, beta_half_life):
         over = [b for b in boots if b.started_at + b.seconds <= boot.started_at]
         if sum(b.boot_image for b in over) < max(1, min_boots):
             continue
-        known = calibration.with_observed_boots(base, over, min_boots, beta_half_life)
+        known = estimators.with_observed_boots(base, over, min_boots, beta_half_life)
         replayed.append((boot, predicted(known, boot)))
     return replayed
 
@@ -79,7 +80,7 @@ def report(base, boots, min_boots):
     start = recent_run[0][0].started_at
     for i, (boot, _) in enumerate(recent_run):
         cells = ['%+.0f s' % (boot.started_at - start), 'yes' if boot.boot_image else 'no',
-                 '%.2f' % boot.io_utilisation, '%.2f' % calibration.cpu_load_of(boot),
+                 '%.2f' % boot.io_utilisation, '%.2f' % estimators.cpu_load_of(boot),
                  '%.1f' % boot.seconds]
         cells += ['%.1f (%+.0f%%)' % (p, 100 * error(b, p))
                   for b, p in (run[i] for run in runs.values())]
@@ -128,7 +129,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        boots = calibration.load_observed(args.observed_boots)
+        boots = estimators.load_observed(args.observed_boots)
         base = calibration.load(args.calibration) if args.calibration \
             else calibration.UNCALIBRATED
     except ValueError as e:

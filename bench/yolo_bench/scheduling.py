@@ -38,7 +38,7 @@ from yolo_bench import cloud
 from yolo_bench import replay
 from yolo_bench import runner
 from yolo_bench import storage
-from yolo_nova import calibration
+from yolo_nova.model import calibration
 from yolo_testing import aio
 
 FIRST_HOST = aio.FIRST_HOST

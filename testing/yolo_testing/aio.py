@@ -10,7 +10,7 @@ import re
 import subprocess
 import time
 
-from yolo_nova import calibration
+from yolo_nova.model import estimators
 from yolo_testing import REPO
 from yolo_testing.wait import wait
 
@@ -89,9 +89,9 @@ def wait_for_reports(hosts, after, accept=None, timeout=REPORT_TIMEOUT):
 
 
 def observed_boots(host, since=0.0):
-    """The boots ``host``'s nova-compute timed (calibration.ObservedBoot), started after Unix
+    """The boots ``host``'s nova-compute timed (estimators.ObservedBoot), started after Unix
     time ``since``."""
-    return [boot for boot in calibration.load_observed(OBSERVED_BOOTS[host])
+    return [boot for boot in estimators.load_observed(OBSERVED_BOOTS[host])
             if boot.started_at >= since]
 
 

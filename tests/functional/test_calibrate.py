@@ -2,8 +2,8 @@
 
 import pytest
 
-from yolo_nova import calibration
 from yolo_nova.cmd import calibrate
+from yolo_nova.model import calibration
 
 # Its parameters are measured boots (one under its own load): another test's boot beside it
 # would be part of the measurement.

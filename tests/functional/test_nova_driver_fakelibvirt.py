@@ -36,12 +36,14 @@ from nova.virt.libvirt import utils as libvirt_utils
 from tests.unit import nova_base
 from yolo_common import images
 from yolo_common import yolofs
-from yolo_nova import calibration
-from yolo_nova import host_stats
+from yolo_nova.model import calibration
+from yolo_nova.model import host_stats
 from yolo_nova.virt import backing
 from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
 from yolo_nova.virt import first_boot
+from yolo_nova.virt import host_report
+from yolo_nova.virt import nova_patches
 
 IMAGE_ID = 'c0ffee00-0000-4000-8000-000000000001'
 BOOT_IMAGE_ID = 'b0070000-0000-4000-8000-000000000002'
@@ -724,7 +726,7 @@ class TestMoves(DriverTestCase):
         live = self.domain_xml('/i/disk').replace(
             "<target dev='vda'", "<backingStore type='file'><format type='raw'/><source "
             "file='%s'/></backingStore><target dev='vda'" % (self.mount / self.name))
-        updated = yolo_driver.returning_no_backing_stores(lambda *a, **k: live)(1, key=2)
+        updated = nova_patches.returning_no_backing_stores(lambda *a, **k: live)(1, key=2)
         self.assertNotIn('backingStore', updated)
         self.assertIn("/i/disk", updated)
         # Installed once, however many drivers are made.
@@ -904,7 +906,7 @@ class TestHostStats(DriverTestCase):
         (self.root / 'calibration.json').write_text('{"alpha": "fast"}')
         self.client.host_load.return_value = {'io_utilisation': 0.3, 'cpu_utilisation': 0.1}
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
-        self.assertEqual(yolo_driver.UNCALIBRATED.alpha, state.params.alpha)
+        self.assertEqual(host_report.UNCALIBRATED.alpha, state.params.alpha)
         self.assertEqual(0.3, state.io_utilisation)
 
     def test_yolofs_down_reports_inactive_and_no_load(self):
@@ -923,7 +925,7 @@ class TestBootTiming(DriverTestCase):
             libvirt_driver.LibvirtDriver, 'spawn',
             side_effect=lambda *args, **kwargs: self.create_root_disk()))
         self.watch = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
-            self.drvr.yolo_boot_timer, 'watch')).mock
+            self.drvr.yolo_report.boot_timer, 'watch')).mock
         self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5,
                                               'runnable_per_cpu': 0.75, 'cpu_pressure': 0.125}
 
@@ -958,32 +960,32 @@ class TestBootTiming(DriverTestCase):
         domain = connection.defineXML(self.domain_xml(self.instance_dir / 'disk'))
         domain.create()
         # Nova's fake libvirt has no domain stats: the vCPUs' running times alone.
-        self.assertIsNone(self.drvr._yolo_vcpu_times(self.instance)[1])
+        self.assertIsNone(self.drvr.yolo_report._vcpu_times(self.instance)[1])
         # The busiest vCPU's running time and its wait for a CPU (schedstat's run delay).
         stats = {'vcpu.current': 2, 'vcpu.0.time': 30 * 10**9, 'vcpu.0.delay': 4 * 10**9,
                  'vcpu.1.time': 2 * 10**9, 'vcpu.1.delay': 9 * 10**9}
         with mock.patch.object(connection, 'domainListGetStats', create=True,
                                return_value=[(domain, stats)]) as get_stats:
-            self.assertEqual((30.0, 4.0), self.drvr._yolo_vcpu_times(self.instance))
+            self.assertEqual((30.0, 4.0), self.drvr.yolo_report._vcpu_times(self.instance))
             del stats['vcpu.0.delay']      # a libvirt older than the delay
-            self.assertEqual((30.0, None), self.drvr._yolo_vcpu_times(self.instance))
-        self.assertEqual(yolo_driver.LIBVIRT_STATS_VCPU, get_stats.call_args.args[1])
+            self.assertEqual((30.0, None), self.drvr.yolo_report._vcpu_times(self.instance))
+        self.assertEqual(host_report.LIBVIRT_STATS_VCPU, get_stats.call_args.args[1])
 
     def test_the_disk_seconds_come_from_libvirts_domain_stats(self):
         connection = self.drvr._host.get_connection()
         domain = connection.defineXML(self.domain_xml(self.instance_dir / 'disk'))
         domain.create()
-        self.assertIsNone(self.drvr._yolo_disk_seconds(self.instance))
+        self.assertIsNone(self.drvr.yolo_report._disk_seconds(self.instance))
         # Every disk's reads, writes and flushes (a config drive's too), in nanoseconds.
         stats = {'block.count': 2, 'block.0.rd.times': 700 * 10**6,
                  'block.0.wr.times': 40 * 10**6, 'block.0.fl.times': 10 * 10**6,
                  'block.1.rd.times': 250 * 10**6}
         with mock.patch.object(connection, 'domainListGetStats', create=True,
                                return_value=[(domain, stats)]) as get_stats:
-            reads, writes = self.drvr._yolo_disk_seconds(self.instance)
+            reads, writes = self.drvr.yolo_report._disk_seconds(self.instance)
         self.assertAlmostEqual(0.95, reads)
         self.assertAlmostEqual(0.05, writes)
-        self.assertEqual(yolo_driver.LIBVIRT_STATS_BLOCK, get_stats.call_args.args[1])
+        self.assertEqual(host_report.LIBVIRT_STATS_BLOCK, get_stats.call_args.args[1])
 
     def test_nothing_is_timed_without_yolofs_a_start_or_a_pattern(self):
         self.yolofs_down()
@@ -991,17 +993,18 @@ class TestBootTiming(DriverTestCase):
         self.yolofs_up()
         self.spawn(power_on=False)
         self.client.host_load.return_value = {'io_utilisation': 0.1}   # no cpu_utilisation
-        with self.assertLogs(yolo_driver.LOG.logger, 'WARNING'):
+        with self.assertLogs(host_report.LOG.logger, 'WARNING'):
             self.spawn()
         self.client.host_load.return_value = {'io_utilisation': 0.1, 'cpu_utilisation': 0.1}
-        with mock.patch.object(self.drvr, '_served_from_boot_image', side_effect=OSError):
+        with mock.patch.object(self.drvr.yolo_report, '_served_from_boot_image',
+                               side_effect=OSError):
             self.spawn()
         self.watch.assert_not_called()
         self.flags(boot_ready_pattern='', group='yolo')
-        self.assertIsNone(self.drvr._make_boot_timer())
+        self.assertIsNone(self.drvr.yolo_report._make_boot_timer())
         self.flags(boot_ready_pattern='login: (', group='yolo')
-        with self.assertLogs(yolo_driver.LOG.logger, 'ERROR'):
-            self.assertIsNone(self.drvr._make_boot_timer())
+        with self.assertLogs(host_report.LOG.logger, 'ERROR'):
+            self.assertIsNone(self.drvr.yolo_report._make_boot_timer())
 
 
 class TestFailedFirstBoot(DriverTestCase):

@@ -15,8 +15,8 @@ from nova.scheduler import manager
 from nova.tests.unit.scheduler import fakes
 
 from tests.unit.nova_base import NoDBTestCase
-from yolo_nova.boot_model import BootTimeParameters
-from yolo_nova import host_stats
+from yolo_nova.model import host_stats
+from yolo_nova.model.parameters import BootTimeParameters
 
 IMAGE = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
 PARAMS = BootTimeParameters(alpha=8.0, beta=23.0, alpha_yolo=0.5, cpus=2)
@@ -59,7 +59,7 @@ class TestSchedulingWithYolo(NoDBTestCase):
                          [w.__class__.__name__ for w in self.host_manager.weighers])
 
     def test_contended_hosts_are_discarded_and_the_rest_ordered(self):
-        # Predictions: e^x * alpha / (1 - x) + beta / (1 - y), see yolo_nova.boot_model.
+        # Predictions: e^x * alpha / (1 - x) + beta / (1 - y), see yolo_nova.model.prediction.
         hosts = [
             host('contended', io=0.8),                          # 89.0 + 23 = 112.0 s
             host('busy-booting', io=0.1, num_io_ops=3),         # 4 x 9.8 + 2 x 23 = 85.3 s

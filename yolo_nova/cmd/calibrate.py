@@ -39,8 +39,8 @@ from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
 from yolo_common import yolofs
-from yolo_nova import boot_model
-from yolo_nova import calibration
+from yolo_nova.model import calibration
+from yolo_nova.model import estimators
 
 DEFAULT_OUTPUT = '/var/lib/yolo/calibration.json'
 
@@ -189,12 +189,12 @@ def main(argv=None):
         iops = args.disk_iops if args.disk_iops is not None else iops
         bps = args.disk_bytes_per_second if args.disk_bytes_per_second is not None else bps
         base, normal, yolo = measure(args.image, scratch, args.boots, args.boot_timeout, accel)
-        result = calibration.from_boots(normal, yolo, cpus=os.cpu_count() or 1, disk_iops=iops,
-                                        disk_bytes_per_second=bps, accel=accel)
+        result = estimators.from_boots(normal, yolo, cpus=os.cpu_count() or 1, disk_iops=iops,
+                                       disk_bytes_per_second=bps, accel=accel)
         k = args.io_exponent
         if k is None:
             loaded = loaded_boot(base, scratch, int(iops), args.boot_timeout, accel)
-            k = boot_model.io_exponent_from(result.params, loaded, 0.5)
+            k = estimators.io_exponent_from(result.params, loaded, 0.5)
             result.details['loaded_boot'] = loaded
         result = dataclasses.replace(result, io_exponent=round(k, 3))
     finally:

@@ -7,17 +7,17 @@ from oslo_log import log as logging
 import nova.conf
 from nova.scheduler.filters import utils as filter_utils
 
-from yolo_nova import boot_model
 from yolo_nova import conf as yolo_conf
-from yolo_nova import host_stats
+from yolo_nova.model import host_stats
+from yolo_nova.model import parameters
 
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
 LOG = logging.getLogger(__name__)
 # Aggregate metadata keys that override the parameters hosts report (operators' settings win
-# over a host's calibration), and the parameter each sets.
-AGGREGATE_PARAMETERS = {'yolo_boot_time_alpha': 'alpha', 'yolo_boot_time_beta': 'beta',
-                        'yolo_boot_time_alpha_yolo': 'alpha_yolo'}
+# over a host's calibration), and the parameter each sets: the model's table.
+AGGREGATE_PARAMETERS = {p.aggregate_key: p.name for p in parameters.PARAMETERS
+                        if p.aggregate_key}
 
 
 def requested_image_id(spec_obj):
@@ -70,7 +70,7 @@ def with_aggregate_parameters(host_state, state):
     if not overrides:
         return state
     try:
-        params = dataclasses.replace(state.params, **boot_model.with_thesis_poles(overrides))
+        params = dataclasses.replace(state.params, **parameters.with_thesis_poles(overrides))
     except ValueError as e:
         LOG.warning('%s: aggregate boot-time parameters ignored: %s', host_state, e)
         return state

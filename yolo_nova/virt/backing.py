@@ -7,7 +7,6 @@ mounted and answering; every start of a guest re-applies it, so an instance alwa
 """
 
 import contextlib
-import functools
 import os
 
 from oslo_log import log as logging
@@ -142,42 +141,6 @@ class BackingFiles:
             LOG.info('Waiting for base file %s to be filled', name)
             fill.wait()
 
-    def name_base_files_in_nova(self):
-        """Makes Nova's ``get_disk_backing_file(path, basename=False)`` name a backing file on
-        this mount by the same file in ``_base`` (same bytes, same name)."""
-        from nova.virt.libvirt import utils as libvirt_utils
-
-        def wrap(current):
-            def get_disk_backing_file(path, basename=True, format=None):
-                backing = current(path, basename=basename, format=format)
-                files = get_disk_backing_file.backing_files
-                if backing and not basename and files.directory_of(backing) == 'mount':
-                    return files.base_path(os.path.basename(backing))
-                return backing
-            return get_disk_backing_file
-        wrap_once(libvirt_utils, 'get_disk_backing_file', wrap, self)
-
-    def touch_base_files_through_yolofs(self):
-        """Has Nova's image backend mark the base files it uses through yolofs: it sets their
-        times at each disk it creates over one (the image cache manager ages base files by
-        their mtime), which moves the file's ctime, and yolofs would verify the boot image again
-        as the guest starts, reading the boot's bytes from the disk. yolofs sets the times
-        itself and keeps the verification; Nova's own way if yolofs cannot."""
-        from nova.virt.libvirt import imagebackend
-
-        def wrap(current):
-            def update_utime(path):
-                files, name = update_utime.backing_files, os.path.basename(path)
-                if files.directory_of(path) == 'base' and files.is_image_base(name):
-                    try:
-                        files.client.touch(name)
-                        return
-                    except (OSError, ValueError, yolofs.YolofsError) as e:
-                        LOG.debug('yolofs did not set the times of %s (%s): Nova does', name, e)
-                current(path)
-            return update_utime
-        wrap_once(imagebackend, '_update_utime_ignore_eacces', wrap, self)
-
     def directory_of(self, backing):
         """'mount' or 'base' for a backing file in either directory, else None."""
         directory = os.path.normpath(os.path.dirname(backing))
@@ -191,17 +154,6 @@ class BackingFiles:
     def uses_mount(self, disk_path):
         info = backing_info(disk_path)
         return info is not None and self.directory_of(info[0]) == 'mount'
-
-
-def wrap_once(module, name, wrap, backing_files):
-    """Replaces Nova's ``module.name`` by ``wrap(it)``, whose ``backing_files`` attribute names
-    the BackingFiles it serves: once per process, later calls only point it at theirs (a compute
-    service has one driver)."""
-    current = getattr(module, name)
-    if not hasattr(current, 'backing_files'):
-        current = functools.wraps(current)(wrap(current))
-        setattr(module, name, current)
-    current.backing_files = backing_files
 
 
 def backing_info(disk_path):

@@ -9,7 +9,7 @@ waited for a host CPU (the kernel's schedstat, through libvirt), what its disks'
 its writes apart (QEMU's counts, through libvirt), whether its disk was
 served from a boot image, and the host's load and boots under way when it was asked for. The last
 boots are kept in ``[yolo] observed_boots_file`` and the driver reports the parameters they give
-(:func:`yolo_nova.calibration.with_observed_boots`).
+(:func:`yolo_nova.model.estimators.with_observed_boots`).
 
 The console is read as Nova reads it for ``openstack console log show``: libvirt truncates it at
 each start of QEMU, so whatever matches was printed by this boot. Guests are untrusted: one that
@@ -23,7 +23,7 @@ import time
 
 from oslo_log import log as logging
 
-from yolo_nova import calibration
+from yolo_nova.model import estimators
 
 LOG = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class BootTimer:
     def observed(self):
         """The boots kept, of this host's accelerator ([] if the file is unreadable)."""
         try:
-            boots = calibration.load_observed(self.path)
+            boots = estimators.load_observed(self.path)
         except ValueError as e:
             LOG.warning('Ignoring the observed boots: %s', e)
             return []
@@ -139,7 +139,7 @@ class BootTimer:
         cpu_seconds, cpu_delay = self.vcpu_times(timing.instance)
         disk = self.disk_seconds(timing.instance) if self.disk_seconds else None
         reads, writes = (None, None) if disk is None else disk
-        boot = calibration.ObservedBoot(
+        boot = estimators.ObservedBoot(
             started_at=timing.started_at, seconds=round(elapsed, 2),
             cpu_seconds=round(cpu_seconds, 2),
             cpu_delay_seconds=None if cpu_delay is None else round(cpu_delay, 2),
@@ -153,9 +153,9 @@ class BootTimer:
                  'from its boot image' if boot.boot_image else 'normal',
                  instance=timing.instance)
         try:
-            boots = calibration.load_observed(self.path)
+            boots = estimators.load_observed(self.path)
         except ValueError as e:
             LOG.warning('Starting the observed boots again: %s', e)
             boots = []
-        calibration.save_observed(boots + [boot], self.path)
+        estimators.save_observed(boots + [boot], self.path)
         return True

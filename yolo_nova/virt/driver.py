@@ -17,18 +17,15 @@ What it changes, and where (docs/nova-driver.md has the full list of Nova's path
   (:mod:`yolo_nova.virt.detach`): a running guest never depends on yolofs after its boot.
 * Host load, verified boot images and boot-time parameters go to the scheduler in the node's
   ``stats``; the parameters are learned from the guests spawned here, timed to their ready line
-  (:mod:`yolo_nova.virt.boot_timer`). After the image cache manager's cleanups yolofs prunes
+  (:mod:`yolo_nova.virt.host_report`). After the image cache manager's cleanups yolofs prunes
   its boot image store.
+* Where Nova has no hook, :mod:`yolo_nova.virt.nova_patches` replaces a function of Nova's.
 """
 
-import dataclasses
 import functools
 import os
-import re
-import time
 import types
 
-from lxml import etree
 from nova.compute import utils as compute_utils
 from nova.compute import vm_states
 import nova.conf
@@ -37,7 +34,6 @@ from nova import exception
 from nova import objects
 from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import guest as libvirt_guest
-from nova.virt.libvirt import migration as libvirt_migrate
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
 from oslo_utils import fileutils
@@ -45,24 +41,18 @@ import tenacity
 
 from yolo_common import contract
 from yolo_common import yolofs
-from yolo_nova import boot_model
-from yolo_nova import calibration
 from yolo_nova import conf as yolo_conf
-from yolo_nova import host_stats
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
-from yolo_nova.virt import boot_timer
 from yolo_nova.virt import detach
 from yolo_nova.virt import first_boot
+from yolo_nova.virt import host_report
 from yolo_nova.virt import imagebackend
+from yolo_nova.virt import nova_patches
 
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
 LOG = logging.getLogger(__name__)
-UNCALIBRATED = calibration.UNCALIBRATED
-# libvirt's VIR_DOMAIN_STATS_VCPU and _BLOCK: a domain's per-vCPU and per-disk statistics.
-LIBVIRT_STATS_VCPU = 8
-LIBVIRT_STATS_BLOCK = 32
 
 
 class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
@@ -103,42 +93,13 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         self.image_backend = imagebackend.YoloBackend(
             CONF.use_cow_images, self.yolo_backing, self.yolo_boot_images,
             self.yolo_first_boots)
-        # The destination XML of a live migration is the source guest's live XML: its
-        # backingStore names the source's chain (the mount, maybe), which the destination would
-        # open as named. Nova builds it in one module function; its result is passed on without
-        # backingStore, so the destination reads the chain from the disks' headers, placed there.
-        if not getattr(libvirt_migrate.get_updated_guest_xml, 'without_backing_stores', False):
-            libvirt_migrate.get_updated_guest_xml = returning_no_backing_stores(
-                libvirt_migrate.get_updated_guest_xml)
-        # A live snapshot creates its delta over the disk's backing file, as a full path, and
-        # reads the whole chain to extract it: over the mount that needs yolofs up, and its
-        # reads would count as a boot's in a learning window. Nova asks for that path with
-        # get_disk_backing_file(basename=False), for the live snapshot only (Nova 34): the same
-        # file in _base is named instead. Installed once, for good: a wrapper put in place and
-        # taken away around each snapshot would race with concurrent snapshots.
-        self.yolo_backing.name_base_files_in_nova()
-        self.yolo_backing.touch_base_files_through_yolofs()
+        nova_patches.install(self.yolo_backing)
         self.yolo_detacher = detach.Detacher(
             self.yolo_backing, self._yolo_guest, CONF.yolo.detach_settle_seconds,
             CONF.yolo.detach_max_seconds) if CONF.yolo.detach_after_boot else None
-        self.yolo_boot_timer = self._make_boot_timer()
-        # (time.monotonic(), model load) measured last while no guest was booting here.
-        self._yolo_load_before_boots = (float('-inf'), None)
-        self._yolo_spawning = 0
-
-    def _make_boot_timer(self):
-        if not CONF.yolo.boot_ready_pattern:
-            return None
-        try:
-            return boot_timer.BootTimer(
-                CONF.yolo.observed_boots_file, CONF.yolo.boot_ready_pattern,
-                CONF.yolo.boot_ready_timeout, self._yolo_console, self._yolo_vcpu_times,
-                disk_seconds=self._yolo_disk_seconds,
-                accel=calibration.accel_of_virt_type(CONF.libvirt.virt_type) or '')
-        except re.error as e:
-            LOG.error('[yolo] boot_ready_pattern %r is not a regular expression (%s): boots '
-                      'are not timed', CONF.yolo.boot_ready_pattern, e)
-            return None
+        self.yolo_report = host_report.HostReport(
+            self._host, self._yolo_console, self.yolo_backing, self.yolo_boot_images,
+            self.yolo_first_boots)
 
     def init_host(self, host):
         serves_disks = yolo_serves_disks()
@@ -231,125 +192,14 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
     def spawn(self, context, instance, image_meta, injected_files, admin_password,
               allocations, network_info=None, block_device_info=None, power_on=True,
               accel_info=None):
-        conditions = self._boot_conditions(instance) if power_on else None
-        # Spawning counts as booting (_yolo_model_load) until the boot timer has the guest.
-        self._yolo_spawning += 1
-        try:
+        with self.yolo_report.spawning(instance, power_on):
             super().spawn(context, instance, image_meta, injected_files, admin_password,
                           allocations, network_info=network_info,
                           block_device_info=block_device_info, power_on=power_on,
                           accel_info=accel_info)
-            if conditions is not None:
-                self._time_boot(instance, conditions)
-        finally:
-            self._yolo_spawning -= 1
-
-    def _time_boot(self, instance, conditions):
-        # Timing a boot never fails a spawn.
-        try:
-            conditions['boot_image'] = self._served_from_boot_image(instance)
-            if conditions['boot_image'] is not None:
-                self.yolo_boot_timer.watch(instance, conditions)
-        except Exception:
-            LOG.exception('Not timing the boot', instance=instance)
-
-    def _boot_conditions(self, instance):
-        """The host's load and boots under way as a boot is asked for (the ObservedBoot
-        fields the scheduler predicted from), None if the boot is not to be timed."""
-        if self.yolo_boot_timer is None or self.yolo_backing.status() is None:
-            return None
-        try:
-            known = self._calibration()
-            return dict(self._yolo_model_load(known),
-                        concurrent_boots=self.yolo_boot_timer.in_progress(
-                            younger_than=booting_window(known)))
-        except Exception as e:
-            LOG.warning('Not timing the boot: no host load from yolofs (%s)', e,
-                        instance=instance)
-            return None
-
-    def _yolo_model_load(self, known):
-        """The host's load as the model takes it: yolofs' now or, while guests are booting
-        here, what it was before they started. The scheduler counts the boots under way apart
-        (Nova's num_io_ops, current at each request): in the load they would count twice, and
-        stay in the host's report up to a minute after they are done (on the all-in-one, a
-        request made right after the guest before it booted was predicted from a report
-        measured during that boot, at a CPU pressure of 0.68 where the request before it,
-        under the same stressors, saw 0.49: +25 %). A boot's load leaves yolofs' smoothed
-        figures within three of their time constants of its end; the load from before is kept
-        no longer than a boot is counted as under way after it was measured, so that a host
-        booting guests one after another does not report an ever older load."""
-        host_load = self.yolo_backing.client.host_load()
-        load = calibration.model_load(host_load, known)
-        window = booting_window(known)
-        settling = 3 * float(host_load.get('smoothing_seconds', 10.0))
-        now = time.monotonic()
-        timer = self.yolo_boot_timer
-        if not self._yolo_spawning and (
-                timer is None or not timer.booting(younger_than=window, ended_within=settling)):
-            self._yolo_load_before_boots = (now, load)
-            return load
-        measured, before = self._yolo_load_before_boots
-        return before if now - measured < window + settling else load
-
-    def _served_from_boot_image(self, instance):
-        """Whether the new guest's root disk is served from a verified boot image; None if
-        its boot says nothing of this host's boots: a first boot before the download (the fill
-        shares the link and the disk) or just after Nova's (the page cache holds the image, its
-        boot image is fetched meanwhile), or a root disk yolofs does not back."""
-        root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
-        info = backing.backing_info(root) if os.path.exists(root) else None
-        if info is None or self.yolo_backing.take_made_after_download(root):
-            return None
-        name = os.path.basename(info[0])
-        if self.yolo_first_boots is not None and self.yolo_first_boots.running(name):
-            return None
-        if self.yolo_backing.directory_of(info[0]) != 'mount':
-            return False
-        return self.yolo_boot_images.has_boot_image(name, self.yolo_backing.status())
 
     def _yolo_console(self, instance):
         return self.get_console_output(nova_context.get_admin_context(), instance)
-
-    def _yolo_vcpu_times(self, instance):
-        """The busiest vCPU's running time and the time it waited for a host CPU (libvirt's
-        ``vcpu.N.delay``, the kernel's schedstat; None where libvirt does not report it), in
-        seconds."""
-        guest = self._host.get_guest(instance)
-        try:
-            stats = self._yolo_domain_stats(guest, LIBVIRT_STATS_VCPU)
-            vcpus = [(stats['vcpu.%d.time' % n], stats.get('vcpu.%d.delay' % n))
-                     for n in range(stats['vcpu.current'])]
-        except Exception as e:
-            # A libvirt without domain stats (Nova's fake one among them).
-            LOG.debug('No vCPU stats from libvirt (%s): its vCPUs\' times only', e,
-                      instance=instance)
-            vcpus = [(vcpu.time, None) for vcpu in guest.get_vcpus_info()]
-        run, delay = max(vcpus, key=lambda vcpu: vcpu[0], default=(0, None))
-        return run / 1e9, None if delay is None else delay / 1e9
-
-    def _yolo_domain_stats(self, guest, kind):
-        """libvirt's statistics of ``kind`` (LIBVIRT_STATS_*) of the guest's domain; raises
-        where libvirt has none (Nova's fake one)."""
-        [(_, stats)] = self._host.get_connection().domainListGetStats([guest._domain], kind)
-        return stats
-
-    def _yolo_disk_seconds(self, instance):
-        """What the requests of the guest's disks took so far, summed over its disks, as
-        (reads, writes and flushes) in seconds, as QEMU counts them (libvirt's
-        ``block.N.rd.times`` and the others); None where libvirt does not report them."""
-        guest = self._host.get_guest(instance)
-        try:
-            stats = self._yolo_domain_stats(guest, LIBVIRT_STATS_BLOCK)
-            disks = range(stats['block.count'])
-        except Exception as e:
-            LOG.debug('No disk stats from libvirt (%s)', e, instance=instance)
-            return None
-
-        def seconds(*kinds):
-            return sum(stats.get('block.%d.%s.times' % (n, kind), 0)
-                       for n in disks for kind in kinds) / 1e9
-        return seconds('rd'), seconds('wr', 'fl')
 
     # Every path that starts a guest goes through here.
     def _create_guest(self, context, xml, instance, power_on=True, pause=False,
@@ -357,12 +207,12 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         with detach.lock(instance.uuid):
             on_mount = []
             if power_on or pause:
-                on_mount = self._place_backing_files(xml, instance)
+                on_mount = self._yolo_place_backing_files(xml, instance)
                 # A domain XML saved from a running guest (unrescue's) names the backing chain it
                 # had, the mount maybe: libvirt would open that rather than what the disks'
                 # headers now say. Without it, libvirt reads the chain from the headers just
                 # placed.
-                xml = without_backing_stores(xml)
+                xml = nova_patches.without_backing_stores(xml)
             guest = super()._create_guest(context, xml, instance, power_on=power_on,
                                           pause=pause, post_xml_callback=post_xml_callback)
         if on_mount and self.yolo_detacher is not None:
@@ -379,7 +229,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             return False
         return super()._soft_reboot(instance)
 
-    def _place_backing_files(self, xml, instance):
+    def _yolo_place_backing_files(self, xml, instance):
         """Places the disks' backing files; returns the base names of those on the mount."""
         status = self.yolo_backing.status()
         healthy = status is not None
@@ -395,10 +245,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
                 continue
             if healthy and placed and self.yolo_backing.directory_of(placed) == 'mount':
                 on_mount.append(os.path.basename(placed))
-                self._preload(os.path.basename(placed), status, instance)
+                self._yolo_preload(os.path.basename(placed), status, instance)
         return on_mount
 
-    def _preload(self, name, status, instance):
+    def _yolo_preload(self, name, status, instance):
         # A base file being filled is served from the fill's boot image, in memory already.
         if self.yolo_first_boots is not None and self.yolo_first_boots.running(name):
             return
@@ -436,7 +286,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             context, instance, src_compute_info, dst_compute_info,
             block_migration=block_migration, disk_over_commit=disk_over_commit)
         try:
-            self._check_shared_disk_is_served(instance)
+            self._yolo_check_shared_disk_is_served(instance)
         except exception.MigrationPreCheckError:
             self.cleanup_live_migration_destination_check(context, data)
             raise
@@ -445,7 +295,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
     def pre_live_migration(self, context, instance, block_device_info, network_info,
                            disk_info, migrate_data):
         if migrate_data.is_shared_instance_path:
-            self._check_shared_disk_is_served(instance)
+            self._yolo_check_shared_disk_is_served(instance)
         return super().pre_live_migration(context, instance, block_device_info, network_info,
                                           disk_info, migrate_data)
 
@@ -492,7 +342,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             for _, path, _ in detach.qcow2_file_disks(guest.get_xml_desc(dump_inactive=True)):
                 detach.recover(detach.disk_of(path))
 
-    def _check_shared_disk_is_served(self, instance):
+    def _yolo_check_shared_disk_is_served(self, instance):
         """MigrationPreCheckError if the instance's disk, seen from this host (so on storage
         shared with its source), is backed by the mount and this host's yolofs does not serve."""
         root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
@@ -509,7 +359,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
     def get_available_resource(self, nodename):
         data = super().get_available_resource(nodename)
         try:
-            yolo_stats = self._yolo_stats(data)
+            yolo_stats = (self.yolo_report.stats(data) if yolo_serves_disks()
+                          else {'yolo_active': 'false'})
         except Exception:
             # The resource tracker's periodic task must never fail because of YOLO: the host
             # then schedules as one without it.
@@ -529,73 +380,6 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         if mechanism in contract.TOUCH_SAFETY_MECHANISMS:
             traits.add(contract.touch_safety_trait(mechanism))
         provider_tree.update_traits(nodename, traits)
-
-    def _yolo_stats(self, resources):
-        """The host_stats keys, or only ``yolo_active: false`` if yolofs is not serving or
-        this host's instance disks are not YOLO's."""
-        if not yolo_serves_disks():
-            return {'yolo_active': 'false'}
-        status = self.yolo_backing.status()
-        if status is None:
-            return {'yolo_active': 'false'}
-        cpus = max(1, int(resources.get('vcpus') or os.cpu_count() or 1))
-        known = self._calibration(cpus)
-        try:
-            load = self._yolo_model_load(known)
-        except (OSError, ValueError, yolofs.YolofsError) as e:
-            LOG.warning('yolofs did not report the host load: %s', e)
-            return {'yolo_active': 'false'}
-        state = host_stats.HostBootState(
-            params=known.params,
-            boot_images=frozenset(self.yolo_boot_images.verified_image_ids(status)),
-            updated_at=time.time(), **load)
-        stats = dict(state.to_stats(), yolo_active='true')
-        if self.yolo_first_boots is not None:
-            # Images that boot on Nova's path here: their Glance store serves no ranges.
-            stats['yolo_first_boot_images_without_ranges'] = str(
-                len(self.yolo_first_boots.images_without_ranges))
-            # Fills whose ranges stopped: the booting user's token expired without a service
-            # token beside it.
-            stats['yolo_first_boot_fills_token_expired'] = str(
-                self.yolo_first_boots.fills_with_expired_tokens)
-        return stats
-
-    def _calibration(self, cpus=1):
-        """nova.conf's [yolo] values, else what the guests spawned here measured (boot_timer),
-        else the calibration file's, else UNCALIBRATED's."""
-        try:
-            measured = calibration.load(CONF.yolo.calibration_file)
-        except ValueError as e:
-            LOG.warning('Ignoring the calibration file: %s', e)
-            measured = None
-        accel = calibration.accel_of_virt_type(CONF.libvirt.virt_type)
-        if measured is not None and measured.accel and measured.accel != accel:
-            # A TCG boot spends many times a KVM boot's CPU time: its parameters would be wrong.
-            LOG.warning('Ignoring the calibration file %s: its boots ran under %s, this host\'s '
-                        'guests under %s (virt_type %s): run yolo-calibrate again',
-                        CONF.yolo.calibration_file, measured.accel, accel,
-                        CONF.libvirt.virt_type)
-            measured = None
-        known = dataclasses.replace(measured or UNCALIBRATED, cpus=cpus)
-        if CONF.yolo.io_exponent is not None:
-            # Before learning: the boots' I/O parts are brought back to idle through it.
-            known = dataclasses.replace(known, io_exponent=CONF.yolo.io_exponent)
-        if self.yolo_boot_timer is not None:
-            known = calibration.with_observed_boots(known, self.yolo_boot_timer.observed(),
-                                                    CONF.yolo.learn_from_boots)
-        fields = {}
-        for option, field in (('boot_time_alpha', 'alpha'), ('boot_time_beta', 'beta'),
-                              ('boot_time_alpha_yolo', 'alpha_yolo'), ('disk_iops', 'disk_iops'),
-                              ('disk_bytes_per_second', 'disk_bytes_per_second')):
-            value = getattr(CONF.yolo, option)
-            if value is not None:
-                fields[field] = value
-        return dataclasses.replace(known, **boot_model.with_thesis_poles(fields))
-
-
-def booting_window(known):
-    """How long after its start a timed boot counts as under way: twice an idle boot's time."""
-    return 2 * (known.alpha + known.beta)
 
 
 def serialized_with_detach(name, settle=None):
@@ -669,25 +453,3 @@ def error_once_built(context, instance_uuid, failure):
     instance.save()
     compute_utils.add_instance_fault_from_exc(context, instance, failure)
     return True
-
-
-def returning_no_backing_stores(make_xml):
-    """``make_xml`` whose domain XML comes without backingStore (see without_backing_stores)."""
-    @functools.wraps(make_xml)
-    def wrapped(*args, **kwargs):
-        return without_backing_stores(make_xml(*args, **kwargs))
-    wrapped.without_backing_stores = True
-    return wrapped
-
-
-def without_backing_stores(xml):
-    """``xml`` without the ``<backingStore>`` of its file-backed qcow2 disks (unchanged if none)."""
-    if '<backingStore' not in xml:
-        return xml
-    root = etree.fromstring(xml)
-    for disk in root.iterfind('./devices/disk'):
-        driver = disk.find('driver')
-        if disk.get('type') == 'file' and driver is not None and driver.get('type') == 'qcow2':
-            for chain in disk.findall('backingStore'):
-                disk.remove(chain)
-    return etree.tostring(root, encoding='unicode')

@@ -26,7 +26,7 @@ class YoloQcow2(imagebackend.Qcow2):
     first_boots = None
 
     def create_image(self, prepare_template, base, size, safe=False, *args, **kwargs):
-        if self._create_over_fill(base, size, kwargs):
+        if self._yolo_create_over_fill(base, size, kwargs):
             return
         downloaded_now = not os.path.exists(base)
         super().create_image(prepare_template, base, size, safe, *args, **kwargs)
@@ -41,7 +41,7 @@ class YoloQcow2(imagebackend.Qcow2):
             self.backing_files.made_after_download(self.path)
         self.backing_files.place(self.path)
 
-    def _create_over_fill(self, base, size, kwargs):
+    def _yolo_create_over_fill(self, base, size, kwargs):
         """The disk over base file ``base`` being filled, if it is not cached and its image can
         boot before its download; whether it was. Nova's checks of the base file (its size
         against the flavor's, its format) are the fill's: it begins only if the image's size fits

@@ -4,13 +4,14 @@ import json
 import pytest
 
 from yolo_bench import replay
-from yolo_nova import boot_model
-from yolo_nova import calibration
+from yolo_nova.model import calibration
+from yolo_nova.model import estimators
+from yolo_nova.model import prediction
 
 
 def boot(started_at, vcpu, io=0.0, disk=0.5, accel='tcg'):
     """A boot served from its boot image: its vCPU time, 0.5 s waiting for a CPU, its disk."""
-    return calibration.ObservedBoot(
+    return estimators.ObservedBoot(
         started_at=started_at, seconds=vcpu + 0.5 + disk, cpu_seconds=vcpu, boot_image=True,
         io_utilisation=io, cpu_utilisation=0.1, cpu_delay_seconds=0.5, cpu_pressure=0.02,
         disk_seconds=disk, accel=accel)
@@ -23,13 +24,13 @@ BOOTS = [boot(0, 30.0), boot(100, 30.5), boot(200, 29.5), boot(300, 30.0), boot(
 
 
 def test_each_boot_is_predicted_from_the_boots_over_when_it_started():
-    replayed = replay.replay(BASE, BOOTS[::-1], 3, calibration.BETA_HALF_LIFE_BOOTS)
+    replayed = replay.replay(BASE, BOOTS[::-1], 3, estimators.BETA_HALF_LIFE_BOOTS)
     assert [b.started_at for b, _ in replayed] == [300, 400, 500, 600, 700, 800]
-    learned = calibration.with_observed_boots(BASE, BOOTS[:6], 3)
+    learned = estimators.with_observed_boots(BASE, BOOTS[:6], 3)
     assert replayed[3][1] == replay.predicted(learned, BOOTS[6])
     # As the scheduler predicts: the boot image's I/O part, the boots under way.
     busy = dataclasses.replace(BOOTS[6], concurrent_boots=1, io_utilisation=0.3)
-    assert replay.predicted(learned, busy) == boot_model.predict(
+    assert replay.predicted(learned, busy) == prediction.predict(
         learned.params, 0.3, 0.1, boot_image=True, concurrent_boots=1, cpu_pressure=0.02)
     # A boot still under way when the next started was not yet learned from.
     overlapping = BOOTS[:3] + [dataclasses.replace(BOOTS[3], started_at=210.0)]
@@ -54,7 +55,7 @@ def test_the_report_sets_recent_and_old_boots_side_by_side():
 
 def test_the_command_reads_a_hosts_files(tmp_path, capsys):
     path = tmp_path / 'observed-boots.json'
-    calibration.save_observed(BOOTS + [boot(900, 5.0, accel='kvm')], str(path))
+    estimators.save_observed(BOOTS + [boot(900, 5.0, accel='kvm')], str(path))
     assert replay.main([str(path), '--cpus', '2', '--accel', 'tcg']) == 0
     assert capsys.readouterr().out.splitlines() == replay.report(BASE, BOOTS, 3)
     measured = tmp_path / 'calibration.json'

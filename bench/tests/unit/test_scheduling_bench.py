@@ -9,7 +9,7 @@ import fixtures
 import psutil
 
 from yolo_bench import scheduling
-from yolo_nova import calibration
+from yolo_nova.model import estimators
 from yolo_nova.scheduler.filters import boot_time_filter
 from yolo_testing import aio
 
@@ -139,7 +139,7 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
 
 
 def observed(**fields):
-    return calibration.ObservedBoot(**dict(
+    return estimators.ObservedBoot(**dict(
         dict(started_at=1100.0, boot_image=True, io_utilisation=0.0, cpu_utilisation=0.0),
         **fields))
 

@@ -7,8 +7,8 @@ from nova import objects
 from nova.scheduler import weights
 from nova.tests.unit.scheduler import fakes
 
-from yolo_nova.boot_model import BootTimeParameters
-from yolo_nova import host_stats
+from yolo_nova.model import host_stats
+from yolo_nova.model.parameters import BootTimeParameters
 from yolo_nova.scheduler.filters import boot_time_filter
 from yolo_nova.scheduler import utils
 from yolo_nova.scheduler.weights import boot_time

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from yolo_nova import calibration
+from yolo_nova.model import estimators
 from yolo_nova.virt import boot_timer
 
 CONDITIONS = dict(boot_image=True, io_utilisation=0.5, cpu_utilisation=0.25, runnable=0.5,
@@ -59,7 +59,7 @@ def test_a_boot_is_timed_to_its_ready_line_and_kept(tmp_path):
     wait_for(lambda: times.in_progress() == 0)
     # Boots of another accelerator are kept but do not count here.
     other = boot_timer.BootTimer(times.path, 'x', 1.0, consoles.read, None, accel='kvm')
-    assert other.observed() == [] and len(calibration.load_observed(times.path)) == 1
+    assert other.observed() == [] and len(estimators.load_observed(times.path)) == 1
 
 
 def test_a_guest_gone_or_never_ready_is_not_timed(tmp_path):

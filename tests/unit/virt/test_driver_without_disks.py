@@ -17,10 +17,12 @@ from nova.virt.libvirt import driver as libvirt_driver
 from oslo_utils.fixture import uuidsentinel as uuids
 
 from tests.unit import nova_base
-from yolo_nova import calibration
+from yolo_nova.model import calibration
+from yolo_nova.model import estimators
 from yolo_nova.virt import backing
 from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
+from yolo_nova.virt import host_report
 
 
 def load_driver(test):
@@ -104,7 +106,8 @@ class TestAvailableResource(nova_base.NoDBTestCase):
         # The scheduler counts the boots under way apart (num_io_ops): while guests boot here,
         # and until their load has left yolofs' smoothed figures, the host reports the load
         # from before they started, so that they neither count twice nor linger in the report.
-        timer = self.drvr.yolo_boot_timer
+        report = self.drvr.yolo_report
+        timer = report.boot_timer
         self.assertIsNotNone(timer)
         quiet = {'io_utilisation': 0.1, 'cpu_utilisation': 0.2, 'cpu_pressure': 0.05,
                  'smoothing_seconds': 10.0}
@@ -118,7 +121,7 @@ class TestAvailableResource(nova_base.NoDBTestCase):
 
         def conditions(load, uuid):
             with mock.patch.object(self.client, 'host_load', return_value=load):
-                return self.drvr._boot_conditions(mock.Mock(uuid=uuid))
+                return report._boot_conditions(mock.Mock(uuid=uuid))
 
         with mock.patch.object(timer, '_run'), \
                 mock.patch.object(time, 'monotonic', side_effect=lambda: clock[0]):
@@ -127,10 +130,10 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             self.assertEqual((0.2, 0.05, 0), (first['cpu_utilisation'], first['cpu_pressure'],
                                               first['concurrent_boots']))
             # While Nova spawns it, before the timer has it (its disk, its domain).
-            self.drvr._yolo_spawning += 1
+            report._spawning += 1
             self.assertEqual(('0.2000', '0.0500'), reported(booting))
             timer.watch(mock.Mock(uuid='a'), first)
-            self.drvr._yolo_spawning -= 1
+            report._spawning -= 1
             clock[0] += 20
             self.assertEqual(('0.2000', '0.0500'), reported(booting))
             # A boot asked for meanwhile started in that load too, beside the first.
@@ -146,7 +149,7 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             # Boots one after another: the load from before them is kept no longer than a
             # boot counts as under way (twice an idle boot's time) plus those 30 s.
             conditions(quiet, 'c')
-            window = yolo_driver.booting_window(self.drvr._calibration())
+            window = host_report.booting_window(report.calibration())
             for _ in range(int(window + 30) // 20):
                 timer.watch(mock.Mock(uuid='c'), first)
                 clock[0] += 20
@@ -162,7 +165,8 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             with mock.patch.object(self.client, 'host_load', **failure):
                 stats = self.drvr.get_available_resource('node')['stats']
             self.assertEqual({'other': 'kept', 'yolo_active': 'false'}, stats, failure)
-        with mock.patch.object(self.drvr, '_calibration', side_effect=ZeroDivisionError):
+        with mock.patch.object(self.drvr.yolo_report, 'calibration',
+                               side_effect=ZeroDivisionError):
             stats = self.drvr.get_available_resource('node')['stats']
         self.assertEqual('false', stats['yolo_active'])
 
@@ -178,29 +182,29 @@ class TestCalibration(nova_base.NoDBTestCase):
         self.flags(calibration_file=self.tmp.join('calibration.json'),
                    observed_boots_file=self.tmp.join('observed-boots.json'), group='yolo')
         self.flags(virt_type='qemu', group='libvirt')
-        calibration.save(calibration.from_boots([(10.0, 3.0)], [(4.0, 3.5)], cpus=2,
-                                                accel='tcg'), self.tmp.join('calibration.json'))
+        calibration.save(estimators.from_boots([(10.0, 3.0)], [(4.0, 3.5)], cpus=2,
+                                               accel='tcg'), self.tmp.join('calibration.json'))
         self.drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
                                                     'yolo.YoloLibvirtDriver')
 
     def test_a_file_from_another_accelerator_is_ignored(self):
         self.assertEqual((6.5, 3.5, 0.5), self._parameters())
         self.flags(virt_type='kvm', group='libvirt')
-        with self.assertLogs(yolo_driver.LOG.logger, 'WARNING') as logs:
-            self.assertEqual(self._parameters(), (yolo_driver.UNCALIBRATED.alpha,
-                                                  yolo_driver.UNCALIBRATED.beta,
-                                                  yolo_driver.UNCALIBRATED.alpha_yolo))
+        with self.assertLogs(host_report.LOG.logger, 'WARNING') as logs:
+            self.assertEqual(self._parameters(), (host_report.UNCALIBRATED.alpha,
+                                                  host_report.UNCALIBRATED.beta,
+                                                  host_report.UNCALIBRATED.alpha_yolo))
         self.assertIn('its boots ran under tcg', logs.output[0])
 
     def test_the_hosts_own_boots_win_over_the_file_and_nova_conf_over_both(self):
         def boot(seconds, cpu_seconds, boot_image, accel='tcg'):
-            return calibration.ObservedBoot(
+            return estimators.ObservedBoot(
                 started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds,
                 boot_image=boot_image, io_utilisation=0.0, cpu_utilisation=0.0, accel=accel)
         served = [boot(31.0, 30.0, True), boot(32.0, 30.5, True), boot(30.5, 29.5, True)]
-        calibration.save_observed(served + [boot(36.0, 35.0, False)] * 2
-                                  + [boot(99.0, 99.0, True, accel='kvm')] * 3,
-                                  self.tmp.join('observed-boots.json'))
+        estimators.save_observed(served + [boot(36.0, 35.0, False)] * 2
+                                 + [boot(99.0, 99.0, True, accel='kvm')] * 3,
+                                 self.tmp.join('observed-boots.json'))
         # Three boots from a boot image (the default learn_from_boots): beta and alpha_yolo
         # are theirs; two normal ones are not enough for alpha; the KVM boots do not count.
         self.assertEqual((6.5, 30.0, 1.0), self._parameters())
@@ -213,23 +217,23 @@ class TestCalibration(nova_base.NoDBTestCase):
 
     def test_a_pole_learned_from_boots_under_load_goes_with_its_alpha(self):
         def boot(seconds, disk, io):
-            return calibration.ObservedBoot(
+            return estimators.ObservedBoot(
                 started_at=0.0, seconds=seconds, cpu_seconds=30.0, boot_image=True,
                 io_utilisation=io, cpu_utilisation=0.0, accel='tcg', cpu_delay_seconds=0.5,
                 disk_seconds=disk)
         # Quiet boots' requests took 0.5 s, a boot's at x 0.99 5 s: ten times, not 100 e^k.
-        calibration.save_observed([boot(31.0, 0.5, 0.0)] * 3 + [boot(35.5, 5.0, 0.99)],
-                                  self.tmp.join('observed-boots.json'))
+        estimators.save_observed([boot(31.0, 0.5, 0.0)] * 3 + [boot(35.5, 5.0, 0.99)],
+                                 self.tmp.join('observed-boots.json'))
         self.flags(io_exponent=0.0, group='yolo')      # k is used to learn, not only after
-        known = self.drvr._calibration()
+        known = self.drvr.yolo_report.calibration()
         self.assertEqual((0.5, 0.5, 0.0), (known.alpha_yolo, known.io_pole_yolo,
                                            known.io_exponent))
         self.flags(boot_time_alpha_yolo=0.8, group='yolo')
-        known = self.drvr._calibration()
+        known = self.drvr.yolo_report.calibration()
         self.assertEqual((0.8, 1.0), (known.alpha_yolo, known.io_pole_yolo))
 
     def _parameters(self):
-        known = self.drvr._calibration()
+        known = self.drvr.yolo_report.calibration()
         return known.alpha, known.beta, known.alpha_yolo
 
 

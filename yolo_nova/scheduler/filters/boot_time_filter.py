@@ -7,7 +7,7 @@ from oslo_log import log as logging
 from nova.scheduler import filters
 from nova.scheduler import utils as scheduler_utils
 
-from yolo_nova import boot_model
+from yolo_nova.model import prediction
 from yolo_nova.scheduler import utils
 
 LOG = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class YoloBootFilter(filters.BaseHostFilter):
                   {'host': host_state, 't': predicted, 'x': state.io_utilisation,
                    'y': state.cpu_utilisation,
                    'p': 'unknown' if state.cpu_pressure is None
-                   else '%.2f' % boot_model.clamp(state.cpu_pressure),
+                   else '%.2f' % prediction.clamp(state.cpu_pressure),
                    'bi': image_id in state.boot_images,
                    'n': host_state.num_io_ops, 'best': best, 'limit': limit, 'ratio': ratio,
                    'verdict': 'rejected' if too_slow or far_behind else 'passes'})

@@ -1,63 +1,28 @@
-"""The calibration file and the throughput utilisation derived from it."""
+"""The estimators: parameters from idle boots and from the boots a host timed."""
 
 import dataclasses
-import json
 
 import pytest
 
-from yolo_nova import boot_model
-from yolo_nova import calibration
+from yolo_nova.model import calibration
+from yolo_nova.model import estimators
+from yolo_nova.model import parameters
+from yolo_nova.model import prediction
 
 
-def test_save_then_load(tmp_path):
-    path = tmp_path / 'sub' / 'calibration.json'
-    saved = calibration.from_boots([(28.0, 22.0), (30.0, 23.0), (29.0, 22.5)],
-                                   [(23.0, 22.4), (23.4, 22.6), (23.2, 22.5)], cpus=2,
-                                   disk_iops=300.0, disk_bytes_per_second=150e6)
-    calibration.save(saved, str(path))
-    loaded = calibration.load(str(path))
-    assert loaded.params == saved.params
-    # Medians: beta 22.5, alpha 29.0 - 22.5, alpha_yolo 23.2 - 22.5.
-    assert (loaded.alpha, loaded.beta, loaded.alpha_yolo) == (6.5, 22.5, 0.7)
-    assert loaded.disk_iops == 300.0
-    assert loaded.accel == ''   # files written before the accelerator was recorded
-
-
-def test_the_accelerator_is_kept_and_checked(tmp_path):
-    path = tmp_path / 'calibration.json'
-    saved = calibration.from_boots([(28.0, 22.0)], [(23.0, 22.4)], cpus=2, accel='kvm')
-    calibration.save(saved, str(path))
-    assert calibration.load(str(path)).accel == 'kvm'
-    data = json.loads(path.read_text())
-    data['accel'] = 'hvf'
-    path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match='unknown accelerator'):
-        calibration.load(str(path))
-    assert [calibration.accel_of_virt_type(t) for t in ('kvm', 'qemu', 'lxc')] == [
-        'kvm', 'tcg', None]
-
-
-def test_missing_file_is_none_broken_file_is_an_error(tmp_path):
-    assert calibration.load(str(tmp_path / 'none.json')) is None
-    for text in ('{', '{"alpha": 1}', json.dumps({'alpha': -1, 'beta': 1, 'alpha_yolo': 1,
-                                                 'cpus': 1})):
-        (tmp_path / 'bad.json').write_text(text)
-        with pytest.raises(ValueError):
-            calibration.load(str(tmp_path / 'bad.json'))
-
-
-def test_io_utilisation_is_throughput_when_capacity_is_known():
-    load = {'io_utilisation': 0.9, 'iops': 60.0, 'bytes_per_second': 120e6}
-    assert calibration.io_utilisation(load) == 0.9
-    assert calibration.io_utilisation(load, disk_iops=300.0) == pytest.approx(0.2)
-    # The busier of the two limits; never above 1.
-    assert calibration.io_utilisation(load, 300.0, 150e6) == pytest.approx(0.8)
-    assert calibration.io_utilisation(load, 30.0, 150e6) == 1.0
+def test_calibration_from_idle_boots():
+    params = estimators.calibrate(idle_boot_s=31.1, idle_cpu_s=23.2, idle_yolo_boot_s=23.4,
+                                  cpus=2)
+    assert params.beta == pytest.approx(23.2)
+    assert params.alpha == pytest.approx(7.9)
+    assert params.alpha_yolo == pytest.approx(0.2)
+    # A YOLO boot faster than its CPU time (noise) does not give a negative I/O part.
+    assert estimators.calibrate(30, 23.5, 23.0, 1).alpha_yolo == 0.0
 
 
 def observed(seconds, cpu_seconds, boot_image, io=0.0, cpu=0.0, runnable=None, others=0,
              idlest=None, delay=None, pressure=None, disk=None):
-    return calibration.ObservedBoot(
+    return estimators.ObservedBoot(
         started_at=0.0, seconds=seconds, cpu_seconds=cpu_seconds, boot_image=boot_image,
         io_utilisation=io, cpu_utilisation=cpu, runnable=runnable, concurrent_boots=others,
         idlest_cpu_utilisation=idlest, cpu_delay_seconds=delay, cpu_pressure=pressure,
@@ -75,7 +40,7 @@ def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
              observed(30.0 / 0.6 + 1.0, 29.8, True, cpu=0.4),
              observed(38.0, 45.0, False), observed(30.0 + 8.0 / 0.2, 60.0, False, io=0.8),
              observed(30.0 + 2 * 8.0, 40.0, False, others=1)]
-    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    learned = estimators.with_observed_boots(known, boots, min_boots=3)
     assert (learned.alpha, learned.beta, learned.alpha_yolo) == (8.0, 30.0, 1.0)
     assert learned.details['observed_boots'] == {'boot_image': 3, 'normal': 3,
                                                  'learned': ['alpha', 'alpha_yolo', 'beta']}
@@ -85,10 +50,10 @@ def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
 def test_too_few_observed_boots_leave_the_parameters_as_they_were(tmp_path):
     known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=1)
     boots = [observed(31.0, 30.0, True), observed(38.0, 45.0, False)]
-    assert calibration.with_observed_boots(known, boots, min_boots=2) == known
-    assert calibration.with_observed_boots(known, boots * 2, min_boots=0) == known
+    assert estimators.with_observed_boots(known, boots, min_boots=2) == known
+    assert estimators.with_observed_boots(known, boots * 2, min_boots=0) == known
     # A boot faster than its CPU part gives an I/O part of 0, never a negative one.
-    fast = calibration.with_observed_boots(known, [observed(10.0, 30.0, False)], min_boots=1)
+    fast = estimators.with_observed_boots(known, [observed(10.0, 30.0, False)], min_boots=1)
     assert fast.alpha == 0.0
 
 
@@ -102,24 +67,24 @@ def test_cpu_contention_is_fitted_to_the_share_of_a_cpu_the_boots_got():
              observed(30.0, 30.0, True, idlest=0.0),
              # Normal (its reads wait), or sharing the CPUs with other boots: neither tells.
              observed(60.0, 20.0, False, cpu=0.5), observed(60.0, 20.0, True, cpu=0.5, others=2)]
-    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.4
-    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=4) is None
-    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    assert estimators.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.4
+    assert estimators.cpu_contention_from(boots, cpus=2, min_boots=4) is None
+    learned = estimators.with_observed_boots(known, boots, min_boots=3)
     assert learned.cpu_contention == 0.4
     assert learned.params.cpu_contention == 0.4
     assert 'cpu_contention' in learned.details['observed_boots']['learned']
     # A guest that halts its vCPU (or prints its ready line late) is one boot of the median.
     halting = boots + [observed(30.0, 6.0, True, cpu=0.5)]
-    assert calibration.cpu_contention_from(halting, cpus=2, min_boots=3) == 0.4
+    assert estimators.cpu_contention_from(halting, cpus=2, min_boots=3) == 0.4
     # Shares are relative to an idle CPU's: under KVM a vCPU halts for part of any boot.
     kvm = [observed(30.0, 0.8 * 30.0, True), observed(30.0, 0.72 * 30.0, True, cpu=0.25),
            observed(30.0, 0.64 * 30.0, True, cpu=0.5), observed(30.0, 0.72 * 30.0, True, cpu=0.25)]
-    assert calibration.cpu_contention_from(kvm, cpus=2, min_boots=3) == 0.4
+    assert estimators.cpu_contention_from(kvm, cpus=2, min_boots=3) == 0.4
     # Bounded: at most the thesis' 1, at least 0.
     slow = [observed(30.0, 10.0, True, cpu=0.5)] * 3
-    assert calibration.cpu_contention_from(slow, cpus=2, min_boots=3) == 1.0
+    assert estimators.cpu_contention_from(slow, cpus=2, min_boots=3) == 1.0
     fast = [observed(30.0, 31.0, True, cpu=0.5)] * 3
-    assert calibration.cpu_contention_from(fast, cpus=2, min_boots=3) == 0.0
+    assert estimators.cpu_contention_from(fast, cpus=2, min_boots=3) == 0.0
 
 
 def test_a_known_wait_for_the_cpu_is_not_taken_for_io():
@@ -130,14 +95,14 @@ def test_a_known_wait_for_the_cpu_is_not_taken_for_io():
     # would make alpha_yolo 21 s and 16 s, and the median 16.
     boots = [observed(51.0, 30.0, True, delay=20.0), observed(46.0, 30.0, True, delay=15.0),
              observed(31.0, 30.0, True, delay=0.0)]
-    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    learned = estimators.with_observed_boots(known, boots, min_boots=3)
     assert (learned.beta, learned.alpha_yolo) == (30.0, 1.0)
     unknown = [dataclasses.replace(boot, cpu_delay_seconds=None) for boot in boots]
-    assert calibration.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 16.0
+    assert estimators.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 16.0
     # A normal boot under TCG spins its vCPU while its reads wait: its I/O is what is left
     # beyond beta and its wait for a CPU.
     normal = [observed(30.0 + 8.0 + 5.0, 36.0, False, delay=5.0)] * 3
-    assert calibration.with_observed_boots(learned, normal, min_boots=3).alpha == 8.0
+    assert estimators.with_observed_boots(learned, normal, min_boots=3).alpha == 8.0
 
 
 def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
@@ -149,10 +114,10 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
     boots = [observed(40.0, 27.0, True, cpu=0.25, delay=3.0),
              observed(45.0, 24.0, True, cpu=0.5, delay=6.0),
              observed(33.0, 27.0, True, cpu=0.25, delay=3.0)]
-    assert calibration.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.64
-    assert calibration.cpu_contention_from(boots * 4, cpus=2, min_boots=3) == 0.486
+    assert estimators.cpu_contention_from(boots, cpus=2, min_boots=3) == 0.64
+    assert estimators.cpu_contention_from(boots * 4, cpus=2, min_boots=3) == 0.486
     # Idle boots with their delay known are not needed as a reference, nor taken as one.
-    assert calibration.cpu_contention_from(
+    assert estimators.cpu_contention_from(
         boots + [observed(60.0, 20.0, True, delay=0.0)], cpus=2, min_boots=3) == 0.64
     # Fitted by least squares: the boots on busy CPUs weigh most. On the all-in-one, boots on
     # CPUs about 20 % busy got all of it, boots on CPUs 70-87 % busy about 63 %: the median of
@@ -163,16 +128,16 @@ def test_cpu_contention_from_the_vcpus_own_wait_for_a_cpu():
                   observed(27.1, 25.9, True, idlest=0.21, delay=0.2),
                   observed(53.4, 34.2, True, idlest=0.70, delay=18.8),
                   observed(52.3, 32.0, True, idlest=0.87, delay=19.8)]
-    assert calibration.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.504
+    assert estimators.cpu_contention_from(all_in_one, cpus=2, min_boots=3) == 0.504
     # Quiet boots barely move the thesis' 1: boots that waited 1 % of their time at a CPU
     # pressure of 0.04 (c 0.25 alone) say little of a busy CPU, where the all-in-one's boots
     # waited 35-38 % at 0.5-0.6; each such boot moves it towards what it measured (0.69).
     quiet = [observed(30.0, 29.7, True, cpu=0.3, pressure=0.04, delay=0.3)] * 3
-    assert calibration.cpu_contention_from(quiet, cpus=2, min_boots=3) == 0.986
+    assert estimators.cpu_contention_from(quiet, cpus=2, min_boots=3) == 0.986
     busy = observed(50.0, 31.0, True, cpu=0.9, pressure=0.55, delay=19.0)
-    assert calibration.cpu_contention_from(quiet + [busy], cpus=2, min_boots=3) == 0.826
+    assert estimators.cpu_contention_from(quiet + [busy], cpus=2, min_boots=3) == 0.826
     # No load at all measures nothing.
-    assert calibration.cpu_contention_from(
+    assert estimators.cpu_contention_from(
         [observed(30.0, 29.7, True, delay=0.3)] * 3, cpus=2, min_boots=3) is None
 
 
@@ -185,43 +150,29 @@ def test_cpu_contention_is_fitted_to_the_cpu_pressure_where_hosts_report_it():
             observed(51.0, 32.0, True, idlest=0.80, delay=18.5, pressure=0.58)]
     boots = busy * 2 + [observed(40.0, 31.0, True, idlest=0.85, delay=1.0, pressure=0.05),
                         observed(39.0, 31.0, True, idlest=0.80, delay=0.8, pressure=0.04)]
-    c = calibration.cpu_contention_from(boots, cpus=2, min_boots=2)
+    c = estimators.cpu_contention_from(boots, cpus=2, min_boots=2)
     assert c == pytest.approx(0.68, abs=0.01)
     for boot in boots:
         share = boot.cpu_seconds / (boot.cpu_seconds + boot.cpu_delay_seconds)
-        assert boot_model.cpu_share(boot.cpu_utilisation, idlest_cpu=boot.idlest_cpu_utilisation,
+        assert prediction.cpu_share(boot.cpu_utilisation, idlest_cpu=boot.idlest_cpu_utilisation,
                                     contention=c, pressure=boot.cpu_pressure) \
             == pytest.approx(share, abs=0.05)
     # The same boots without their pressure: the fit to utilisation misses the quiet ones by
     # a third.
     blind = [dataclasses.replace(boot, cpu_pressure=None) for boot in boots]
-    c = calibration.cpu_contention_from(blind, cpus=2, min_boots=2)
-    assert boot_model.cpu_share(0, idlest_cpu=0.85, contention=c) < 0.8
-
-
-def test_model_load_carries_what_yolofs_reports():
-    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
-    load = {'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable_per_cpu': 0.5,
-            'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
-    assert calibration.model_load(load, known) == {
-        'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable': 0.5,
-        'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
-    # A yolofs that does not know its host's pressure (PSI off) reports null, as older ones
-    # report nothing.
-    assert calibration.model_load(dict(load, cpu_pressure=None), known)['cpu_pressure'] is None
-    del load['cpu_pressure']
-    assert calibration.model_load(load, known)['cpu_pressure'] is None
+    c = estimators.cpu_contention_from(blind, cpus=2, min_boots=2)
+    assert prediction.cpu_share(0, idlest_cpu=0.85, contention=c) < 0.8
 
 
 def test_observed_boots_file_keeps_the_last_ones(tmp_path):
     path = str(tmp_path / 'state' / 'observed-boots.json')
-    assert calibration.load_observed(path) == []
+    assert estimators.load_observed(path) == []
     boots = [observed(float(i), 1.0, False) for i in range(30)]
-    calibration.save_observed(boots, path)
-    assert calibration.load_observed(path) == boots[-calibration.OBSERVED_BOOTS_KEPT:]
+    estimators.save_observed(boots, path)
+    assert estimators.load_observed(path) == boots[-estimators.OBSERVED_BOOTS_KEPT:]
     (tmp_path / 'state' / 'observed-boots.json').write_text('[{"seconds": 1}]')
     with pytest.raises(ValueError, match='not a list of observed boots'):
-        calibration.load_observed(path)
+        estimators.load_observed(path)
 
 
 def test_alpha_yolo_follows_the_boots_under_io_load_that_it_is_multiplied_for():
@@ -233,27 +184,27 @@ def test_alpha_yolo_follows_the_boots_under_io_load_that_it_is_multiplied_for():
     loaded = [observed(31.0, 30.0, True, io=0.86, delay=0.0) for _ in range(2)]
 
     def io_at(learned, x):
-        return boot_model.io_time(learned.alpha_yolo, x, learned.io_exponent,
+        return prediction.io_time(learned.alpha_yolo, x, learned.io_exponent,
                                   learned.io_pole_yolo)
-    learned = calibration.with_observed_boots(known, quiet + loaded, min_boots=3)
+    learned = estimators.with_observed_boots(known, quiet + loaded, min_boots=3)
     assert io_at(learned, 0.86) == pytest.approx(1.0, abs=1e-3)
     assert learned.io_pole_yolo == 0.0      # no growth but k's e^x
     # Quiet boots alone: their median, and the thesis' pole.
-    learned = calibration.with_observed_boots(known, quiet, min_boots=3)
+    learned = estimators.with_observed_boots(known, quiet, min_boots=3)
     assert (learned.alpha_yolo, learned.io_pole_yolo) == (1.2, 1.0)
     # One odd boot under load (its guest printed its ready line 60 s late) among four: the fit
     # keeps to the boots that agree, where least squares would add a quarter of its excess.
     odd = observed(91.0, 30.0, True, io=0.86, delay=0.0)
-    learned = calibration.with_observed_boots(known, quiet + loaded + [loaded[0], odd],
-                                              min_boots=3)
+    learned = estimators.with_observed_boots(known, quiet + loaded + [loaded[0], odd],
+                                             min_boots=3)
     assert io_at(learned, 0.86) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_weighted_median():
-    assert calibration.weighted_median([(3.0, 1.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
-    assert calibration.weighted_median([(1.0, 1.0), (5.0, 3.0)]) == 5.0
+    assert estimators.weighted_median([(3.0, 1.0), (1.0, 1.0), (2.0, 1.0)]) == 2.0
+    assert estimators.weighted_median([(1.0, 1.0), (5.0, 3.0)]) == 5.0
     with pytest.raises(ValueError):
-        calibration.weighted_median([])
+        estimators.weighted_median([])
 
 
 def test_beta_and_its_growth_are_fitted_to_the_vcpu_time_against_the_cpu_load():
@@ -263,24 +214,24 @@ def test_beta_and_its_growth_are_fitted_to_the_vcpu_time_against_the_cpu_load():
     boots = [observed(60.0, 30.0 * (1 + 0.3 * p), True, cpu=0.9, pressure=p, delay=5.0)
              for p in (0.0, 0.0, 0.05, 0.5, 0.6)]
     boots.append(observed(90.0, 80.0, True, cpu=0.9, pressure=0.3, delay=1.0))
-    learned = calibration.with_observed_boots(known, boots, min_boots=3)
+    learned = estimators.with_observed_boots(known, boots, min_boots=3)
     assert (learned.beta, learned.beta_growth) == (pytest.approx(30.0, abs=0.01),
                                                    pytest.approx(0.3, abs=0.01))
     assert 'beta_growth' in learned.details['observed_boots']['learned']
     # Loads too close to each other say nothing of the growth: the median vCPU time, no growth.
     close = [observed(60.0, vcpu, True, cpu=0.9, pressure=0.05, delay=1.0)
              for vcpu in (29.0, 30.0, 33.0)]
-    learned = calibration.with_observed_boots(known, close, min_boots=3)
+    learned = estimators.with_observed_boots(known, close, min_boots=3)
     assert (learned.beta, learned.beta_growth) == (30.0, 0.0)
     # Less CPU on a busier CPU: no growth either (never a negative one).
     shrinking = [observed(60.0, 30.0 - 5 * p, True, cpu=0.9, pressure=p, delay=1.0)
                  for p in (0.0, 0.3, 0.6)]
-    assert calibration.with_observed_boots(known, shrinking, min_boots=3).beta_growth == 0.0
+    assert estimators.with_observed_boots(known, shrinking, min_boots=3).beta_growth == 0.0
     # The growth is capped.
     steep = [observed(60.0, 10.0 + 90 * p, True, cpu=0.9, pressure=p, delay=1.0)
              for p in (0.0, 0.5, 0.9)]
-    learned = calibration.with_observed_boots(known, steep, min_boots=3)
-    assert learned.beta_growth == boot_model.MAX_BETA_GROWTH
+    learned = estimators.with_observed_boots(known, steep, min_boots=3)
+    assert learned.beta_growth == parameters.MAX_BETA_GROWTH
 
 
 def test_beta_follows_the_hosts_last_boots():
@@ -292,28 +243,28 @@ def test_beta_follows_the_hosts_last_boots():
     # The host sped up: four boots of 30 s of vCPU, then three of 24 s. All alike, the median is
     # the old speed; halving every four boots, the new one.
     drifted = boots(30.0, 30.0, 30.0, 30.0, 24.0, 24.0, 24.0)
-    assert calibration.with_observed_boots(known, drifted, 3).beta == 24.0
-    assert calibration.with_observed_boots(known, drifted, 3, beta_half_life=None).beta == 30.0
+    assert estimators.with_observed_boots(known, drifted, 3).beta == 24.0
+    assert estimators.with_observed_boots(known, drifted, 3, beta_half_life=None).beta == 30.0
     # One odd boot among the last four moves it within the range of the others' times, where
     # the boots' order is their start, not the list's.
     odd = drifted + [dataclasses.replace(b, started_at=7.0 + i)
                      for i, b in enumerate(boots(24.0, 80.0))]
     for order in (odd, odd[::-1]):
-        assert calibration.with_observed_boots(known, order, 3).beta == 24.0
+        assert estimators.with_observed_boots(known, order, 3).beta == 24.0
     # With three of them, the oldest of its last four boots is the old speed's.
-    assert calibration.with_observed_boots(known, odd[:7] + odd[8:], 3).beta == 30.0
-    assert calibration.recency_weights(odd[::-1], 4)[0] == 1.0
+    assert estimators.with_observed_boots(known, odd[:7] + odd[8:], 3).beta == 30.0
+    assert estimators.recency_weights(odd[::-1], 4)[0] == 1.0
     # The intercept of beta's line is weighed alike: boots at two loads, the last ones faster.
     sloped = [dataclasses.replace(b, cpu_pressure=load, cpu_utilisation=0.9)
               for b, load in zip(drifted, (0.0, 0.5, 0.0, 0.5, 0.0, 0.5, 0.0))]
     sloped = [dataclasses.replace(b, cpu_seconds=b.cpu_seconds + 6.0 * b.cpu_pressure)
               for b in sloped]
-    learned = calibration.with_observed_boots(known, sloped, 3)
+    learned = estimators.with_observed_boots(known, sloped, 3)
     assert (learned.beta, learned.beta_growth) == (24.0, pytest.approx(6.0 / 24.0))
-    learned = calibration.with_observed_boots(known, sloped, 3, beta_half_life=None)
+    learned = estimators.with_observed_boots(known, sloped, 3, beta_half_life=None)
     assert learned.beta == 30.0
     with pytest.raises(ValueError):
-        calibration.recency_weights(odd, 0)
+        estimators.recency_weights(odd, 0)
 
 
 def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed():
@@ -322,16 +273,16 @@ def test_a_guests_halts_are_not_taken_for_io_where_its_disk_requests_were_timed(
     # its timers), 0.5 s of disk requests. Without the disk's count the 2.5 s beyond the vCPU
     # time would be alpha_yolo, which the I/O term multiplies by 17 at x 0.86.
     quiet = [observed(32.5, 30.0, True, delay=0.0, disk=0.5) for _ in range(3)]
-    learned = calibration.with_observed_boots(known, quiet, min_boots=3)
+    learned = estimators.with_observed_boots(known, quiet, min_boots=3)
     assert (learned.beta, learned.alpha_yolo) == (32.0, 0.5)
-    assert calibration.halted_seconds(quiet[0]) == 2.0
+    assert estimators.halted_seconds(quiet[0]) == 2.0
     untimed = [dataclasses.replace(boot, disk_seconds=None) for boot in quiet]
-    learned = calibration.with_observed_boots(known, untimed, min_boots=3)
+    learned = estimators.with_observed_boots(known, untimed, min_boots=3)
     assert (learned.beta, learned.alpha_yolo) == (30.0, 2.5)
     # The requests of a normal boot under load overlap (QEMU reads ahead): their sum is more
     # than its wait, and what is left beyond its CPU is its I/O part.
     normal = [observed(32.0 + 40.0, 60.0, False, io=0.8, delay=0.0, disk=90.0)] * 3
-    learned = calibration.with_observed_boots(
+    learned = estimators.with_observed_boots(
         dataclasses.replace(known, beta=32.0, io_exponent=0.0), normal, min_boots=3)
     assert learned.alpha == pytest.approx(40.0 * 0.2)
 
@@ -349,7 +300,7 @@ def test_a_boot_from_its_boot_image_has_the_io_part_its_requests_took():
     # came out 0: a host under I/O contention then ranked as fast as an idle one.
     warm_ups = served_boots((24.6, 23.5, 0.3, 0.47), (28.0, 26.7, 0.36, 0.58),
                             (25.2, 24.1, 0.32, 0.47), (34.3, 31.9, 0.8, 0.88))
-    learned = calibration.with_observed_boots(known, warm_ups, min_boots=3)
+    learned = estimators.with_observed_boots(known, warm_ups, min_boots=3)
     assert learned.alpha_yolo == 0.47
     # Warm-ups on the emulated HDD whose requests overlapped their vCPU's running: two of four
     # left nothing beyond their vCPU time and wait, yet their requests took 0.4-0.5 s. Under
@@ -357,37 +308,37 @@ def test_a_boot_from_its_boot_image_has_the_io_part_its_requests_took():
     # so that the contended host ranks behind an idle one, by what its disk costs.
     overlapped = served_boots((26.5, 26.2, 0.3, 0.45), (30.1, 29.7, 0.4, 0.43),
                               (25.1, 24.0, 0.3, 0.46), (28.3, 27.6, 0.3, 0.42))
-    learned = calibration.with_observed_boots(known, overlapped, min_boots=3)
+    learned = estimators.with_observed_boots(known, overlapped, min_boots=3)
     assert learned.alpha_yolo == 0.43
     loaded = observed(27.2, 25.7, True, io=0.99, delay=0.4, disk=2.46)
-    learned = calibration.with_observed_boots(known, overlapped + [loaded], min_boots=3)
+    learned = estimators.with_observed_boots(known, overlapped + [loaded], min_boots=3)
     # Fitted with the pole of its I/O term: alpha_yolo stays what the quiet boots' requests
     # took, and the I/O part at x 0.99 is the loaded boot's, where the thesis' pole alone took
     # alpha_yolo down to 0.009 s and left a host at x 0.9 next to no I/O (0.2 s).
 
     def io_at(x):
-        return boot_model.io_time(learned.alpha_yolo, x, learned.io_exponent,
+        return prediction.io_time(learned.alpha_yolo, x, learned.io_exponent,
                                   learned.io_pole_yolo)
     assert 0.43 <= learned.alpha_yolo <= 0.46 and learned.io_pole_yolo == 0.15
     assert io_at(0.99) == pytest.approx(2.46, rel=0.03)
     assert io_at(0.99) > io_at(0.0) + 2.0 and io_at(0.9) > 1.5
-    thesis = calibration.io_load_factor(loaded, known.io_exponent)
-    assert boot_model.io_time(2.46 / thesis, 0.9) < 0.25
+    thesis = estimators.io_load_factor(loaded, known.io_exponent)
+    assert prediction.io_time(2.46 / thesis, 0.9) < 0.25
     # Boots at one load alone cannot tell alpha from the pole: it stays the calibration's.
     saturated = [dataclasses.replace(loaded, disk_seconds=disk) for disk in (2.4, 2.5, 2.46)]
     for pole in (1.0, 0.3):
-        learned = calibration.with_observed_boots(
+        learned = estimators.with_observed_boots(
             dataclasses.replace(known, io_pole_yolo=pole), saturated, min_boots=3)
         assert learned.io_pole_yolo == pole
     # One from the calibration file gives way to the boots' fit, the thesis' 1 included.
-    grown = dataclasses.replace(loaded, disk_seconds=0.44 * boot_model.io_time(1.0, 0.99))
-    learned = calibration.with_observed_boots(dataclasses.replace(known, io_pole_yolo=0.3),
-                                              overlapped + [grown], min_boots=3)
+    grown = dataclasses.replace(loaded, disk_seconds=0.44 * prediction.io_time(1.0, 0.99))
+    learned = estimators.with_observed_boots(dataclasses.replace(known, io_pole_yolo=0.3),
+                                             overlapped + [grown], min_boots=3)
     assert (learned.io_pole_yolo, learned.alpha_yolo) == (1.0, 0.44)
     assert 'io_pole_yolo' in learned.details['observed_boots']['learned']
     # Without its waits all known, a boot is still taken against beta.
     unknown = [dataclasses.replace(boot, disk_seconds=None) for boot in warm_ups]
-    assert calibration.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 0.0
+    assert estimators.with_observed_boots(known, unknown, min_boots=3).alpha_yolo == 0.0
 
 
 def test_normal_boots_have_a_pole_of_their_own():
@@ -398,6 +349,29 @@ def test_normal_boots_have_a_pole_of_their_own():
     normal = [observed(30.0 + 6.0, 30.0, False, delay=0.0) for _ in range(3)]
     normal.append(observed(30.0 + 60.0, 30.0, False, io=0.99, delay=0.0))
     served = [observed(30.5, 30.0, True, delay=0.0, disk=0.5) for _ in range(3)]
-    learned = calibration.with_observed_boots(known, normal + served, min_boots=3)
+    learned = estimators.with_observed_boots(known, normal + served, min_boots=3)
     assert (learned.alpha, learned.io_pole) == (6.0, 0.5)
     assert (learned.alpha_yolo, learned.io_pole_yolo) == (0.5, 1.0)
+
+
+def test_a_hosts_parameters_by_precedence_file_then_boots_then_settings():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2,
+                                    io_exponent=0.5, io_pole_yolo=0.3)
+    unset = dict.fromkeys(['alpha', 'beta', 'alpha_yolo', 'io_exponent', 'disk_iops',
+                           'disk_bytes_per_second'])
+    # Served boots give beta 30 and alpha_yolo 1; normal boots under I/O load 0.5 took 8 s
+    # beyond beta for their I/O.
+    boots = [observed(31.0, 30.0, True)] * 3 + [observed(38.0, 40.0, False, io=0.5)] * 3
+    learned = estimators.host_calibration(known, boots, 3, unset)
+    assert learned == estimators.with_observed_boots(known, boots, 3)
+    assert (learned.beta, learned.alpha_yolo, learned.io_pole_yolo) == (30.0, 1.0, 0.3)
+    # A setting wins over what the boots give, and an I/O part set has the thesis' pole.
+    chosen = estimators.host_calibration(
+        known, boots, 3, dict(unset, beta=25.0, alpha_yolo=0.8, disk_iops=100.0))
+    assert (chosen.beta, chosen.alpha_yolo, chosen.io_pole_yolo, chosen.disk_iops) == (
+        25.0, 0.8, 1.0, 100.0)
+    assert chosen.alpha == learned.alpha
+    # k, which the boots do not give, is set before they are brought back to an idle disk.
+    flat = estimators.host_calibration(known, boots, 3, dict(unset, io_exponent=0.0))
+    assert flat.io_exponent == 0.0
+    assert flat.alpha == pytest.approx(8.0 * 0.5) != learned.alpha

@@ -1,0 +1,100 @@
+"""What YOLO replaces or overrides of Nova's is still there, shaped as YOLO relies on.
+
+One test per replaced function (yolo_nova/virt/nova_patches.py): it exists in the installed
+Nova, takes the parameters its wrapper passes on, and Nova still calls it by its module's
+attribute (else the replacement would silently change nothing). Then the methods the driver and
+the image backend override: a Nova that renames one would never call YOLO's.
+"""
+
+import inspect
+
+from nova.virt.libvirt import driver as libvirt_driver
+from nova.virt.libvirt import imagebackend as nova_imagebackend
+from nova.virt.libvirt import migration as libvirt_migrate
+from nova.virt.libvirt import utils as libvirt_utils
+
+from tests.unit import nova_base
+from yolo_nova.virt import driver as yolo_driver
+from yolo_nova.virt import imagebackend
+from yolo_nova.virt import nova_patches
+
+
+def original(module, name):
+    """Nova's own function, under YOLO's wrapper if a driver made in this process put one."""
+    return inspect.unwrap(getattr(module, name))
+
+
+def parameters(function):
+    return list(inspect.signature(function).parameters)
+
+
+class TestPatchTargets(nova_base.NoDBTestCase):
+
+    def test_every_patch_is_tested_here(self):
+        self.assertEqual(
+            [(libvirt_migrate, 'get_updated_guest_xml'),
+             (libvirt_utils, 'get_disk_backing_file'),
+             (nova_imagebackend, '_update_utime_ignore_eacces')],
+            [(module, name) for module, name, _ in nova_patches.PATCHES])
+
+    def test_get_updated_guest_xml_makes_the_live_migrations_xml(self):
+        function = original(libvirt_migrate, 'get_updated_guest_xml')
+        # The wrapper passes every argument on and takes the XML it returns, a string.
+        self.assertIn("return etree.tostring(xml_doc, encoding='unicode')",
+                      inspect.getsource(function))
+        self.assertIn('libvirt_migrate.get_updated_guest_xml(',
+                      inspect.getsource(libvirt_driver.LibvirtDriver._live_migration_operation))
+
+    def test_get_disk_backing_file_names_the_live_snapshots_backing_file(self):
+        function = original(libvirt_utils, 'get_disk_backing_file')
+        self.assertEqual(['path', 'basename', 'format'], parameters(function))
+        self.assertIs(True, inspect.signature(function).parameters['basename'].default)
+        # The live snapshot asks for the full path, through the module's attribute.
+        source = inspect.getsource(libvirt_driver.LibvirtDriver._live_snapshot)
+        self.assertIn('libvirt_utils.get_disk_backing_file(', source)
+        self.assertIn('basename=False', source)
+
+    def test_update_utime_ignore_eacces_sets_the_base_files_times(self):
+        function = original(nova_imagebackend, '_update_utime_ignore_eacces')
+        self.assertEqual(['path'], parameters(function))
+        # Called by name inside Nova's image backend, where the module's attribute is looked up.
+        self.assertIn('_update_utime_ignore_eacces(base)',
+                      inspect.getsource(nova_imagebackend.Qcow2.create_image))
+
+
+def own_methods(cls):
+    """The functions ``cls`` defines itself, by name (YOLO's own helpers are ``_yolo_*``)."""
+    return {name: value for name, value in vars(cls).items()
+            if callable(value) and not name.startswith('_yolo_')
+            and (name == '__init__' or not name.startswith('__'))}
+
+
+class TestOverriddenMethods(nova_base.NoDBTestCase):
+
+    def assert_overrides(self, cls, nova_cls):
+        for name, method in own_methods(cls).items():
+            self.assertTrue(hasattr(nova_cls, name), '%s.%s: Nova has no %s' % (
+                cls.__name__, name, name))
+            # The parameters Nova passes, by the names YOLO's method takes them.
+            self.assertEqual(parameters(getattr(nova_cls, name)),
+                             parameters(method)[:len(parameters(getattr(nova_cls, name)))],
+                             '%s.%s' % (cls.__name__, name))
+
+    def test_the_drivers_overrides_are_of_novas_methods(self):
+        self.assert_overrides(yolo_driver.YoloLibvirtDriver, libvirt_driver.LibvirtDriver)
+        # Private methods the driver calls.
+        self.assertEqual(['self', 'instance', 'backend'], parameters(
+            libvirt_driver.LibvirtDriver._needs_rebase_original_qcow2_image))
+
+    def test_the_methods_run_under_the_detach_lock_take_an_instance(self):
+        for name in yolo_driver.SERIALIZED_WITH_DETACH:
+            self.assertIn('instance', parameters(getattr(libvirt_driver.LibvirtDriver, name)),
+                          name)
+
+    def test_the_image_backends_overrides_are_of_novas_methods(self):
+        self.assert_overrides(imagebackend.YoloQcow2, nova_imagebackend.Qcow2)
+        self.assert_overrides(imagebackend.YoloBackend, nova_imagebackend.Backend)
+        # The backend's table of image types, which YoloBackend changes for qcow2.
+        backends = nova_imagebackend.Backend(True).BACKEND
+        self.assertIs(nova_imagebackend.Qcow2, backends['qcow2'])
+        self.assertIs(nova_imagebackend.Qcow2, backends['default'])
