@@ -5,8 +5,8 @@ boots it three ways on an emulated HDD (the boot benchmark's: a throttled loop d
 stressors keep that disk busy, each from a cold page cache: normally (backing file on the disk),
 through yolofs (boot reads from the boot image in memory), and with the whole image already in
 page cache (the best a cache can do, at the cost of the whole image in RAM). Prints the three
-boot times side by side. The boot benchmark (docs/boot-benchmark.md) measures the same with
-repetitions and more conditions.
+boot times side by side. The boot benchmark (docs/evaluation/boot-benchmark.md) measures the
+same with repetitions and more conditions.
 
 Usage: python3 bench/scripts/demo.py [--workdir DIR] [--stressors N] [--runs N]
 """

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Boot-time model accuracy (docs/scheduling.md): run as root from a checkout.
+"""Boot-time model accuracy (docs/evaluation/scheduling-runs.md, "Model accuracy"): run as root
+from a checkout.
 
     sudo .venv/bin/python bench/scripts/model_accuracy.py run
     .venv/bin/python bench/scripts/model_accuracy.py report results/model-accuracy.csv \

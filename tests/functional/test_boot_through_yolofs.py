@@ -61,7 +61,7 @@ def test_learn_then_boot_from_the_boot_image(image_cache, mount_factory, tmp_pat
     assert stats['errors'] == 0, stats
 
 
-# Boots of the kill test: CI runs fewer (.ci/run, its time budget); docs/benchmarks.md's
+# Boots of the kill test: CI runs fewer (.ci/run, its time budget); docs/evaluation/benchmarks.md's
 # figures are from 20.
 KILL_BOOTS = int(os.environ.get('YOLO_KILL_BOOTS', '20'))
 

@@ -754,7 +754,8 @@ def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usua
     with fixtures.Fixture() as scope, \
             ImageServer({image_id: image_cache}, rate=1 << 20) as server:
         # The in-order download is throttled, the ranges the guest waits for are not: the boot
-        # image covers little here (docs/benchmarks.md measures boots over a shared link).
+        # image covers little here (docs/evaluation/benchmarks.md measures boots over a shared
+        # link).
         server.throttle_ranges = False
         conf = scope.useFixture(config_fixture.Config(nova.conf.CONF))
         scope.useFixture(nova_fixtures.PrivsepFixture())

@@ -12,8 +12,9 @@ What is served:
   ``_created``).
 
 What the docs name: every ``yolofs_*`` and ``yolo_worker_*`` token (the metrics' two
-namespaces) in README.md, docs/*.md, bench/README.md, etc/ (the Grafana dashboard, the systemd
-units, the configuration samples) and the release notes. Not metrics, and so not checked:
+namespaces) in README.md, docs/**/*.md (the write-ups of docs/evaluation/ among them),
+bench/README.md, etc/ (the Grafana dashboard, the systemd units, the configuration samples) and
+the release notes. Not metrics, and so not checked:
 
 - names outside those two namespaces: the scheduler's stats keys (``yolo_io_utilisation``,
   ``yolo_boot_images``...), image properties (``yolo_boot_image_id``...), ``[yolo_worker]``
@@ -62,7 +63,7 @@ RUST_REGISTRATIONS = (
 
 def doc_files():
     files = [REPO / 'README.md', REPO / 'bench' / 'README.md']
-    files += sorted((REPO / 'docs').glob('*.md'))
+    files += sorted((REPO / 'docs').rglob('*.md'))
     files += sorted(p for p in (REPO / 'etc').rglob('*') if p.is_file())
     files += sorted((REPO / 'releasenotes' / 'notes').glob('*.yaml'))
     return files
@@ -146,6 +147,7 @@ def test_worker_metrics_are_read_from_its_registry():
 def test_every_metric_the_docs_name_is_served():
     paths = doc_files()
     assert REPO / 'docs' / 'operations.md' in paths
+    assert REPO / 'docs' / 'evaluation' / 'benchmarks.md' in paths
     names, options = served(), option_names()
     wrong = ['%s:%d: %s' % (path.relative_to(REPO), line, name)
              for path in paths

@@ -597,7 +597,8 @@ start_yolofs_service() {  # NAME SOURCE MOUNTPOINT BOOT-IMAGES CONTROL-SOCKET OP
         # shellcheck disable=SC2016 # expanded by that shell
         join=(/bin/sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$7")
     fi
-    # Benchmarks run yolofs as on a kernel without multigrain timestamps (docs/benchmarks.md).
+    # Benchmarks run yolofs as on a kernel without multigrain timestamps
+    # (docs/evaluation/benchmarks.md).
     if [[ -n ${YOLOFS_ASSUME_COARSE_TIMESTAMPS:-} ]]; then
         join=(/usr/bin/env YOLOFS_ASSUME_COARSE_TIMESTAMPS=1 "${join[@]}")
     fi

@@ -13,5 +13,6 @@ the benchmarks all use it.
   order in which a host's parameters take precedence.
 * :mod:`.host_stats`: what hosts report to the scheduler in their ``stats``.
 
-docs/scheduling.md explains the model, its measurements and its decisions.
+docs/scheduling.md explains the model and its decisions; docs/evaluation/scheduling-runs.md gives
+the measurements behind them.
 """

@@ -36,7 +36,8 @@ class Calibration(_Parameters):
 # Fields that the [yolo] options of the same name set, beside the table's.
 DISK_CAPACITY = ('disk_iops', 'disk_bytes_per_second')
 
-# An uncalibrated host: the table's defaults (the emulated HDD of docs/boot-benchmark.md, TCG).
+# An uncalibrated host: the table's defaults (the emulated HDD of
+# docs/evaluation/boot-benchmark.md, TCG).
 UNCALIBRATED = Calibration(**{p.name: p.default for p in parameters.PARAMETERS if p.measured})
 
 

@@ -3,8 +3,9 @@
 ``yolo-calibrate`` measures idle boots (:func:`from_boots`) and one under I/O load
 (:func:`io_exponent_from`). nova-compute times the guests it spawns (``ObservedBoot``, kept in
 ``[yolo] observed_boots_file``) and :func:`with_observed_boots` fits the parameters to them.
-docs/scheduling.md, "Calibration" and "Learning from the host's own boots", gives the
-measurements behind each choice made here.
+docs/scheduling.md, "Calibration", "Learning from the host's own boots" and "Decisions", says what
+each does and why; docs/evaluation/scheduling-runs.md gives the measurements behind each choice
+made here.
 """
 
 import dataclasses

@@ -2,7 +2,8 @@
 
 Each row declares a parameter once: its bounds, its default, the key a host reports it under in
 its ``stats``, the ``[yolo]`` option that sets it on a compute node and the aggregate metadata key
-that sets it at the scheduler (see docs/scheduling.md, "Calibration"). ``BootTimeParameters``,
+that sets it at the scheduler (see docs/scheduling.md, "Parameters", generated from this table
+by tools/model-table.py, and "Order of precedence"). ``BootTimeParameters``,
 the options (yolo_nova.conf), the stats keys (:mod:`.host_stats`), the aggregate keys
 (yolo_nova.scheduler.utils) and the order of precedence (:func:`.estimators.host_calibration`)
 all come from it. A new parameter is a row here and its use in :func:`.prediction.predict`.

@@ -36,8 +36,8 @@ def test_the_parameters_dataclass_is_the_tables():
     fields = dataclasses.fields(parameters.BootTimeParameters)
     assert [(f.name, f.type, f.default) for f in fields] == [
         (p.name, p.type, p.default) for p in parameters.PARAMETERS]
-    # An uncalibrated host: the emulated HDD of docs/boot-benchmark.md under TCG, the thesis'
-    # refinements.
+    # An uncalibrated host: the emulated HDD of docs/evaluation/boot-benchmark.md under TCG, the
+    # thesis' refinements.
     assert parameters.BootTimeParameters() == calibration.UNCALIBRATED.params
     assert dataclasses.astuple(calibration.UNCALIBRATED.params) == (
         5.9, 22.7, 0.4, 1, 1.0, 1.0, 0.0, 1.0, 1.0)
