@@ -86,8 +86,7 @@ def _wait_for_window(guest, mount, name, timeout):
             raise LearningFailed('QEMU exited with %d before the guest was ready; console '
                                  'tail: %r' % (guest.process.returncode, guest.console_tail()),
                                  guest.stderr_tail())
-        recording = [r for r in mount.client.status()['recording'] if r['name'] == name]
-        if recording:
+        if name in mount.client.status().recording:
             seen_recording = True
         elif seen_recording:
             elapsed = time.monotonic() - guest.started

@@ -1,5 +1,6 @@
 """Talking to yolofs: its command line, its control socket, and mounts run as child processes."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -44,6 +45,84 @@ def run(*args, check=True):
     return proc
 
 
+def _known(cls, answer):
+    """The fields of dataclass ``cls`` that ``answer`` holds (a newer yolofs may say more)."""
+    return {field.name: answer[field.name] for field in dataclasses.fields(cls)
+            if field.name in answer}
+
+
+@dataclasses.dataclass(frozen=True)
+class BootImage:
+    """A boot image yolofs holds, as ``status`` lists it."""
+    file: str                   # the base file it is for
+    image_id: str = None        # the Glance image the base file belongs to
+    verified: bool = False      # loaded, or stamped as matching its base file
+    rejected: str = None        # why it was refused (until it changes)
+    learned: bool = False       # learned on this host; a published one replaces it
+
+    @property
+    def usable(self):
+        return not self.rejected
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """yolofs' ``status`` answer: what YOLO reads of it, typed; ``answer`` is all of it (what
+    operators' tools print: docs/yolofs.md lists the fields)."""
+    boot_images: dict           # base file name: BootImage
+    recording: frozenset        # base file names with a boot window open
+    # How boot images stay verified when a base file's times are set (docs/yolofs.md).
+    touch_safety: str = None
+    answer: dict = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_answer(cls, answer):
+        return cls(boot_images={entry['file']: BootImage(**_known(BootImage, entry))
+                                for entry in answer.get('boot_images') or ()},
+                   recording=frozenset(window['name'] for window in answer.get('recording') or ()),
+                   touch_safety=(answer.get('touch_safety') or {}).get('mechanism'),
+                   answer=answer)
+
+    def served_image_ids(self):
+        """The Glance image ids of the verified, unrefused boot images."""
+        return {entry.image_id for entry in self.boot_images.values()
+                if entry.verified and entry.usable and entry.image_id}
+
+    def usable(self, name):
+        """Whether base file ``name`` has a boot image yolofs has not refused."""
+        entry = self.boot_images.get(name)
+        return entry is not None and entry.usable
+
+
+@dataclasses.dataclass(frozen=True)
+class Installed:
+    """What ``install`` installed."""
+    file: str
+    image_id: str
+    extents: int
+    bytes: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FillBegun:
+    """``fill_begin``'s answer: ``new`` is False when yolofs already served a fill of the file."""
+    file: str
+    size: int
+    new: bool
+    filled_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class FillEnded:
+    """``fill_end``'s answer: ``boot_image_matches`` (a complete fill) tells whether the boot
+    image served during the fill matches the data; None when yolofs did not compare."""
+    file: str
+    ended: bool
+    boot_image_matches: bool = None
+    mismatch: str = None
+
+
 class ControlClient:
     """A client of a running yolofs' JSON-lines control socket."""
 
@@ -71,7 +150,7 @@ class ControlClient:
         return answer
 
     def status(self):
-        return self.request('status')
+        return Status.from_answer(self.request('status'))
 
     def stats(self, file=None):
         return self.request('stats', file=file)['files']
@@ -103,8 +182,9 @@ class ControlClient:
         ``image_id``, ``extents``, ``bytes``, ``seconds``); raises :class:`YolofsError` with
         yolofs' reason ("... does not match base file ...") if it was not installed.
         """
-        return self.request('install', file=file, boot_image=os.path.abspath(boot_image_path),
-                            image_id=image_id, timeout=timeout)['installed']
+        answer = self.request('install', file=file, boot_image=os.path.abspath(boot_image_path),
+                              image_id=image_id, timeout=timeout)['installed']
+        return Installed(**_known(Installed, answer))
 
     def remember(self, file, image_id):
         """Records the Glance image id base file ``file`` belongs to (a boot image yolofs
@@ -116,8 +196,9 @@ class ControlClient:
         its final size) from the boot image at ``boot_image_path`` (checked as for ``install``,
         not compared with any data yet) and the ranges reported with :meth:`fill_done`; reads
         of other ranges wait for them (docs/first-boot.md)."""
-        return self.request('fill_begin', file=file,
-                            boot_image=os.path.abspath(boot_image_path), image_id=image_id)
+        answer = self.request('fill_begin', file=file,
+                              boot_image=os.path.abspath(boot_image_path), image_id=image_id)
+        return FillBegun(**_known(FillBegun, answer))
 
     def fill_done(self, file, offset, length):
         """Reports bytes ``offset``..``offset + length`` of ``file`` written, final."""
@@ -133,24 +214,13 @@ class ControlClient:
     def fill_end(self, file, complete, reason=None):
         """Ends the fill of ``file``: complete (every byte written and verified: yolofs then
         compares the boot image with it, ``boot_image_matches``) or failed (its reads fail)."""
-        return self.request('fill_end', file=file, complete=complete, reason=reason)
+        answer = self.request('fill_end', file=file, complete=complete, reason=reason)
+        return FillEnded(**_known(FillEnded, answer))
 
     def prune(self):
         """Has yolofs delete the boot images (and their files) of base files that are gone;
         returns the names of the files deleted."""
         return self.request('prune')['removed']
-
-
-def boot_images(status):
-    """``status``' boot images by base file name: ``{'file', 'image_id', 'verified',
-    'rejected'}`` each."""
-    return {entry['file']: entry for entry in (status or {}).get('boot_images') or ()}
-
-
-def served_image_ids(status):
-    """The Glance image ids yolofs serves a verified, unrefused boot image for."""
-    return {entry['image_id'] for entry in boot_images(status).values()
-            if entry.get('verified') and not entry.get('rejected') and entry.get('image_id')}
 
 
 def is_mounted(path):

@@ -164,7 +164,7 @@ class Host:
         """A host that has booted the image before: its base file and boot image."""
         if not (self.base_dir / self.name).exists():
             shutil.copyfile(glance_raw, self.base_dir / self.name)
-        if not yolofs.boot_images(self.mount.client.status()).get(self.name):
+        if self.name not in self.mount.client.status().boot_images:
             self.mount.client.install(self.name, published, IMAGE_ID)
 
     def boot(self, drvr, console):

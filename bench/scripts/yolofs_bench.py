@@ -209,7 +209,8 @@ def main():
             yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt-daemon', boot_images=store,
                          control_socket=work / 'ctl-daemon.sock',
                          log_path=work / 'yolofs-daemon.log', no_kernel_passthrough=True) as daemon:
-        assert kernel.client.status()['kernel_passthrough'], 'the kernel offers no passthrough'
+        assert kernel.client.status().answer['kernel_passthrough'], \
+            'the kernel offers no passthrough'
         log('passthrough overhead (%d MiB file)' % args.file_mib)
         report['passthrough'] = compare(
             {'direct': (source, None), 'kernel': (kernel.mountpoint / 'file', None),

@@ -110,10 +110,9 @@ class Host:
         if not self.base.exists():
             return False
         try:
-            boot_image = yolofs.boot_images(self.client.status()).get(self.base.name)
+            return self.client.status().usable(self.base.name)
         except (OSError, ValueError, yolofs.YolofsError):
             return False
-        return bool(boot_image and not boot_image.get('rejected'))
 
     def forget(self):
         """A host that never had the image: no base file, no boot image."""

@@ -87,9 +87,8 @@ def test_a_published_boot_image_is_installed_by_yolofs_and_served(host, tmp_path
         NAME + '.image-id', NAME + '.yolo', NAME + '.yolo.verified']
     assert list((tmp_path / 'downloads').iterdir()) == []
     status = mount.client.status()
-    assert yolofs.boot_images(status)[NAME] == {
-        'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None,
-        'learned': False}
+    assert status.boot_images[NAME] == yolofs.BootImage(
+        file=NAME, image_id=IMAGE_ID, verified=True, rejected=None, learned=False)
     assert driver_side.verified_image_ids() == {IMAGE_ID}
     assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'present'
     # The next open reads from it.
@@ -109,7 +108,7 @@ def test_a_boot_image_of_other_bytes_is_refused_by_yolofs(host, tmp_path, caplog
     assert 'does not match base file %s' % NAME in caplog.text
     assert not (store / (NAME + '.yolo')).exists()
     assert list((tmp_path / 'downloads').iterdir()) == []
-    assert NAME not in yolofs.boot_images(mount.client.status())
+    assert NAME not in mount.client.status().boot_images
 
 
 def test_a_boot_image_of_another_image_is_refused_by_yolofs(host, tmp_path, caplog):
@@ -218,7 +217,7 @@ def test_ctl_install_symlinks_size_bound_and_prune(tmp_path, mount_factory):
     # The image cache manager removes the base file: yolofs prunes what went with it.
     (base_dir / NAME).unlink()
     assert mount.client.prune() == [NAME + '.image-id', NAME + '.yolo', NAME + '.yolo.verified']
-    assert mount.client.status()['boot_images'] == []
+    assert mount.client.status().boot_images == {}
 
 
 def test_a_learned_boot_image_names_the_image_nova_remembered(tmp_path, mount_factory):
@@ -231,9 +230,8 @@ def test_a_learned_boot_image_names_the_image_nova_remembered(tmp_path, mount_fa
     with open(mount.mountpoint / NAME, 'rb') as f:
         assert f.read(65536) == data[:65536]
     assert mount.client.record_stop(NAME)['built'] is True
-    entry = yolofs.boot_images(mount.client.status())[NAME]
-    assert entry == {'file': NAME, 'image_id': IMAGE_ID, 'verified': True, 'rejected': None,
-                     'learned': True}
+    assert mount.client.status().boot_images[NAME] == yolofs.BootImage(
+        file=NAME, image_id=IMAGE_ID, verified=True, rejected=None, learned=True)
     learned = tmp_path / 'boot-images' / (NAME + '.yolo')
     info = json.loads(yolofs.run('inspect', '--json', learned).stdout)
     assert info['identity']['image_id'] == IMAGE_ID
@@ -265,7 +263,7 @@ def test_a_published_boot_image_replaces_one_learned_here(tmp_path, mount_factor
     assert (store / (NAME + '.yolo')).read_bytes() == \
         pathlib.Path(glance.images['boot-image']['file']).read_bytes()
     assert not (store / (NAME + '.trace')).exists()
-    assert yolofs.boot_images(mount.client.status())[NAME]['learned'] is False
+    assert mount.client.status().boot_images[NAME].learned is False
     # Installed: the next boot does not ask Glance again.
     glance.images.clear()
     assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'present'
@@ -358,7 +356,7 @@ def test_an_unprivileged_client_installs_only_its_own_files(tmp_path, public_dir
         os.chown(candidate, pwd.getpwnam('nobody').pw_uid, -1)
         code, answer = client_as('nobody', socket_path, request)
         assert answer['ok'] is True, answer
-        assert yolofs.boot_images(mount.client.status())[NAME]['verified'] is True
+        assert mount.client.status().boot_images[NAME].verified is True
     finally:
         mount.stop()
 
@@ -382,7 +380,7 @@ def test_preload_and_touch_open_no_link_and_no_fifo(tmp_path, mount_factory):
             mount.client.request(op, file=link)
         with pytest.raises(yolofs.YolofsError, match='is not a regular file'):
             mount.client.request(op, file=fifo, timeout=10)
-    assert mount.client.status()['ok']
+    assert mount.client.status().answer['ok']
     # touch set no time on the file the link names.
     assert secret.stat().st_mtime_ns == secret_mtime
 
@@ -421,10 +419,10 @@ def test_control_clients_are_bounded_in_number_size_and_idleness(tmp_path, mount
     # Clients that send nothing are let go after the idle time, which frees their places.
     for sock in idle:
         assert sock.recv(4096) == b''
-    assert mount.client.status()['ok']
+    assert mount.client.status().answer['ok']
     # A request line longer than the bound is refused and its client let go.
     sock = connect()
     sock.sendall(b'{"op": "status", "x": "' + b'a' * (70 << 10) + b'"}\n')
     refused, rest = answer(sock)
     assert refused['error'] == 'request longer than 65536 bytes' and rest == b''
-    assert mount.client.status()['ok']
+    assert mount.client.status().answer['ok']

@@ -77,7 +77,7 @@ def serving_again(mount, dead_pid, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if mount.client.status()['pid'] != dead_pid:
+            if mount.client.status().answer['pid'] != dead_pid:
                 return
         except (OSError, ValueError):
             pass
@@ -114,7 +114,7 @@ def test_boots_reach_ready_while_yolofs_is_killed_under_them(
             try:
                 guest.wait_ready(kill_at)
             except qemu.BootTimeout:
-                pid = mount.client.status()['pid']
+                pid = mount.client.status().answer['pid']
                 os.kill(pid, signal.SIGKILL)
                 killed = time.monotonic()
                 serving_again(mount, pid)
@@ -125,7 +125,7 @@ def test_boots_reach_ready_while_yolofs_is_killed_under_them(
     print('yolofs killed in %d of %d boots; serving again after %.3f s (median), %.3f s (max)'
           % (len(restarts), KILL_BOOTS, statistics.median(restarts), max(restarts)))
     assert len(restarts) >= KILL_BOOTS * 3 // 4, restarts
-    status = mount.client.status()
+    status = mount.client.status().answer
     assert status['took_over_mount'] and status['loaded'], status
     assert sampled_reads(served) == before
     stats = mount.client.stats(base.name)[base.name]

@@ -523,11 +523,11 @@ def test_yolofs_killed_mid_conversion_keeps_the_guests_reads_waiting_not_failing
                                       lambda fill: fill.run_converted(conversion))
         fd = os.open(host.served(), os.O_RDONLY)
         try:
-            pid = host.mount.client.status()['pid']
+            pid = host.mount.client.status().answer['pid']
             os.kill(pid, signal.SIGKILL)
             start, length = extent['source_offset'], extent['length']
             assert os.pread(fd, length, start) == content[start:start + length]
-            assert host.mount.client.status()['pid'] != pid
+            assert host.mount.client.status().answer['pid'] != pid
             conversion.released.set()
             assert fill.wait(60) and fill.outcome == 'complete', fill.reason
             assert os.pread(fd, 4096, SIZE - 4096) == content[-4096:]

@@ -104,7 +104,7 @@ def test_root_disk_on_the_mount_learns_boots_and_falls_back(nova_host, image_cac
     assert info['backing-filename-format'] == 'raw'
     assert info['virtual-size'] == 4 * GiB
     # Nova's own qemu-img runs (the resize) did not go through yolofs: no recording yet.
-    assert mount.client.status()['recording'] == []
+    assert mount.client.status().recording == frozenset()
 
     # First boot: yolofs records it and learns the image's boot image.
     start_with_driver(drvr, context, instance, disk)
@@ -114,8 +114,8 @@ def test_root_disk_on_the_mount_learns_boots_and_falls_back(nova_host, image_cac
     yolofs.run('verify', tmp_path / 'boot-images' / (base.name + '.yolo'), base)
     # The driver told yolofs the base file's image before the boot: the learned boot image is
     # attributed to it.
-    learned = yolofs.boot_images(mount.client.status())[base.name]
-    assert (learned['image_id'], learned['verified']) == (image_id, True)
+    learned = mount.client.status().boot_images[base.name]
+    assert (learned.image_id, learned.verified) == (image_id, True)
 
     # yolofs goes down: the start path rebases the disk back onto _base and the guest boots.
     mount.stop()
@@ -181,7 +181,7 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount
     disk = create_root_disk(drvr, context, instance, base)
     # Installed by yolofs, which verified it (the driver only downloaded it and handed it over).
     assert (store / (base.name + '.yolo.verified')).exists()
-    assert yolofs.boot_images(mount.client.status())[base.name]['verified'] is True
+    assert mount.client.status().boot_images[base.name].verified is True
     assert list((tmp_path / 'downloads').iterdir()) == []
     assert images.info(disk)['backing-filename'] == str(mount.mountpoint / base.name)
 

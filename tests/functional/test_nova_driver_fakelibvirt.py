@@ -102,9 +102,10 @@ class FakeYolofs:
         self.install_error = None
 
     def status(self):
-        return {'boot_images': [dict(e) for e in self.entries.values()],
-                'rejected': [{'name': e['file'], 'reason': e['rejected']}
-                             for e in self.entries.values() if e['rejected']]}
+        return yolofs.Status.from_answer({
+            'boot_images': [dict(e) for e in self.entries.values()],
+            'rejected': [{'name': e['file'], 'reason': e['rejected']}
+                         for e in self.entries.values() if e['rejected']]})
 
     def remember(self, file, image_id):
         if not (self.base_dir / file).is_file():
@@ -126,7 +127,7 @@ class FakeYolofs:
                                      refused=True)
         self.entries[file] = {'file': file, 'image_id': image_id, 'verified': True,
                               'rejected': None, 'learned': False}
-        return {'file': file, 'image_id': image_id}
+        return yolofs.Installed(file=file, image_id=image_id, extents=1, bytes=0, seconds=0.0)
 
     def prune(self):
         gone = sorted(n for n in self.entries if not (self.base_dir / n).exists())

@@ -112,7 +112,7 @@ def test_reads_equal_the_source_without_a_boot_image(mount_factory, base_dir, co
     mount = mount_factory(base_dir, no_kernel_passthrough=not kernel_passthrough)
     # Before Linux 6.9 the kernel has no passthrough: yolofs serves every read itself.
     kernel_passthrough = kernel_passthrough and kernel.fuse_passthrough()
-    assert mount.client.status()['kernel_passthrough'] is kernel_passthrough
+    assert mount.client.status().answer['kernel_passthrough'] is kernel_passthrough
     ranges = list(random_ranges(2, 200))
     assert read_buffered(mount.mountpoint / NAME, ranges) == expected(content, ranges)
     direct_ranges = list(random_ranges(3, 100, align=4096))
@@ -171,8 +171,8 @@ def test_a_changed_base_file_is_never_served_from_its_boot_image(
     # Buffered reads go through the mount's page cache: the watcher drops it on the write.
     assert served(mount, ranges, read_buffered) == expected(changed, ranges)
     # Verified again in the background: the changed bytes no longer match, it is refused.
-    wait_for(lambda: mount.client.status()['rejected'])
-    assert 'differs from the source file' in mount.client.status()['rejected'][0]['reason']
+    wait_for(lambda: mount.client.status().answer['rejected'])
+    assert 'differs from the source file' in mount.client.status().answer['rejected'][0]['reason']
     memory = mount.client.stats(NAME)[NAME]['bytes_memory']
     assert served(mount, ranges, read_direct) == expected(changed, ranges)
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] == memory
@@ -218,7 +218,7 @@ def served_again_after_a_touch(mount, ranges, content, verified_before, kept):
         time.sleep(2)   # beyond the watcher's reverification delay
     else:
         wait_for(lambda: verifications(mount) > verified_before)
-    wait_for(lambda: NAME in {e['name'] for e in mount.client.status()['loaded']})
+    wait_for(lambda: NAME in {e['name'] for e in mount.client.status().answer['loaded']})
     memory = mount.client.stats(NAME)[NAME]['bytes_memory']
     assert served(mount, ranges, read_direct) == expected(content, ranges)
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] > memory
@@ -229,7 +229,7 @@ def test_touch_safety_is_known_before_any_base_file(mount_factory, tmp_path, lea
     empty = tmp_path / 'empty_base'
     empty.mkdir()
     mount = mount_factory(empty)
-    assert mount.client.status()['touch_safety']['mechanism'] == (
+    assert mount.client.status().answer['touch_safety']['mechanism'] == (
         'leases' if leases and kernel.leases_taken(empty)
         else 'multigrain_timestamps' if kernel.multigrain_timestamps(empty) else 'none')
     # Tried on an unnamed file: Nova's image cache sees nothing.
@@ -257,7 +257,7 @@ def test_base_files_of_another_user_are_leased_with_cap_lease_only(
     base.mkdir()
     os.chown(base, NOBODY, NOBODY)
     mount = mount_factory(base, **({} if cap_lease else {'preexec_fn': without_cap_lease}))
-    safety = mount.client.status()['touch_safety']
+    safety = mount.client.status().answer['touch_safety']
     local = kernel.leases_taken(base)
     assert safety['mechanism'] == (
         'leases' if cap_lease and local
@@ -272,7 +272,7 @@ def test_a_base_file_whose_times_were_set_keeps_its_boot_image_under_a_lease(
     mount = mount_factory(base_dir, boot_images=boot_image_dir, no_kernel_passthrough=True)
     ranges = list(random_ranges(4, 200, align=4096))
     assert served(mount, ranges, read_direct) == expected(content, ranges)
-    status = mount.client.status()
+    status = mount.client.status().answer
     leased = leases and kernel.leases_taken(base_dir)
     assert status['touch_safety']['mechanism'] == (
         'leases' if leased else 'multigrain_timestamps' if kernel.multigrain_timestamps(base_dir)
@@ -281,7 +281,7 @@ def test_a_base_file_whose_times_were_set_keeps_its_boot_image_under_a_lease(
     before = verifications(mount)
     os.utime(base_dir / NAME)
     served_again_after_a_touch(mount, ranges, content, before, kept=leased)
-    assert not mount.client.status()['rejected']
+    assert not mount.client.status().answer['rejected']
 
 
 @pytest.mark.parametrize('coarse', [False, True], ids=['kernel_timestamps', 'coarse_timestamps'])
@@ -299,7 +299,7 @@ def test_a_base_file_touched_through_yolofs_keeps_its_boot_image(
     leased = leases and kernel.leases_taken(base_dir)
     if not leased:
         wait_for(lambda: verifications(mount) > before)
-    wait_for(lambda: NAME in {e['name'] for e in mount.client.status()['loaded']})
+    wait_for(lambda: NAME in {e['name'] for e in mount.client.status().answer['loaded']})
     before = verifications(mount)
     # Kept under a lease on every kernel; without one, only where a ctime moves at every change.
     kept = leased or (not coarse and kernel.multigrain_timestamps(base_dir))
@@ -324,7 +324,7 @@ def test_a_write_right_after_a_touch_is_never_served_from_the_boot_image(
         changed = change_in_place(base_dir / NAME, offset, keep_mtime=True)
         assert served(mount, ranges, read_direct) == expected(changed, ranges)
         assert os.pread(held.fileno(), 1, offset) == changed[offset:offset + 1]
-    wait_for(lambda: mount.client.status()['rejected'])
+    wait_for(lambda: mount.client.status().answer['rejected'])
     assert served(mount, ranges, read_buffered) == expected(changed, ranges)
 
 
@@ -356,13 +356,13 @@ def test_a_write_from_another_nfs_client_is_seen_once_the_attributes_expire(
     offset = covered_offset(boot_image_dir)
     ranges = [(offset - offset % 4096, 4096)] + list(random_ranges(7, 200, align=4096))
     assert served(mount, ranges, read_direct) == expected(content, ranges)
-    status = mount.client.status()
+    status = mount.client.status().answer
     assert status['touch_safety']['mechanism'] == 'none'
     assert 'not a local filesystem' in status['touch_safety']['lease_error']
     changed = change_in_place(other, offset, keep_mtime=True)
     time.sleep(2 * actimeo + 1)
     assert served(mount, ranges, read_direct) == expected(changed, ranges)
-    wait_for(lambda: mount.client.status()['rejected'])
+    wait_for(lambda: mount.client.status().answer['rejected'])
     assert served(mount, ranges, read_buffered) == expected(changed, ranges)
 
 
@@ -512,7 +512,7 @@ def test_corrupt_boot_image_is_never_served(mount_factory, base_dir, boot_image_
         mount.client.preload(NAME)
     assert (mount.mountpoint / NAME).read_bytes() == content
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] == 0
-    assert mount.client.status()['rejected'][0]['name'] == NAME
+    assert mount.client.status().answer['rejected'][0]['name'] == NAME
 
 
 def test_mismatching_boot_image_is_never_served(mount_factory, base_dir, boot_image_dir,
@@ -524,20 +524,20 @@ def test_mismatching_boot_image_is_never_served(mount_factory, base_dir, boot_im
     mount = mount_factory(base_dir, boot_images=boot_image_dir)
     assert (mount.mountpoint / NAME).read_bytes() == bytes(other)
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] == 0
-    assert 'differs from the source file' in mount.client.status()['rejected'][0]['reason']
+    assert 'differs from the source file' in mount.client.status().answer['rejected'][0]['reason']
 
 
 def test_preload_evict_budget_and_mlock(mount_factory, base_dir, boot_image_dir, content):
     mount = mount_factory(base_dir, boot_images=boot_image_dir, mlock=True)
     loaded = mount.client.preload(NAME)
     assert loaded['bytes'] > 0 and loaded['locked'] is True
-    status = mount.client.status()
+    status = mount.client.status().answer
     assert status['memory_used_bytes'] == loaded['bytes']
     with open('/proc/%d/status' % mount.process.pid) as f:
         locked_kib = int(next(line for line in f if line.startswith('VmLck:')).split()[1])
     assert locked_kib * 1024 >= loaded['bytes']
     assert mount.client.evict(NAME)['evicted'] is True
-    assert mount.client.status()['memory_used_bytes'] == 0
+    assert mount.client.status().answer['memory_used_bytes'] == 0
     with pytest.raises(yolofs.YolofsError, match='invalid base file name'):
         mount.client.preload('../etc/passwd')
     # Served again after eviction: loaded on open.
@@ -558,7 +558,7 @@ def test_memory_budget_evicts_least_recently_used(mount_factory, base_dir, tmp_p
     mount = mount_factory(base_dir, boot_images=store, memory_budget_mib=1)
     for i in range(3):
         mount.client.preload('img%d' % i)
-    loaded = [entry['name'] for entry in mount.client.status()['loaded']]
+    loaded = [entry['name'] for entry in mount.client.status().answer['loaded']]
     assert loaded == ['img2'], loaded
 
 
@@ -615,7 +615,7 @@ def serving_pid(mount, other_than=None, timeout=30):
     while True:
         # A yolofs killed in the middle of its answer leaves it cut short (not JSON).
         with contextlib.suppress(OSError, ValueError):
-            pid = mount.client.status()['pid']
+            pid = mount.client.status().answer['pid']
             if pid != other_than:
                 return pid
         assert time.monotonic() < deadline, 'no yolofs took the mount over'
@@ -676,7 +676,7 @@ def assert_mount_given_up(mount, readers, mount_id, content):
     wait_for(lambda: readers.failures)
     readers.finish()
     assert not [failure for failure in readers.failures if failure.endswith('wrong bytes')]
-    assert not mount.client.status()['took_over_mount']
+    assert not mount.client.status().answer['took_over_mount']
     assert os.stat(mount.mountpoint).st_dev != mount_id
     assert (mount.mountpoint / NAME).read_bytes() == content
 
@@ -707,7 +707,7 @@ def test_a_kept_mount_survives_kills_with_reads_in_flight(mount_factory, base_di
         reads = readers.finish()
     assert readers.failures == [], readers.failures[:5]
     assert reads > 100
-    status = mount.client.status()
+    status = mount.client.status().answer
     assert status['took_over_mount'] and status['pid'] != first
     assert os.stat(mount.mountpoint).st_dev == mount_id
     # Served from the boot image again, and new opens too.
@@ -722,7 +722,7 @@ def test_files_served_by_the_kernel_outlive_a_restart(mount_factory, base_dir, c
     path = mount.mountpoint / NAME
     if not kernel.fuse_passthrough():
         # Before Linux 6.9 yolofs serves every file itself, and a restart gives the mount up.
-        assert not mount.client.status()['kernel_passthrough']
+        assert not mount.client.status().answer['kernel_passthrough']
         mount_id = os.stat(mount.mountpoint).st_dev
         readers = Readers(path, content, count=1)
         pid = serving_pid(mount)
@@ -732,7 +732,7 @@ def test_files_served_by_the_kernel_outlive_a_restart(mount_factory, base_dir, c
         return
     held = os.open(path, os.O_RDONLY)
     try:
-        assert mount.client.status()['kernel_passthrough']
+        assert mount.client.status().answer['kernel_passthrough']
         old_ino = os.fstat(held).st_ino
         pid = serving_pid(mount)
         os.kill(pid, signal.SIGKILL)
@@ -764,7 +764,7 @@ def test_sighup_to_the_keeper_restarts_yolofs_on_the_same_mount(
         readers.read_on()
     finally:
         readers.finish()
-    assert readers.failures == [] and mount.client.status()['took_over_mount']
+    assert readers.failures == [] and mount.client.status().answer['took_over_mount']
 
 
 def test_sigterm_to_the_keeper_unmounts_and_ends_it(mount_factory, base_dir):
@@ -848,7 +848,7 @@ def test_a_killed_keeper_gets_the_mount_back_from_the_service_manager(
         finally:
             readers.finish()
         assert readers.failures == []
-        assert mount.client.status()['took_over_mount']
+        assert mount.client.status().answer['took_over_mount']
     finally:
         keeper.terminate()
         keeper.wait(30)
@@ -891,7 +891,7 @@ def scrape(mount):
 
 
 def status_memory(mount):
-    return mount.client.status()['memory_used_bytes']
+    return mount.client.status().answer['memory_used_bytes']
 
 
 def test_metrics_count_what_was_served(mount_factory, base_dir, boot_image_dir, content):
@@ -934,7 +934,7 @@ def test_metrics_count_what_was_served(mount_factory, base_dir, boot_image_dir, 
     assert metrics[('yolofs_boot_image_loads_total', ())] == 1
     assert metrics[('yolofs_boot_image_rejections_total', (('reason', 'invalid'),))] == 1
     assert metrics[('yolofs_boot_images_refused', ())] == 1
-    status = mount.client.status()
+    status = mount.client.status().answer
     assert metrics[('yolofs_memory_used_bytes', ())] == status['memory_used_bytes'] > 0
     assert metrics[('yolofs_memory_locked_bytes', ())] == status['memory_used_bytes']
     assert metrics[('yolofs_fuse_errors_total',
@@ -969,7 +969,7 @@ def test_a_boot_image_learned_from_a_window_that_closed_early_heals_at_the_next_
     fd = os.open(mount.mountpoint / NAME, os.O_RDONLY | os.O_DIRECT)
     try:
         os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 0)
-        wait_for(lambda: NAME in {b['file'] for b in mount.client.status()['boot_images']})
+        wait_for(lambda: NAME in mount.client.status().boot_images)
         os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 8 << 20)
     finally:
         os.close(fd)
@@ -1093,8 +1093,8 @@ def test_a_base_file_being_filled_is_served_before_it_is_complete(
     mount = mount_factory(base_dir, boot_images=tmp_path / 'empty-store',
                           fill_read_timeout_secs=2, metrics_address='127.0.0.1:0')
     answer = mount.client.fill_begin(fill_name, offered, 'some-image-id')
-    assert answer['new'] and answer['size'] == SIZE and answer['filled_bytes'] == 0
-    assert mount.client.status()['fills'] == [
+    assert answer.new and answer.size == SIZE and answer.filled_bytes == 0
+    assert mount.client.status().answer['fills'] == [
         {'file': fill_name, 'size': SIZE, 'filled_bytes': 0}]
     assert scrape(mount)[('yolofs_fill_size_bytes', (('file', fill_name),))] == SIZE
     extent = extents[0]
@@ -1143,8 +1143,8 @@ def test_a_base_file_being_filled_is_served_before_it_is_complete(
         assert metrics[('yolofs_read_seconds_count', (('from', 'fill'),))] >= 2
         assert metrics[('yolofs_read_seconds_count', (('from', 'error'),))] >= 1
         assert metrics[('yolofs_read_seconds_bucket', (('from', 'error'), ('le', '0.5')))] == 0
-        assert mount.client.fill_end(fill_name, complete=True)['boot_image_matches'] is True
-        assert mount.client.status()['fills'] == []
+        assert mount.client.fill_end(fill_name, complete=True).boot_image_matches is True
+        assert mount.client.status().answer['fills'] == []
         os.rename(base_dir / fill_name, base_dir / NAME)
         assert os.pread(fd, SIZE, 0) == content
         assert (mount.mountpoint / NAME).read_bytes() == content
@@ -1180,7 +1180,7 @@ def test_a_failed_fill_or_a_boot_image_of_other_data_never_serves_a_wrong_byte(
     try:
         mount.client.fill_done(fill_name, 0, SIZE)
         ended = mount.client.fill_end(fill_name, complete=True)
-        assert ended['boot_image_matches'] is False and 'differs' in ended['mismatch']
+        assert ended.boot_image_matches is False and 'differs' in ended.mismatch
         buf = mmap.mmap(-1, SIZE)
         assert os.preadv(fd, [buf], 0) == SIZE and bytes(buf) == other
     finally:

@@ -187,12 +187,11 @@ class BootImages:
             # Base file names are sha1(image id): yolofs cannot know the image otherwise, and a
             # boot image it learns from the coming boot is attributed to it.
             self.client.remember(name, image_id)
-            present = yolofs.boot_images(status).get(name)
-            usable = bool(present) and not present.get('rejected')
+            usable = status.usable(name)
             # One this host learned from its own boots (perhaps a boot that failed early, or
             # while Glance was away) gives way to the one Glance publishes, built from a whole
             # boot and trusted.
-            if usable and not (present.get('learned') and self.fetch):
+            if usable and not (status.boot_images[name].learned and self.fetch):
                 return 'present'
             if not self.fetch:
                 return 'none'
@@ -362,12 +361,12 @@ class BootImages:
         answer already fetched)."""
         if status is None:
             status = self.backing_files.status()
-        return yolofs.served_image_ids(status)
+        return status.served_image_ids() if status is not None else set()
 
     def has_boot_image(self, name, status):
-        """Whether yolofs (whose ``status`` answer this is) has a usable boot image for ``name``."""
-        entry = yolofs.boot_images(status).get(name)
-        return bool(entry) and not entry.get('rejected')
+        """Whether yolofs (whose ``status`` answer this is, None if it did not answer) has a
+        usable boot image for ``name``."""
+        return status is not None and status.usable(name)
 
     def prune(self):
         """Asks yolofs to delete the boot images of base files the image cache manager removed."""

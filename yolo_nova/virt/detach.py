@@ -314,8 +314,8 @@ def settle_guest(lookup_guest, backing_files):
 
 
 def open_windows(status):
-    """Base names with a boot window open, from yolofs' status answer."""
-    return {window['name'] for window in (status or {}).get('recording') or ()}
+    """Base names with a boot window open, from yolofs' status answer (None: no answer)."""
+    return status.recording if status is not None else frozenset()
 
 
 def boot_is_over(status, base_names, elapsed, settle_seconds, max_seconds, window_seen):

@@ -376,7 +376,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         traits = {t for t in provider_tree.data(nodename).traits
                   if not t.startswith(contract.TOUCH_SAFETY_TRAIT_PREFIX)}
         status = self.yolo_backing.status()
-        mechanism = ((status or {}).get('touch_safety') or {}).get('mechanism')
+        mechanism = status.touch_safety if status is not None else None
         if mechanism in contract.TOUCH_SAFETY_MECHANISMS:
             traits.add(contract.touch_safety_trait(mechanism))
         provider_tree.update_traits(nodename, traits)

@@ -300,13 +300,11 @@ class Fill:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, self.size)
         os.fchmod(fd, 0o644)
-        if self.client.fill_begin(self.file, self.boot_image_path,
-                                  self.image_id).get('new') is not True:
+        if not self.client.fill_begin(self.file, self.boot_image_path, self.image_id).new:
             # A fill of that name yolofs was never told the end of (it did not answer then):
             # ended now, so that nothing it held counts for this one.
             self.client.fill_end(self.file, complete=False, reason='a new fill of the file')
-            if self.client.fill_begin(self.file, self.boot_image_path,
-                                      self.image_id).get('new') is not True:
+            if not self.client.fill_begin(self.file, self.boot_image_path, self.image_id).new:
                 raise FillFailed('yolofs serves another fill of %s' % self.file)
 
     def run_raw(self, data, checksum=None, inspect=None):
@@ -403,7 +401,7 @@ class Fill:
             LOG.warning('yolofs did not take the end of fill %s (%s): its boot image is '
                         'compared with the base file when installed', self.file, e)
             return None
-        if answer.get('boot_image_matches') is False:
+        if answer.boot_image_matches is False:
             # yolofs has logged the alarm and counted it; the data is Glance's, verified: the
             # base file is good, only the boot image was wrong.
             LOG.error('ALARM: the boot image of base file %s (image %s) did not match the '
@@ -482,8 +480,8 @@ class Fill:
                                      daemon=True).start()
                 return False
             try:
-                if self.client.fill_begin(self.file, self.boot_image_path,
-                                          self.image_id).get('new') is not True:
+                if not self.client.fill_begin(self.file, self.boot_image_path,
+                                              self.image_id).new:
                     return False
                 LOG.warning('yolofs serves fill %s again (it was restarted)', self.file)
                 for done in [(0, self._cursor)] + self._ahead_written:

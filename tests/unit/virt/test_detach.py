@@ -7,6 +7,7 @@ import time
 import pytest
 
 from yolo_common import images
+from yolo_common import yolofs
 from yolo_nova.virt import detach
 
 
@@ -21,21 +22,21 @@ def over(status, elapsed, window_seen=True):
 
 
 def test_a_boot_is_over_once_its_window_ended_and_it_settled():
-    status = {'recording': [window('other-image')]}
+    status = yolofs.Status.from_answer({'recording': [window('other-image')]})
     assert not over(status, 3)
     assert over(status, 11)
 
 
 def test_a_boot_whose_window_is_open_waits_for_it_up_to_the_maximum():
-    status = {'recording': [window('image')]}
+    status = yolofs.Status.from_answer({'recording': [window('image')]})
     assert not over(status, 300)
     assert over(status, 600)
 
 
 def test_a_guest_that_has_not_begun_to_read_is_not_over_its_boot():
     # Paused until its network is plugged, say: no window has opened yet.
-    assert not over({'recording': []}, 120, window_seen=False)
-    assert over({'recording': []}, 600, window_seen=False)
+    assert not over(yolofs.Status.from_answer({'recording': []}), 120, window_seen=False)
+    assert over(yolofs.Status.from_answer({'recording': []}), 600, window_seen=False)
 
 
 def test_a_yolofs_that_does_not_answer_is_a_reason_to_leave_at_once():
@@ -202,7 +203,7 @@ def test_a_guest_over_a_base_file_being_filled_stays_until_the_file_is_there(tmp
     # has ended.
     class BackingFiles:
         def status(self):
-            return {'recording': []}
+            return yolofs.Status.from_answer({'recording': []})
 
         def base_path(self, name):
             return str(tmp_path / name)

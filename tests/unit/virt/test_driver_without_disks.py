@@ -17,6 +17,7 @@ from nova.virt.libvirt import driver as libvirt_driver
 from oslo_utils.fixture import uuidsentinel as uuids
 
 from tests.unit import nova_base
+from yolo_common import yolofs
 from yolo_nova.model import calibration
 from yolo_nova.model import estimators
 from yolo_nova.virt import backing
@@ -65,8 +66,9 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             libvirt_driver.LibvirtDriver, 'get_available_resource',
             side_effect=lambda nodename: {'vcpus': 2, 'stats': {'other': 'kept'}}))
         self.client = self.drvr.yolo_backing.client
-        self.useFixture(fixtures.MockPatchObject(self.drvr.yolo_backing, 'status',
-                                                 return_value={'boot_images': []}))
+        self.useFixture(fixtures.MockPatchObject(
+            self.drvr.yolo_backing, 'status',
+            return_value=yolofs.Status.from_answer({'boot_images': []})))
 
     def test_a_healthy_yolofs_reports_its_state(self):
         load = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5, 'iops': 10.0,
@@ -278,7 +280,9 @@ class TestProviderTraits(nova_base.NoDBTestCase):
         self.tree.new_root('node', uuids.node)
         self.tree.update_traits('node', ['HW_CPU_X86_AVX', 'CUSTOM_YOLO_TOUCH_SAFETY_NONE'])
 
-    def traits_with(self, status):
+    def traits_with(self, answer):
+        """The traits with yolofs' status ``answer`` (None: yolofs down)."""
+        status = yolofs.Status.from_answer(answer) if answer is not None else None
         with mock.patch.object(self.drvr.yolo_backing, 'status', return_value=status):
             self.drvr.update_provider_tree(self.tree, 'node')
         return self.tree.data('node').traits

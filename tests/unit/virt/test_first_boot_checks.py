@@ -7,6 +7,7 @@ import pytest
 import requests
 
 from tests.unit import nova_base
+from yolo_common import yolofs
 from yolo_nova.virt import first_boot
 
 
@@ -88,7 +89,7 @@ class TestSignedImages(nova_base.NoDBTestCase):
 
     def test_without_the_workers_keys_no_image_boots_before_its_download(self):
         backing = mock.Mock(base_dir='/nonexistent/_base')
-        backing.status.return_value = {'boot_images': []}
+        backing.status.return_value = yolofs.Status.from_answer({'boot_images': []})
         boot_images = mock.Mock(verifier=None)
         first_boots = first_boot.FirstBoots(backing, boot_images, '/nonexistent/locks')
         self.assertIsNone(first_boots.begin(mock.sentinel.context, 'an-image',
@@ -98,7 +99,7 @@ class TestSignedImages(nova_base.NoDBTestCase):
 
     def test_a_signed_image_boots_once_downloaded_by_nova(self):
         backing = mock.Mock(base_dir='/nonexistent/_base')
-        backing.status.return_value = {'boot_images': []}
+        backing.status.return_value = yolofs.Status.from_answer({'boot_images': []})
         boot_images = mock.Mock()
         boot_images.image_api.get.return_value = dict(
             self.SIGNED, id='an-image', disk_format='raw', size=1 << 20, os_hash_algo='sha512',
