@@ -1185,3 +1185,21 @@ def test_a_failed_fill_or_a_boot_image_of_other_data_never_serves_a_wrong_byte(
         assert os.preadv(fd, [buf], 0) == SIZE and bytes(buf) == other
     finally:
         os.close(fd)
+
+
+def test_the_end_of_a_fill_compares_no_file_a_link_names(
+        mount_factory, base_dir, boot_image_dir, content, tmp_path):
+    """A complete fill's boot image is compared with the fill file as install opens a file: a
+    link put in its place (to a file the client may not read) is refused, and nothing of the
+    file it names is told."""
+    offered, fill_name, _, _ = offered_fill(base_dir, boot_image_dir, tmp_path)
+    mount = mount_factory(base_dir, boot_images=tmp_path / 'empty-store')
+    mount.client.fill_begin(fill_name, offered, 'some-image-id')
+    secret = tmp_path / 'root-only'
+    secret.write_bytes(content)
+    secret.chmod(0o600)
+    (base_dir / fill_name).unlink()
+    (base_dir / fill_name).symlink_to(secret)
+    with pytest.raises(yolofs.YolofsError, match='is a symbolic link') as refused:
+        mount.client.fill_end(fill_name, complete=True)
+    assert 'differs' not in str(refused.value) and 'match' not in str(refused.value)
