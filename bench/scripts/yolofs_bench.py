@@ -28,11 +28,11 @@ import uuid
 
 from checkout import REPO  # noqa: E402 (makes the checkout importable)
 
-from yolo_bench import storage  # noqa: E402
 from yolo_common import images  # noqa: E402
 from yolo_common import learning  # noqa: E402
 from yolo_common import qemu  # noqa: E402
 from yolo_common import yolofs  # noqa: E402
+from yolo_testing import storage  # noqa: E402
 
 # Random reads of a cold run: a share of the file small enough that few blocks are read twice.
 COLD_RANDOM_IO = '64M'

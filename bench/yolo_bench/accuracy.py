@@ -1,6 +1,6 @@
 """How well the boot-time model predicts real boots: ``bench/scripts/model_accuracy.py``.
 
-On the emulated HDD of the boot benchmark (yolo_bench.storage.ThrottledDisk), boots are made
+On the emulated HDD of the boot benchmark (yolo_testing.storage.ThrottledDisk), boots are made
 idle (the calibration), under graded I/O load (fio at a fixed rate: a known share of the disk's
 IOPS) and under graded CPU load (one process per CPU busy a fixed share of each 10 ms), each as a
 normal boot and a YOLO boot. Before each boot the load runs for a settling time, then the host's
@@ -22,11 +22,12 @@ import time
 
 from yolo_bench import plan as plan_mod
 from yolo_bench import runner
-from yolo_bench import storage as storage_mod
 from yolo_nova.model import calibration
 from yolo_nova.model import estimators
 from yolo_nova.model import prediction
 from yolo_testing import REPO
+from yolo_testing import storage as storage_mod
+from yolo_testing import stressors
 
 FIELDS = ('kind', 'level', 'policy', 'repetition', 'x', 'y', 'boot_s', 'vcpu_run_s', 'runnable')
 # Normal boots under this I/O load measure k, the I/O part's exponent (not evaluated).
@@ -112,8 +113,8 @@ def start_load(disk, kind, level):
     if kind in ('io', 'iocal') and level > 0:
         rate = max(1, round(level * disk.limits.read_iops))
         return [subprocess.Popen(
-            ['fio', '--name=load', '--filename=%s' % runner.stressor_file(disk, 0),
-             '--size=%dM' % runner.STRESSOR_FILE_MIB, '--rw=randrw', '--rwmixread=50',
+            ['fio', '--name=load', '--filename=%s' % stressors.stressor_file(disk, 0),
+             '--size=%dM' % stressors.STRESSOR_FILE_MIB, '--rw=randrw', '--rwmixread=50',
              '--bs=64k', '--ioengine=libaio', '--iodepth=8', '--direct=1',
              '--rate_iops=%d,%d' % (rate, rate), '--time_based', '--runtime=86400'],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

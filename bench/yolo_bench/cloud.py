@@ -19,7 +19,7 @@ N servers of N distinct images (the image and copies of it uploaded as other pub
 its own base file, boot image and page cache), a request each in quick succession.
 
 Storage ``hdd``: for the run, the compute node's instances directory (``_base`` included) is the
-boot benchmark's emulated HDD (``yolo_bench.storage.ThrottledDisk``, mounted over it), and every
+boot benchmark's emulated HDD (``yolo_testing.storage.ThrottledDisk``, mounted over it), and every
 process doing I/O there shares its one blkio throttle: the fio stressors and yolofs are moved into
 its cgroup, and each guest's QEMU joins it as it starts, paused before its vCPUs run, through the
 all-in-one's libvirt hook (``tools/aio/libvirt-qemu-hook``).
@@ -47,6 +47,7 @@ from yolo_common import images
 from yolo_common import yolofs
 from yolo_testing import aio
 from yolo_testing import REPO
+from yolo_testing import stressors as stressors_mod
 from yolo_testing.wait import wait
 
 READY_MARKER = 'YOLO-GUEST-READY'
@@ -54,7 +55,7 @@ POLICIES = ('off', 'on', 'warm')
 IMAGE_KINDS = ('same', 'distinct')
 INSTANCES = aio.INSTANCES[aio.FIRST_HOST]
 # Read by tools/aio/libvirt-qemu-hook: the cgroup the first host's guests join as they start.
-GUESTS_CGROUP_FILE = pathlib.Path('/run/libvirt/yolo-guests-blkio-cgroup')
+GUESTS_CGROUP_FILE = aio.GUESTS_CGROUP_FILES[aio.FIRST_HOST]
 # Where the all-in-one's compute hosts keep their instances (tools/aio/settings
 # AIO_COMPUTE_DISK): this benchmark mounts its emulated HDD over the first host's directory on
 # the machine's disk, not over a disk of the host's own.
@@ -137,8 +138,7 @@ class ComputeNode:
     def instances_on_hdd(self, stressors):
         """The instances directory on a new emulated HDD for the duration (nothing of the one
         beneath it is seen meanwhile: ``_base`` starts empty), with files for ``stressors``."""
-        from yolo_bench import runner
-        from yolo_bench import storage
+        from yolo_testing import storage
         self.set_policy('off')      # yolofs reads _base: it starts again on the new one
         disk = storage.ThrottledDisk(INSTANCES)
         disk.setup()
@@ -148,7 +148,8 @@ class ComputeNode:
                 shutil.chown(path, 'nova', 'nova')
                 path.chmod(0o755)
             for i in range(stressors):
-                storage.write_random(runner.stressor_file(disk, i), runner.STRESSOR_FILE_MIB)
+                storage.write_random(stressors_mod.stressor_file(disk, i),
+                                     stressors_mod.STRESSOR_FILE_MIB)
             self.disk = disk
             GUESTS_CGROUP_FILE.write_text(str(disk.cgroup))
             yield disk
@@ -504,7 +505,6 @@ def main(argv=None):
 def measure(args, node, user, admin, image, flavor, policy, stressors, servers, kind,
             repetition):
     """One boot of ``servers`` servers of ``image`` (or of each of a list of images)."""
-    from yolo_bench import runner
     bases = [INSTANCES / '_base' / images.base_file_name(one.id)
              for one in (image if isinstance(image, list) else [image])]
     node.set_policy(policy)
@@ -527,7 +527,7 @@ def measure(args, node, user, admin, image, flavor, policy, stressors, servers, 
             print('==> no disk times of %s: %s' % (name, e), flush=True)   # the boot counts
             return
         disk.extend(statistics.mean(times) for times in zip(*per_guest))
-    with runner.io_stressors(node.disk, stressors):
+    with stressors_mod.io_stressors(node.disk, stressors):
         active, ready, cache = boot_servers(user, admin, image, flavor, name, servers,
                                             args.timeout, on_ready=on_ready)
     boot = Boot(policy, stressors, servers, repetition, active, ready, cache, kind, tuple(disk))

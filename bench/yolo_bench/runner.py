@@ -27,11 +27,14 @@ import time
 import uuid
 
 from yolo_bench.results import Result
-from yolo_bench import storage as storage_mod
 from yolo_common import images
 from yolo_common import learning
 from yolo_common import qemu
 from yolo_common import yolofs
+from yolo_testing import storage as storage_mod
+from yolo_testing.stressors import io_stressors
+from yolo_testing.stressors import stressor_file
+from yolo_testing.stressors import STRESSOR_FILE_MIB
 
 BOOT_TIMEOUT = 1800
 LEARNING_CACHE_MODE = 'writethrough'
@@ -150,7 +153,6 @@ def pinned_qemu(enabled):
         proc.wait(30)
 
 
-STRESSOR_FILE_MIB = 512
 SWAP_GIB = 4
 
 # Takes MiB of memory given as argument, writing every page, says "ready", then holds it.
@@ -203,33 +205,6 @@ def memory_pressure(free_mib):
     finally:
         proc.kill()
         proc.wait()
-
-
-def stressor_file(disk, i):
-    return disk.root / ('stress%d.dat' % i)
-
-
-@contextlib.contextmanager
-def io_stressors(disk, count):
-    """``count`` fio processes doing random reads and writes on their own files on the disk."""
-    procs = []
-    try:
-        for i in range(count):
-            procs.append(subprocess.Popen(
-                ['fio', '--name=stress%d' % i, '--filename=%s' % stressor_file(disk, i),
-                 '--size=%dM' % STRESSOR_FILE_MIB,
-                 '--rw=randrw', '--rwmixread=50', '--bs=64k', '--ioengine=libaio',
-                 '--iodepth=4', '--direct=1', '--time_based', '--runtime=86400'],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                preexec_fn=disk.join_cgroup))
-        if count:
-            time.sleep(3)  # let them reach a steady state
-        yield
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
 
 
 def run_boots(session, point, console_dir):

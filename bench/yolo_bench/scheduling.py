@@ -23,7 +23,6 @@ whose boots (which placement otherwise avoids) measure the model under contentio
 
 import argparse
 import configparser
-import contextlib
 import dataclasses
 import pathlib
 import statistics
@@ -36,18 +35,12 @@ import psutil
 
 from yolo_bench import cloud
 from yolo_bench import replay
-from yolo_bench import runner
-from yolo_bench import storage
 from yolo_nova.model import calibration
 from yolo_testing import aio
 
 FIRST_HOST = aio.FIRST_HOST
 SECOND_HOST = aio.SECOND_HOST
 INSTANCES = aio.INSTANCES
-# Where a host on an emulated HDD of its own (the all-in-one's AIO_COMPUTE_DISK=hdd) names its
-# throttle, for its libvirt hook: its libvirtd's /run/libvirt.
-GUESTS_CGROUP_FILES = {FIRST_HOST: cloud.GUESTS_CGROUP_FILE,
-                       SECOND_HOST: aio.COMPUTE2_LIBVIRT / 'run' / cloud.GUESTS_CGROUP_FILE.name}
 # Both hosts share this machine's CPUs, run their guests under TCG and learn from their boots
 # as configured by default.
 HOST_CPUS = psutil.cpu_count()
@@ -56,7 +49,6 @@ SCHEDULER_CONF = pathlib.Path('/etc/nova/nova-scheduler.conf')
 # What setting "off" writes into [yolo] of the scheduler's configuration.
 YOLO_OFF = {'max_boot_time_ratio': '0', 'max_predicted_boot_time': '0',
             'boot_time_weight_multiplier': '0'}
-LOAD_SETTLE_SECONDS = 30
 # Servers are kept this long after their guest is ready, for nova-compute to time their boot.
 KEEP_SECONDS = 3.0
 
@@ -81,38 +73,10 @@ class Request:
         return (self.predicted[self.landed][0] - self.boot_seconds) / self.boot_seconds
 
 
-def instance_storage(host):
-    """The host's instance storage as its stressors use it: in its throttle, with its guests and
-    its yolofs, where the host is on an emulated HDD of its own."""
-    cgroup_file = GUESTS_CGROUP_FILES[host]
-    if cgroup_file.exists():
-        cgroup = pathlib.Path(cgroup_file.read_text().strip())
-        if cgroup.is_dir():     # not one a benchmark that was killed left named
-            return storage.ThrottledDirectory(INSTANCES[host], cgroup)
-    return storage.LocalDisk(INSTANCES[host])
-
-
 def device_of(path):
     """The device of the filesystem that holds ``path``."""
     return subprocess.run(['findmnt', '-n', '-o', 'SOURCE', '--target', str(path)],
                           capture_output=True, text=True).stdout.strip()
-
-
-@contextlib.contextmanager
-def contention(host, stressors):
-    """``stressors`` fio processes reading and writing the host's instance storage at random
-    (the boot benchmark's stressors), for the duration; yields the Unix time from which yolofs'
-    smoothed load has taken them in."""
-    disk = instance_storage(host)
-    files = [runner.stressor_file(disk, i) for i in range(stressors)]
-    try:
-        for path in files:
-            storage.write_random(path, runner.STRESSOR_FILE_MIB)
-        with runner.io_stressors(disk, stressors):
-            yield time.time() + LOAD_SETTLE_SECONDS
-    finally:
-        for path in files:
-            path.unlink(missing_ok=True)
 
 
 def reported_parameters(hosts):
@@ -271,7 +235,7 @@ def main(argv=None):
             print('==> warm-up boot %d on %s: ACTIVE to ready %.1f s' % (
                 number, host, ready - active), flush=True)
     for host, path in INSTANCES.items():
-        disk = instance_storage(host)
+        disk = aio.instance_storage(host)
         print('==> %s: instances on %s, %s' % (
             host, device_of(path), 'blkio cgroup %s' % disk.cgroup if disk.name == 'hdd'
             else 'unthrottled'), flush=True)
@@ -280,7 +244,7 @@ def main(argv=None):
         for setting in args.yolo:
             set_scheduler(setting)
             for busy in (FIRST_HOST, SECOND_HOST):
-                with contention(busy, args.stressors) as settled:
+                with aio.contention(busy, args.stressors) as settled:
                     loads = aio.wait_for_reports(INSTANCES, settled)
                     print('==> YOLO %s, %s under contention: reported I/O %s, parameters %s'
                           % (setting, busy, loads, reported_parameters(INSTANCES)), flush=True)
@@ -300,7 +264,7 @@ def main(argv=None):
                         landed, boot, predicted = request(conn, admin, image, flavor_of_conn,
                                                           name, args.timeout, **placement)
                         stolen = stolen_share(cpu_before, psutil.cpu_times())
-                        fresh_after = time.time() + LOAD_SETTLE_SECONDS
+                        fresh_after = time.time() + aio.LOAD_SETTLE_SECONDS
                         requests.append(Request(setting, busy, number, landed, predicted, boot,
                                                 asked=onto_busy))
                         timed = aio.observed_boots(landed, since=asked)

@@ -2,6 +2,7 @@
 instances directories, yolofs' sockets, logs. The settings are read as the aio script reads
 them (sourced by bash, overrides from the environment applied)."""
 
+import contextlib
 import functools
 import json
 import os
@@ -12,6 +13,8 @@ import time
 
 from yolo_nova.model import estimators
 from yolo_testing import REPO
+from yolo_testing import storage
+from yolo_testing import stressors
 from yolo_testing.wait import wait
 
 SETTINGS = REPO / 'tools' / 'aio' / 'settings'
@@ -108,3 +111,40 @@ def predictions(since, log=SCHEDULER_LOG):
     return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(6),
                          None if m.group(5) == 'unknown' else float(m.group(5)))
             for m in PREDICTION.finditer(text)}
+
+
+# Where a host on an emulated HDD of its own (AIO_COMPUTE_DISK=hdd) names its throttle, for its
+# libvirt hook (tools/aio/libvirt-qemu-hook): its libvirtd's /run/libvirt.
+GUESTS_CGROUP_FILES = {FIRST_HOST: pathlib.Path('/run/libvirt/yolo-guests-blkio-cgroup'),
+                       SECOND_HOST: COMPUTE2_LIBVIRT / 'run' / 'yolo-guests-blkio-cgroup'}
+# yolofs' load is a moving average with a time constant of 10 s, which has come 95% of the way
+# to a new load after three.
+LOAD_SETTLE_SECONDS = 30
+
+
+def instance_storage(host):
+    """The host's instance storage as its stressors use it: in its throttle, with its guests and
+    its yolofs, where the host is on an emulated HDD of its own."""
+    cgroup_file = GUESTS_CGROUP_FILES[host]
+    if cgroup_file.exists():
+        cgroup = pathlib.Path(cgroup_file.read_text().strip())
+        if cgroup.is_dir():     # not one a benchmark that was killed left named
+            return storage.ThrottledDirectory(INSTANCES[host], cgroup)
+    return storage.LocalDisk(INSTANCES[host])
+
+
+@contextlib.contextmanager
+def contention(host, count):
+    """``count`` fio processes reading and writing the host's instance storage at random (the
+    boot benchmark's stressors), for the duration; yields the Unix time from which yolofs'
+    smoothed load has taken them in."""
+    disk = instance_storage(host)
+    files = [stressors.stressor_file(disk, i) for i in range(count)]
+    try:
+        for path in files:
+            storage.write_random(path, stressors.STRESSOR_FILE_MIB)
+        with stressors.io_stressors(disk, count):
+            yield time.time() + LOAD_SETTLE_SECONDS
+    finally:
+        for path in files:
+            path.unlink(missing_ok=True)

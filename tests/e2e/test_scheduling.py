@@ -22,7 +22,7 @@ from tests.e2e.conftest import on_its_mount
 from tests.e2e.conftest import wait_for_ready
 from tests.e2e.conftest import wait_for_status
 from tests.e2e.conftest import wait_until
-from yolo_bench.scheduling import contention
+from yolo_testing.aio import contention
 from yolo_testing.aio import FIRST_HOST
 from yolo_testing.aio import INSTANCES
 from yolo_testing.aio import log_position

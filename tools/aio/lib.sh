@@ -794,7 +794,7 @@ hdd_cgroup() {  # HOST: the blkio cgroup of the host's emulated HDD (nothing: no
 }
 
 throttle_disk() {  # DEVICE HOST LIBVIRT-RUN
-    # The boot benchmark's emulated HDD (yolo_bench.storage.ThrottledDisk) as a host's own: a
+    # The boot benchmark's emulated HDD (yolo_testing.storage.ThrottledDisk) as a host's own: a
     # blkio cgroup limits what its processes do on the device, all of them sharing one budget as
     # they would share one disk. The host's libvirtd (whose /run/libvirt is LIBVIRT-RUN) puts its
     # guests' QEMU into it through the hook (tools/aio/libvirt-qemu-hook), yolofs starts in it,

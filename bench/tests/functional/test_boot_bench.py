@@ -6,7 +6,7 @@ import subprocess
 from yolo_bench import cli
 from yolo_bench import plan
 from yolo_bench import results
-from yolo_bench import storage
+from yolo_testing import storage
 
 
 def test_throttled_disk_accounts_io_to_its_cgroup(tmp_path):

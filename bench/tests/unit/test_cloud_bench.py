@@ -1,5 +1,5 @@
 """The Nova-level boot benchmark's arguments and report (its boots run on the all-in-one:
-tools/aio/boot-times)."""
+bench/aio/boot-times)."""
 
 import dataclasses
 from unittest import mock

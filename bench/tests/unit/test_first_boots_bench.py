@@ -1,5 +1,5 @@
 """The cloud first-boot benchmark's report (its boots run on the all-in-one:
-tools/aio/first-boot-times) and its rate limit on Glance's link."""
+bench/aio/first-boot-times) and its rate limit on Glance's link."""
 
 import http.server
 import subprocess

@@ -86,12 +86,12 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
     monkeypatch.setattr(scheduling.cloud, 'public_image', lambda admin, name: name)
     monkeypatch.setattr(scheduling.cloud, 'wait_for_boot_image', lambda *args: None)
     monkeypatch.setattr(scheduling, 'set_scheduler', lambda setting: events.append(setting))
-    monkeypatch.setattr(scheduling, 'contention', contention)
+    monkeypatch.setattr(scheduling.aio, 'contention', contention)
     monkeypatch.setattr(scheduling.aio, 'wait_for_reports',
                         lambda hosts, after: events.append(('reports', after)) or {})
     monkeypatch.setattr(scheduling, 'reported_parameters', lambda hosts: {})
     monkeypatch.setattr(scheduling, 'request', request)
-    monkeypatch.setattr(scheduling, 'GUESTS_CGROUP_FILES', {
+    monkeypatch.setattr(scheduling.aio, 'GUESTS_CGROUP_FILES', {
         'aio-compute': tmp_path / 'absent', 'aio-compute-2': tmp_path / 'absent'})
     monkeypatch.setattr(scheduling, 'device_of', lambda path: '/dev/loop9')
     monkeypatch.setattr(scheduling.time, 'time', lambda: next(clock))
@@ -107,7 +107,7 @@ def test_each_request_is_predicted_from_reports_taken_after_the_server_before_it
                         lambda cloud: types.SimpleNamespace(compute=flavors))
     assert scheduling.main(['--requests', '2', '--on-contended', '1', '--warm-ups', '0',
                             '--yolo', 'on']) == 0
-    settle = scheduling.LOAD_SETTLE_SECONDS
+    settle = scheduling.aio.LOAD_SETTLE_SECONDS
     assert events == [
         'on',
         ('contention', 'aio-compute', 2), ('reports', 'settled on aio-compute'),
@@ -169,15 +169,15 @@ def test_a_hosts_stressors_join_the_throttle_its_libvirt_hook_names(tmp_path, mo
     cgroup.mkdir()
     named = tmp_path / 'yolo-guests-blkio-cgroup'
     named.write_text('%s\n' % cgroup)
-    monkeypatch.setitem(scheduling.GUESTS_CGROUP_FILES, 'aio-compute', named)
-    monkeypatch.setitem(scheduling.GUESTS_CGROUP_FILES, 'aio-compute-2', tmp_path / 'absent')
-    throttled = scheduling.instance_storage('aio-compute')
+    monkeypatch.setitem(scheduling.aio.GUESTS_CGROUP_FILES, 'aio-compute', named)
+    monkeypatch.setitem(scheduling.aio.GUESTS_CGROUP_FILES, 'aio-compute-2', tmp_path / 'absent')
+    throttled = scheduling.aio.instance_storage('aio-compute')
     assert throttled.root == scheduling.INSTANCES['aio-compute'] and throttled.name == 'hdd'
     throttled.join_cgroup()
     assert (cgroup / 'cgroup.procs').read_text() == str(os.getpid())
-    unthrottled = scheduling.instance_storage('aio-compute-2')
+    unthrottled = scheduling.aio.instance_storage('aio-compute-2')
     assert unthrottled.name == 'local' and not hasattr(unthrottled, 'cgroup')
     # A file a killed benchmark left, naming its cgroup, now gone.
     cgroup.joinpath('cgroup.procs').unlink()
     cgroup.rmdir()
-    assert scheduling.instance_storage('aio-compute').name == 'local'
+    assert scheduling.aio.instance_storage('aio-compute').name == 'local'
