@@ -95,6 +95,28 @@ class Status:
 
 
 @dataclasses.dataclass(frozen=True)
+class HostLoad:
+    """``host_load``'s answer: the host's smoothed load as yolofs samples it (utilisations 0..1;
+    None: not reported, by an older yolofs or a kernel without the figure)."""
+    io_utilisation: float                   # busy time of the disk holding _base
+    cpu_utilisation: float = None
+    idlest_cpu_utilisation: float = None    # of the least busy CPU of each sample
+    iops: float = None                      # the disk's operations per second
+    bytes_per_second: float = None
+    runnable_per_cpu: float = None
+    cpu_pressure: float = None              # PSI's "some" share (None without PSI)
+    device: str = None
+    smoothing_seconds: float = 10.0         # the averages' time constant
+    samples: int = 0
+
+    @classmethod
+    def from_answer(cls, answer):
+        if 'io_utilisation' not in answer:
+            raise YolofsError('host_load: an answer without io_utilisation')
+        return cls(**_known(cls, answer))
+
+
+@dataclasses.dataclass(frozen=True)
 class Installed:
     """What ``install`` installed."""
     file: str
@@ -167,7 +189,7 @@ class ControlClient:
         return self.request('touch', file=file)
 
     def host_load(self):
-        return self.request('host_load')
+        return HostLoad.from_answer(self.request('host_load'))
 
     def record_stop(self, file):
         return self.request('record_stop', file=file)

@@ -22,6 +22,7 @@ import time
 
 from yolo_bench import plan as plan_mod
 from yolo_bench import runner
+from yolo_common import yolofs
 from yolo_nova.model import calibration
 from yolo_nova.model import estimators
 from yolo_nova.model import prediction
@@ -100,8 +101,8 @@ def measure_load(disk, seconds=WINDOW_S):
         time.sleep(0.05)
     ops1, bytes1 = disk_counters(disk.loop)
     busy1, total1 = cpu_jiffies()
-    load = {'iops': (ops1 - ops0) / seconds, 'bytes_per_second': (bytes1 - bytes0) / seconds,
-            'io_utilisation': 0.0}
+    load = yolofs.HostLoad(io_utilisation=0.0, iops=(ops1 - ops0) / seconds,
+                           bytes_per_second=(bytes1 - bytes0) / seconds)
     x = calibration.io_utilisation(load, limits.read_iops + limits.write_iops,
                                    limits.read_bps + limits.write_bps)
     return (round(x, 4), round((busy1 - busy0) / max(1, total1 - total0), 4),

@@ -42,7 +42,7 @@ HOSTS = (FIRST_HOST, SECOND_HOST)
 VENV = _path('AIO_VENV')
 LOG_DIR = _path('AIO_LOG_DIR')
 RUN_DIR = _path('AIO_RUN_DIR')
-YOLOFS_BIN = settings()['YOLOFS_BIN']
+YOLOFS_BIN = settings()['AIO_YOLOFS_BIN']
 # Per host: its Nova state, instances directory, yolofs mount point and control socket.
 STATE = {FIRST_HOST: _path('NOVA_STATE'), SECOND_HOST: _path('COMPUTE2_STATE')}
 INSTANCES = {FIRST_HOST: _path('NOVA_INSTANCES'), SECOND_HOST: _path('COMPUTE2_INSTANCES')}

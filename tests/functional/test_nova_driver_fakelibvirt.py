@@ -101,6 +101,10 @@ class FakeYolofs:
         self.touch = mock.Mock(side_effect=lambda file: os.utime(self.base_dir / file))
         self.install_error = None
 
+    def load(self, **fields):
+        """The host load the next host_load answers (yolofs.HostLoad's fields)."""
+        self.host_load.return_value = yolofs.HostLoad(**fields)
+
     def status(self):
         return yolofs.Status.from_answer({
             'boot_images': [dict(e) for e in self.entries.values()],
@@ -865,7 +869,7 @@ class TestHostStats(DriverTestCase):
         self.cache_base()
         self.publish_boot_image()
         self.create_root_disk()
-        self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5}
+        self.client.load(io_utilisation=0.25, cpu_utilisation=0.5)
         stats = self.resources(host_stats.KEYS)
         self.assertEqual('true', stats['yolo_active'])
         state = host_stats.from_stats(stats, max_age=300)
@@ -879,7 +883,7 @@ class TestHostStats(DriverTestCase):
         self.publish_boot_image()
         self.create_root_disk()
         self.client.entries[self.name].update(verified=False, rejected='does not match')
-        self.client.host_load.return_value = {'io_utilisation': 0.0, 'cpu_utilisation': 0.0}
+        self.client.load(io_utilisation=0.0, cpu_utilisation=0.0)
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
         self.assertEqual(frozenset(), state.boot_images)
 
@@ -887,9 +891,8 @@ class TestHostStats(DriverTestCase):
         calibration.save(calibration.Calibration(
             alpha=7.0, beta=20.0, alpha_yolo=0.5, cpus=2, disk_iops=300.0,
             disk_bytes_per_second=150e6, io_exponent=0.2), str(self.root / 'calibration.json'))
-        self.client.host_load.return_value = {'io_utilisation': 0.9, 'cpu_utilisation': 0.1,
-                                              'iops': 150.0, 'bytes_per_second': 15e6,
-                                              'runnable_per_cpu': 0.75}
+        self.client.load(io_utilisation=0.9, cpu_utilisation=0.1, iops=150.0,
+                         bytes_per_second=15e6, runnable_per_cpu=0.75)
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
         self.assertEqual((7.0, 20.0, 0.5, 0.2), (state.params.alpha, state.params.beta,
                                                  state.params.alpha_yolo,
@@ -905,7 +908,7 @@ class TestHostStats(DriverTestCase):
 
     def test_broken_calibration_file_falls_back_to_defaults(self):
         (self.root / 'calibration.json').write_text('{"alpha": "fast"}')
-        self.client.host_load.return_value = {'io_utilisation': 0.3, 'cpu_utilisation': 0.1}
+        self.client.load(io_utilisation=0.3, cpu_utilisation=0.1)
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
         self.assertEqual(host_report.UNCALIBRATED.alpha, state.params.alpha)
         self.assertEqual(0.3, state.io_utilisation)
@@ -927,8 +930,8 @@ class TestBootTiming(DriverTestCase):
             side_effect=lambda *args, **kwargs: self.create_root_disk()))
         self.watch = self.useFixture(nova_fixtures.fixtures.MockPatchObject(
             self.drvr.yolo_report.boot_timer, 'watch')).mock
-        self.client.host_load.return_value = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5,
-                                              'runnable_per_cpu': 0.75, 'cpu_pressure': 0.125}
+        self.client.load(io_utilisation=0.25, cpu_utilisation=0.5, runnable_per_cpu=0.75,
+                         cpu_pressure=0.125)
 
     def spawn(self, **kwargs):
         self.drvr.spawn(self.context, self.instance, None, [], None, {}, **kwargs)
@@ -993,10 +996,10 @@ class TestBootTiming(DriverTestCase):
         self.spawn()
         self.yolofs_up()
         self.spawn(power_on=False)
-        self.client.host_load.return_value = {'io_utilisation': 0.1}   # no cpu_utilisation
+        self.client.load(io_utilisation=0.1)   # no cpu_utilisation
         with self.assertLogs(host_report.LOG.logger, 'WARNING'):
             self.spawn()
-        self.client.host_load.return_value = {'io_utilisation': 0.1, 'cpu_utilisation': 0.1}
+        self.client.load(io_utilisation=0.1, cpu_utilisation=0.1)
         with mock.patch.object(self.drvr.yolo_report, '_served_from_boot_image',
                                side_effect=OSError):
             self.spawn()

@@ -150,7 +150,7 @@ install_venv() {
 install_yolofs() {
     progress "building yolofs"
     "$AIO_REPO/tools/build-yolofs.sh" >/dev/null
-    install -m 0755 "$AIO_REPO/yolofs/target/release/yolofs" "$YOLOFS_BIN"
+    install -m 0755 "$AIO_REPO/yolofs/target/release/yolofs" "$AIO_YOLOFS_BIN"
 }
 
 # --- secrets -------------------------------------------------------------------------------
@@ -604,10 +604,10 @@ start_yolofs_service() {  # NAME SOURCE MOUNTPOINT BOOT-IMAGES CONTROL-SOCKET OP
     fi
     # shellcheck disable=SC2086 # the options are word-split on purpose
     # The keeper starts yolofs again on the same mount if it dies (docs/operations.md).
-    start_service "$1" root "${join[@]}" "$YOLOFS_BIN" keep -- "$YOLOFS_BIN" mount --source "$2" \
+    start_service "$1" root "${join[@]}" "$AIO_YOLOFS_BIN" keep -- "$AIO_YOLOFS_BIN" mount --source "$2" \
         --mountpoint "$3" --boot-images "$4" --control-socket "$5" --control-socket-group nova \
         --control-socket-mode 0660 $6
-    wait_for "$1" 30 "$YOLOFS_BIN" ctl --socket "$5" status
+    wait_for "$1" 30 "$AIO_YOLOFS_BIN" ctl --socket "$5" status
 }
 
 stop_yolofs_service() {  # NAME MOUNTPOINT
@@ -624,7 +624,7 @@ setup_yolo_worker() {
     "$AIO_VENV/bin/yolo-configure" worker --config-file /etc/yolo/yolo-glance-worker.conf \
         --transport-url "$(rabbit_url yolo)" --auth-url "http://$AIO_HOST:$KEYSTONE_PORT" \
         --username yolo --password-stdin --region-name "$AIO_REGION" \
-        --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$YOLOFS_BIN" \
+        --work-dir "$YOLO_WORKER_DIR" --yolofs-binary "$AIO_YOLOFS_BIN" \
         --signing-key-file "$YOLO_SIGNING_KEY" <<<"$(secret keystone-yolo)"
     chown yolo:yolo "$YOLO_SIGNING_KEY"
     # Glance's notifications are published to the glance exchange with the worker's user.

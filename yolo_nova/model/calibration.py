@@ -75,28 +75,29 @@ def write_json(data, path, **dump_options):
 
 
 def io_utilisation(host_load, disk_iops=0.0, disk_bytes_per_second=0.0):
-    """x for the model from yolofs' ``host_load`` answer: the throughput utilisation
-    ``max(iops / disk_iops, bytes_per_second / disk_bytes_per_second)`` when the disk's capacity
-    is known, else the fraction of time the disk was busy."""
+    """x for the model from the host's load (yolo_common.yolofs.HostLoad, or anything with its
+    attributes): the throughput utilisation ``max(iops / disk_iops, bytes_per_second /
+    disk_bytes_per_second)`` when the disk's capacity is known, else the fraction of time the
+    disk was busy."""
     shares = []
-    if disk_iops > 0 and 'iops' in host_load:
-        shares.append(float(host_load['iops']) / disk_iops)
-    if disk_bytes_per_second > 0 and 'bytes_per_second' in host_load:
-        shares.append(float(host_load['bytes_per_second']) / disk_bytes_per_second)
+    if disk_iops > 0 and host_load.iops is not None:
+        shares.append(float(host_load.iops) / disk_iops)
+    if disk_bytes_per_second > 0 and host_load.bytes_per_second is not None:
+        shares.append(float(host_load.bytes_per_second) / disk_bytes_per_second)
     if shares:
         return min(max(shares), 1.0)
-    return float(host_load['io_utilisation'])
+    return float(host_load.io_utilisation)
 
 
 def model_load(host_load, known):
-    """The model's load figures (the fields HostBootState and ObservedBoot share) from yolofs'
-    ``host_load`` answer and the host's calibration ``known``."""
+    """The model's load figures (the fields HostBootState and ObservedBoot share) from the
+    host's load (as for :func:`io_utilisation`) and its calibration ``known``."""
     return dict(io_utilisation=io_utilisation(host_load, known.disk_iops,
                                               known.disk_bytes_per_second),
-                cpu_utilisation=float(host_load['cpu_utilisation']),
-                runnable=host_load.get('runnable_per_cpu'),
-                idlest_cpu_utilisation=host_load.get('idlest_cpu_utilisation'),
-                cpu_pressure=host_load.get('cpu_pressure'))
+                cpu_utilisation=float(host_load.cpu_utilisation),
+                runnable=host_load.runnable_per_cpu,
+                idlest_cpu_utilisation=host_load.idlest_cpu_utilisation,
+                cpu_pressure=host_load.cpu_pressure)
 
 
 def accel_of_virt_type(virt_type):

@@ -172,7 +172,7 @@ class HostReport:
         host_load = self.backing_files.client.host_load()
         load = calibration.model_load(host_load, known)
         window = booting_window(known)
-        settling = 3 * float(host_load.get('smoothing_seconds', 10.0))
+        settling = 3 * float(host_load.smoothing_seconds)
         now = time.monotonic()
         timer = self.boot_timer
         if not self._spawning and (

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from yolo_common import yolofs
 from yolo_nova.model import calibration
 from yolo_nova.model import estimators
 
@@ -46,7 +47,7 @@ def test_missing_file_is_none_broken_file_is_an_error(tmp_path):
 
 
 def test_io_utilisation_is_throughput_when_capacity_is_known():
-    load = {'io_utilisation': 0.9, 'iops': 60.0, 'bytes_per_second': 120e6}
+    load = yolofs.HostLoad(io_utilisation=0.9, iops=60.0, bytes_per_second=120e6)
     assert calibration.io_utilisation(load) == 0.9
     assert calibration.io_utilisation(load, disk_iops=300.0) == pytest.approx(0.2)
     # The busier of the two limits; never above 1.
@@ -56,13 +57,16 @@ def test_io_utilisation_is_throughput_when_capacity_is_known():
 
 def test_model_load_carries_what_yolofs_reports():
     known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2)
-    load = {'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable_per_cpu': 0.5,
-            'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
-    assert calibration.model_load(load, known) == {
+    answer = {'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable_per_cpu': 0.5,
+              'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2, 'a_later_field': 1}
+    assert calibration.model_load(yolofs.HostLoad.from_answer(answer), known) == {
         'io_utilisation': 0.5, 'cpu_utilisation': 0.25, 'runnable': 0.5,
         'idlest_cpu_utilisation': 0.1, 'cpu_pressure': 0.2}
     # A yolofs that does not know its host's pressure (PSI off) reports null, as older ones
     # report nothing.
-    assert calibration.model_load(dict(load, cpu_pressure=None), known)['cpu_pressure'] is None
-    del load['cpu_pressure']
-    assert calibration.model_load(load, known)['cpu_pressure'] is None
+    answer['cpu_pressure'] = None
+    assert calibration.model_load(yolofs.HostLoad.from_answer(answer), known)[
+        'cpu_pressure'] is None
+    del answer['cpu_pressure']
+    assert calibration.model_load(yolofs.HostLoad.from_answer(answer), known)[
+        'cpu_pressure'] is None

@@ -4,6 +4,7 @@ The driver with real disks (``qemu-img``, the yolofs binary, Nova's privileged h
 is tested in tests/functional/test_nova_driver_fakelibvirt.py.
 """
 
+import dataclasses
 import time
 from unittest import mock
 
@@ -71,8 +72,8 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             return_value=yolofs.Status.from_answer({'boot_images': []})))
 
     def test_a_healthy_yolofs_reports_its_state(self):
-        load = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5, 'iops': 10.0,
-                'bytes_per_second': 1e6, 'runnable_per_cpu': 0.1}
+        load = yolofs.HostLoad(io_utilisation=0.25, cpu_utilisation=0.5, iops=10.0,
+                               bytes_per_second=1e6, runnable_per_cpu=0.1)
         with mock.patch.object(self.client, 'host_load', return_value=load):
             stats = self.drvr.get_available_resource('node')['stats']
         self.assertEqual('true', stats['yolo_active'])
@@ -85,7 +86,7 @@ class TestAvailableResource(nova_base.NoDBTestCase):
         self.assertEqual('1', stats['yolo_first_boot_images_without_ranges'])
 
     def test_hosts_whose_disks_are_not_qcow2_over_base_stay_out_of_the_way(self):
-        load = {'io_utilisation': 0.25, 'cpu_utilisation': 0.5}
+        load = yolofs.HostLoad(io_utilisation=0.25, cpu_utilisation=0.5)
         for images_type, cow in (('rbd', True), ('lvm', True), ('flat', True), ('raw', True),
                                  ('ploop', True), ('default', False)):
             self.flags(images_type=images_type, group='libvirt')
@@ -111,9 +112,9 @@ class TestAvailableResource(nova_base.NoDBTestCase):
         report = self.drvr.yolo_report
         timer = report.boot_timer
         self.assertIsNotNone(timer)
-        quiet = {'io_utilisation': 0.1, 'cpu_utilisation': 0.2, 'cpu_pressure': 0.05,
-                 'smoothing_seconds': 10.0}
-        booting = dict(quiet, cpu_utilisation=0.7, cpu_pressure=0.45)
+        quiet = yolofs.HostLoad(io_utilisation=0.1, cpu_utilisation=0.2, cpu_pressure=0.05,
+                                smoothing_seconds=10.0)
+        booting = dataclasses.replace(quiet, cpu_utilisation=0.7, cpu_pressure=0.45)
         clock = [1000.0]
 
         def reported(load):
@@ -161,8 +162,9 @@ class TestAvailableResource(nova_base.NoDBTestCase):
             self.assertEqual(('0.7000', '0.4500'), reported(booting))
 
     def test_anything_going_wrong_reports_yolo_inactive_and_never_raises(self):
-        for failure in ({'return_value': {}},                       # a report without its keys
-                        {'return_value': {'cpu_utilisation': 'x', 'io_utilisation': None}},
+        for failure in ({'side_effect': yolofs.YolofsError('an answer without its keys')},
+                        {'return_value': yolofs.HostLoad(io_utilisation=None,
+                                                         cpu_utilisation='x')},
                         {'side_effect': RuntimeError('unexpected')}):
             with mock.patch.object(self.client, 'host_load', **failure):
                 stats = self.drvr.get_available_resource('node')['stats']
