@@ -196,7 +196,7 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount
         assert stats['bytes_memory'] / read > 0.8, stats
         assert stats['errors'] == 0, stats
         # The host reports the verified boot image to the scheduler.
-        resources = drvr._yolo_stats({'vcpus': 2})
+        resources = drvr.yolo_report.stats({'vcpus': 2})
         assert resources['yolo_active'] == 'true'
         assert image_id in resources['yolo_boot_images'].split(',')
 

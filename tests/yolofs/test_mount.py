@@ -567,14 +567,15 @@ def test_host_load_is_reported(mount_factory, base_dir):
     import time
     time.sleep(1)
     load = mount.client.host_load()
-    assert 0.0 <= load['io_utilisation'] <= 1.0
-    assert 0.0 <= load['cpu_utilisation'] <= 1.0
-    assert load['samples'] >= 2 and load['device']
+    assert 0.0 <= load.io_utilisation <= 1.0
+    assert 0.0 <= load.cpu_utilisation <= 1.0
+    assert 0.0 <= load.idlest_cpu_utilisation <= load.cpu_utilisation
+    assert load.samples >= 2 and load.device and load.smoothing_seconds == 1.0
     # This kernel reports CPU pressure (PSI); a kernel without it would report null.
     if os.path.exists('/proc/pressure/cpu'):
-        assert 0.0 <= load['cpu_pressure'] <= 1.0
+        assert 0.0 <= load.cpu_pressure <= 1.0
     else:
-        assert load['cpu_pressure'] is None
+        assert load.cpu_pressure is None
 
 
 def test_sigterm_unmounts_cleanly(mount_factory, base_dir):

@@ -51,7 +51,7 @@ def boot_command(learner_call):
     """The QEMU command line the learner would boot with (learning.learn_boot_image passes
     everything but the window to qemu.Guest)."""
     options = {k: v for k, v in learner_call.items()
-               if k not in ('boot_timeout', 'idle_seconds', 'sandbox')}
+               if k not in ('boot_timeout', 'idle_seconds', 'sandbox', 'yolofs_binary')}
     return qemu.Guest('learn.qcow2', **options).command
 
 
