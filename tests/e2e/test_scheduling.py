@@ -81,7 +81,7 @@ def test_servers_land_on_the_host_without_contention(warm_hosts, published_debia
         # As many stressors as the scheduling benchmark, whose placements with YOLO on were 4 of 4
         # in every run as built: with one, the contended host's I/O part (x about 0.9) was no
         # larger than the noise between the two hosts' learned CPU parts.
-        with contention(busy, stressors=2) as settled:
+        with contention(busy, 2) as settled:
             # Both hosts' reports measured under this load (the CPU load, which both measure on
             # the same machine, from the same moments: an older report could carry a boot's).
             loads = wait_for_reports((busy, idle), settled,
