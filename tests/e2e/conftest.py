@@ -209,12 +209,11 @@ def cached_on_the_first_host(source):
     """A host's first boot of an image is Nova's own: the download, then the guest over _base
     while the boot image is fetched (docs/nova-driver.md, rule 1). The tests of boots served
     from boot images start after one: the image's base file and boot image on the first host."""
-    from yolo_testing.aio import FIRST_HOST
     name = base_file_name(source['id'])
-    server = create_server_on(FIRST_HOST, source['id'], 'e2e-first-boot')
+    server = create_server_on(aio.FIRST_HOST, source['id'], 'e2e-first-boot')
     try:
         wait_for_status('aio-admin', server['id'], 'ACTIVE')
-        wait_until('boot image of %s installed on %s' % (source['name'], FIRST_HOST), 300,
+        wait_until('boot image of %s installed on %s' % (source['name'], aio.FIRST_HOST), 300,
                    lambda: name in {b['file'] for b in yolofs_ctl('status')['boot_images']})
     finally:
         delete_server('aio-admin', server['id'])
@@ -248,19 +247,16 @@ def second_host(cloud):
     """The second compute host (``aio add-compute``): its own libvirtd, instances directory on a
     block device of its own, yolofs and boot image store, and first boots before the download
     (docs/first-boot.md). Its tests come after those that expect one compute host."""
-    from yolo_testing.aio import FIRST_HOST
-    from yolo_testing.aio import SECOND_HOST
     subprocess.run([str(AIO), 'add-compute'], check=True)
     hosts = {h['Host'] for h in admin('compute', 'service', 'list', '--service', 'nova-compute')}
-    assert hosts == {FIRST_HOST, SECOND_HOST}
-    return SECOND_HOST
+    assert hosts == set(aio.HOSTS)
+    return aio.SECOND_HOST
 
 
 def on_its_mount(host, server_id):
     """The guest's disk is backed by its host's own yolofs mount."""
-    from yolo_testing.aio import INSTANCES
-    backing = backing_file(server_id, INSTANCES[host])
-    assert backing.startswith(str(INSTANCES[host].parent / 'yolofs') + '/'), (host, backing)
+    backing = backing_file(server_id, aio.INSTANCES[host])
+    assert backing.startswith(str(aio.MOUNT_POINTS[host]) + '/'), (host, backing)
 
 
 def create_server_on(host, image_id, name):
