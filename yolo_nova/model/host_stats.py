@@ -5,12 +5,16 @@ Compute monitors cannot carry a disk I/O metric, so a host's load, its boot-time
 its verified boot images travel as string keys of ``get_available_resource()['stats']``, which
 reach the scheduler's ``HostState.stats`` at every periodic resource update (docs/scheduling.md,
 "What hosts report"). The parameters' keys are the table's (yolo_nova.model.parameters).
+What a host holds travels as a Bloom filter (:mod:`.locality`); hosts from before it report their
+verified boot images as a list, and are predicted as holding every base file, as they were.
 """
 
 import dataclasses
 import functools
+import math
 import time
 
+from yolo_nova.model import locality
 from yolo_nova.model import parameters
 from yolo_nova.model import prediction
 
@@ -20,18 +24,36 @@ PREFIX = 'yolo_'
 LOAD = (('io_utilisation', '%.4f'), ('cpu_utilisation', '%.4f'))
 OPTIONAL_LOAD = (('runnable', '%.3f'), ('idlest_cpu_utilisation', '%.4f'),
                  ('cpu_pressure', '%.4f'))
+# A boot image's size against its image's raw size, where a host holds none to measure it on:
+# a boot reads a few percent of its image.
+DEFAULT_BOOT_IMAGE_RATIO = 0.05
+# What a host holds (locality), each key with its format.
+LOCALITY = (('held', '%s'), ('streams_first_boots', '%s'), ('boot_image_ratio', '%.4f'))
 # Keys every report holds; a report without the others (an older host's) gets their defaults:
 # the thesis' model.
 KEYS = tuple(PREFIX + name for name, _ in LOAD) + tuple(
     p.stats_key for p in parameters.PARAMETERS if p.measured) + (
     PREFIX + 'boot_images', PREFIX + 'updated_at')
 OPTIONAL_KEYS = tuple(p.stats_key for p in parameters.PARAMETERS if not p.measured) + tuple(
-    PREFIX + name for name, _ in OPTIONAL_LOAD)
+    PREFIX + name for name, _ in OPTIONAL_LOAD + LOCALITY)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A host's predicted boot of an image: ``held``, once it holds the image (and its boot
+    image, if it has one): what YoloBootFilter judges, so that no host is discarded only for
+    lacking the image; ``total``, with what it must fetch first (``fetch``): what
+    YoloBootTimeWeigher weighs."""
+    held: float
+    total: float
+    fetch: prediction.Fetch
 
 
 @dataclasses.dataclass(frozen=True)
 class HostBootState:
-    """What a host reported: its load, its model parameters, its verified boot images."""
+    """What a host reported: its load, its model parameters and what it holds: a Bloom filter
+    of its base files and verified boot images (``held``; None from a host before it, which
+    reported its verified boot images as ``boot_images``)."""
     io_utilisation: float
     cpu_utilisation: float
     params: parameters.BootTimeParameters
@@ -40,6 +62,9 @@ class HostBootState:
     runnable: float = None
     idlest_cpu_utilisation: float = None
     cpu_pressure: float = None
+    held: locality.BloomFilter = None
+    streams_first_boots: bool = False
+    boot_image_ratio: float = DEFAULT_BOOT_IMAGE_RATIO
 
     def to_stats(self):
         stats = {PREFIX + name: fmt % getattr(self, name) for name, fmt in LOAD}
@@ -47,16 +72,45 @@ class HostBootState:
                      if getattr(self, name) is not None)
         stats.update((p.stats_key, ('%d' if p.integer else '%.3f') % getattr(
             self.params, p.name)) for p in parameters.PARAMETERS)
-        stats[PREFIX + 'boot_images'] = ','.join(sorted(self.boot_images))
+        # With the filter, the list is empty: it grows with the catalogue (a scheduler from
+        # before the filter then predicts every host without boot images).
+        stats[PREFIX + 'boot_images'] = ('' if self.held is not None
+                                         else ','.join(sorted(self.boot_images)))
         stats[PREFIX + 'updated_at'] = '%.0f' % self.updated_at
+        if self.held is not None:
+            stats[PREFIX + 'held'] = self.held.encode()
+            stats[PREFIX + 'streams_first_boots'] = str(self.streams_first_boots).lower()
+            stats[PREFIX + 'boot_image_ratio'] = '%.4f' % self.boot_image_ratio
         return stats
 
-    def predict(self, image_id, concurrent_boots):
+    def holds_base_file(self, image_id):
+        if self.held is None:
+            return True
+        return locality.base_file_entry(locality.base_file_name(image_id)) in self.held
+
+    def holds_boot_image(self, image_id):
+        if self.held is None:
+            return image_id in self.boot_images
+        return locality.boot_image_entry(image_id) in self.held
+
+    def _boot(self, boot_image, concurrent_boots):
         return prediction.predict(self.params, self.io_utilisation, self.cpu_utilisation,
-                                  boot_image=image_id in self.boot_images,
-                                  concurrent_boots=concurrent_boots, runnable=self.runnable,
+                                  boot_image=boot_image, concurrent_boots=concurrent_boots,
+                                  runnable=self.runnable,
                                   idlest_cpu=self.idlest_cpu_utilisation,
                                   cpu_pressure=self.cpu_pressure)
+
+    def predict(self, image, concurrent_boots):
+        """The Prediction of a boot of ``image`` (a prediction.RequestedImage)."""
+        holds_boot_image = self.holds_boot_image(image.id)
+        fetch = prediction.fetch(self.params, image, self.holds_base_file(image.id),
+                                 holds_boot_image, self.streams_first_boots,
+                                 self.boot_image_ratio)
+        served = holds_boot_image or image.boot_image
+        held = self._boot(served, concurrent_boots)
+        after_fetch = held if fetch.boot_image == served else self._boot(
+            fetch.boot_image, concurrent_boots)
+        return Prediction(held, fetch.seconds + after_fetch, fetch)
 
 
 def from_stats(stats, max_age, now=None):
@@ -86,9 +140,22 @@ def _parse(raw):
                 p.name: _parameter(p, value[p.stats_key]) for p in parameters.PARAMETERS}),
             boot_images=frozenset(i for i in value[PREFIX + 'boot_images'].split(',') if i),
             updated_at=float(value[PREFIX + 'updated_at']),
-            **{name: _optional_float(value[PREFIX + name]) for name, _ in OPTIONAL_LOAD})
+            **{name: _optional_float(value[PREFIX + name]) for name, _ in OPTIONAL_LOAD},
+            **_locality(value))
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _locality(value):
+    held = value[PREFIX + 'held']
+    if not held:
+        return {}
+    ratio = _optional_float(value[PREFIX + 'boot_image_ratio'])
+    return {'held': locality.BloomFilter.decode(held),
+            'streams_first_boots': value[PREFIX + 'streams_first_boots'] == 'true',
+            # Bounded: a host's report may be wrong, a prediction must not be absurd.
+            'boot_image_ratio': DEFAULT_BOOT_IMAGE_RATIO
+            if ratio is None or not math.isfinite(ratio) else min(max(ratio, 0.0), 1.0)}
 
 
 def _parameter(parameter, value):

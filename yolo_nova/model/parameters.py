@@ -17,6 +17,7 @@ MAX_SECONDS = 86400.0
 MAX_CPUS = 1 << 16
 MAX_IO_EXPONENT = 3.0
 MAX_BETA_GROWTH = 1.0       # a boot needing twice its CPU on a saturated CPU
+MAX_BYTES_PER_SECOND = 1e12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,23 @@ for a disk that shares its rate without seeking. Unset: from ``calibration_file`
     Parameter(
         'io_pole_yolo', 'q of the I/O part, boots served from a boot image', (0.0, 1.0), 1.0,
         'yolo_io_pole_yolo', learned=True),
+    Parameter(
+        'glance_bytes_per_second', "the rate of the host's downloads from Glance, in bytes a "
+        'second', (1.0, MAX_BYTES_PER_SECOND), 125e6, 'yolo_glance_bytes_per_second',
+        option='glance_bytes_per_second', aggregate_key='yolo_glance_bytes_per_second',
+        option_help="""
+The rate, in bytes a second, of this host's downloads from Glance (1 Gbit/s is 125e6): with what
+the host holds of an image, it predicts what a boot must fetch first. Unset: measured from the
+host's own downloads and first-boot fills, else {default:g}.
+"""),
+    Parameter(
+        'convert_bytes_per_second', "the rate of Nova's conversion of a download to raw, in "
+        'bytes of raw image a second', (1.0, MAX_BYTES_PER_SECOND), 200e6,
+        'yolo_convert_bytes_per_second', option='convert_bytes_per_second',
+        aggregate_key='yolo_convert_bytes_per_second', option_help="""
+The rate, in bytes of raw image a second, at which Nova converts a downloaded image to raw on
+this host. Unset: measured from the host's own conversions, else {default:g}.
+"""),
 )
 BY_NAME = {parameter.name: parameter for parameter in PARAMETERS}
 

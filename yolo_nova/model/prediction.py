@@ -1,6 +1,7 @@
 """A host's predicted boot time: :func:`predict` states the formula; the functions before it are
 its terms, which learning (:mod:`.estimators`) solves back for the parameters."""
 
+import dataclasses
 import math
 
 # Utilisations are clamped to [0, MAX_UTILISATION]: the model diverges at 1.
@@ -83,3 +84,52 @@ def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurren
                    cpu_pressure, params.beta_growth) \
         * max(1.0, (1 + others) / params.cpus)
     return io + cpu
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestedImage:
+    """What the scheduler knows of the image a server boots from (Nova's ImageMeta): its id,
+    its size in Glance and once converted to raw (bytes, None where unknown) and its format;
+    ``boot_image``: whether it has a published boot image (a candidate host holds one)."""
+    id: str
+    size: int = None
+    virtual_size: int = None
+    disk_format: str = None
+    boot_image: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetch:
+    """What a host must fetch before the boot, and how the boot then reads its disk."""
+    seconds: float
+    path: str               # 'cached', 'streamed' or 'download' (FETCH_PATHS)
+    boot_image: bool        # whether the boot's reads are served from a boot image
+
+
+FETCH_PATHS = ('cached', 'streamed', 'download')
+
+
+def fetch(params, image, holds_base, holds_boot_image, streams_first_boots,
+          boot_image_ratio):
+    """What a host fetches before it boots ``image`` (a RequestedImage), by what it holds
+    (docs/scheduling.md, "What hosts hold"):
+
+    * the base file: nothing; the boot is served from the boot image if it holds one;
+    * no base file, but the image has a boot image and the host boots images before their
+      download (``streams_first_boots``): the boot image, unless it holds it, at the host's
+      rate from Glance; the boot is then served from it (the download runs beside the boot);
+    * nothing: Nova's download of the image at that rate and, for an image that is not raw,
+      its conversion to raw; the boot is then a normal one.
+
+    A size that is not known counts as 0: that host is predicted as if it held the image."""
+    if holds_base:
+        return Fetch(0.0, 'cached', holds_boot_image)
+    size = max(0, image.size or 0)
+    raw_size = max(0, image.virtual_size or size)
+    if image.boot_image and streams_first_boots:
+        missing = 0 if holds_boot_image else boot_image_ratio * raw_size
+        return Fetch(missing / params.glance_bytes_per_second, 'streamed', True)
+    seconds = size / params.glance_bytes_per_second
+    if image.disk_format not in (None, 'raw'):
+        seconds += raw_size / params.convert_bytes_per_second
+    return Fetch(seconds, 'download', False)

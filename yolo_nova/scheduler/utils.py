@@ -10,6 +10,7 @@ from nova.scheduler.filters import utils as filter_utils
 from yolo_nova import conf as yolo_conf
 from yolo_nova.model import host_stats
 from yolo_nova.model import parameters
+from yolo_nova.model import prediction
 
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
@@ -20,35 +21,52 @@ AGGREGATE_PARAMETERS = {p.aggregate_key: p.name for p in parameters.PARAMETERS
                         if p.aggregate_key}
 
 
-def requested_image_id(spec_obj):
-    """The Glance image id of the request ('' for volume-backed or unknown). A server booted
-    from a volume made of an image carries that image's metadata too: it still boots from its
-    volume."""
+def requested_image(spec_obj):
+    """The image of the request (a prediction.RequestedImage), None for a volume-backed
+    server or an unknown image. A server booted from a volume made of an image carries that
+    image's metadata too: it still boots from its volume."""
     if spec_obj.obj_attr_is_set('is_bfv') and spec_obj.is_bfv:
-        return ''
+        return None
     image = getattr(spec_obj, 'image', None)
-    if image is None or not image.obj_attr_is_set('id'):
-        return ''
-    return image.id or ''
+    if image is None or not image.obj_attr_is_set('id') or not image.id:
+        return None
+
+    def known(field):
+        return getattr(image, field) if image.obj_attr_is_set(field) else None
+    return prediction.RequestedImage(image.id, size=known('size'),
+                                     virtual_size=known('virtual_size'),
+                                     disk_format=known('disk_format'))
 
 
-def predict(host_state, image_id):
-    """(predicted boot time in seconds or None, the host's state or None) for a VM of
-    ``image_id`` (see :func:`requested_image_id`; none for a volume-backed server, which boots
-    from its volume, not from an image YOLO serves)."""
-    if not image_id:
-        return None, None
+def predictions(host_states, image):
+    """For each host, (its host_stats.Prediction or None, its state or None) for a VM of
+    ``image`` (see :func:`requested_image`; none for a volume-backed server, which boots from
+    its volume, not from an image YOLO serves). The image has a boot image if a host holds
+    one: the scheduler asks Glance nothing."""
+    if image is None:
+        return [(None, None)] * len(host_states)
+    states = [state_of(host) for host in host_states]
+    image = dataclasses.replace(image, boot_image=any(
+        state is not None and state.holds_boot_image(image.id) for state in states))
+    return [(_predict(host, state, image), state) for host, state in zip(host_states, states)]
+
+
+def state_of(host_state):
+    """The host's reported state with its aggregates' parameters, None if it reported none."""
     state = host_stats.from_stats(host_state.stats, CONF.yolo.stats_max_age)
+    return None if state is None else with_aggregate_parameters(host_state, state)
+
+
+def _predict(host_state, state, image):
     if state is None:
-        return None, None
-    state = with_aggregate_parameters(host_state, state)
+        return None
     try:
-        return state.predict(image_id, host_state.num_io_ops), state
+        return state.predict(image, host_state.num_io_ops)
     except (ArithmeticError, TypeError, ValueError) as e:
         # Inputs are bounded where they are parsed; whatever slips through costs this host its
         # prediction, never the scheduling request.
         LOG.warning('%s: no boot time prediction: %s', host_state, e)
-        return None, None
+        return None
 
 
 def with_aggregate_parameters(host_state, state):

@@ -24,6 +24,10 @@ NAMES = {
     'beta_growth': ('yolo_beta_growth', None, None),
     'io_pole': ('yolo_io_pole', None, None),
     'io_pole_yolo': ('yolo_io_pole_yolo', None, None),
+    'glance_bytes_per_second': ('yolo_glance_bytes_per_second', 'glance_bytes_per_second',
+                                'yolo_glance_bytes_per_second'),
+    'convert_bytes_per_second': ('yolo_convert_bytes_per_second', 'convert_bytes_per_second',
+                                 'yolo_convert_bytes_per_second'),
 }
 
 
@@ -40,7 +44,7 @@ def test_the_parameters_dataclass_is_the_tables():
     # thesis' refinements.
     assert parameters.BootTimeParameters() == calibration.UNCALIBRATED.params
     assert dataclasses.astuple(calibration.UNCALIBRATED.params) == (
-        5.9, 22.7, 0.4, 1, 1.0, 1.0, 0.0, 1.0, 1.0)
+        5.9, 22.7, 0.4, 1, 1.0, 1.0, 0.0, 1.0, 1.0, 125e6, 200e6)
 
 
 @pytest.mark.parametrize('parameter', parameters.PARAMETERS, ids=lambda p: p.name)

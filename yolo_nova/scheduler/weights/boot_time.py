@@ -1,4 +1,5 @@
-"""YoloBootTimeWeigher: prefers hosts where a new VM is predicted to boot faster.
+"""YoloBootTimeWeigher: prefers hosts where a new VM is predicted to boot faster, with what each
+must fetch first: a host that holds the image gains the time its download would take.
 
 With a positive multiplier (the default, ``[yolo] boot_time_weight_multiplier``), the lower a
 host's predicted boot time, the higher its weight; a negative multiplier prefers slow hosts; 0
@@ -24,12 +25,14 @@ class YoloBootTimeWeigher(weights.BaseHostWeigher):
     def weigh_objects(self, weighed_obj_list, weight_properties):
         if not any(self.weight_multiplier(w.obj) for w in weighed_obj_list):
             return [0.0] * len(weighed_obj_list)
-        image_id = utils.requested_image_id(weight_properties)
-        predicted = [utils.predict(w.obj, image_id)[0] for w in weighed_obj_list]
+        image = utils.requested_image(weight_properties)
+        predicted = [p.total if p is not None else None for p, _ in utils.predictions(
+            [w.obj for w in weighed_obj_list], image)]
         slowest = max((t for t in predicted if t is not None), default=0.0)
         # Higher weights win: the negated boot time, which Nova then normalises to 0..1.
         return [-(t if t is not None else slowest) for t in predicted]
 
     def _weigh_object(self, host_state, weight_properties):
-        predicted = utils.predict(host_state, utils.requested_image_id(weight_properties))[0]
-        return -predicted if predicted is not None else 0.0
+        [(predicted, _)] = utils.predictions([host_state],
+                                             utils.requested_image(weight_properties))
+        return -predicted.total if predicted is not None else 0.0
