@@ -246,6 +246,12 @@ prompt that cloud images print on their serial console. Empty: no boot is timed.
     cfg.StrOpt(
         'observed_boots_file', default='$state_path/yolo/observed-boots.json',
         help="Where nova-compute keeps the last boots it timed (``boot_ready_pattern``)."),
+    cfg.StrOpt(
+        'transfers_file', default='$state_path/yolo/transfers.json',
+        help="""
+Where nova-compute keeps its last downloads from Glance and conversions to raw, from which it
+measures the rates it reports (``glance_bytes_per_second``, ``convert_bytes_per_second``).
+"""),
     cfg.IntOpt(
         'learn_from_boots', default=3, min=0,
         help="""

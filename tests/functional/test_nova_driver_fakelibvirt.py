@@ -38,6 +38,7 @@ from yolo_common import images
 from yolo_common import yolofs
 from yolo_nova.model import calibration
 from yolo_nova.model import host_stats
+from yolo_nova.model import locality
 from yolo_nova.virt import backing
 from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
@@ -47,6 +48,7 @@ from yolo_nova.virt import nova_patches
 
 IMAGE_ID = 'c0ffee00-0000-4000-8000-000000000001'
 BOOT_IMAGE_ID = 'b0070000-0000-4000-8000-000000000002'
+OTHER_IMAGE_ID = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
 MiB = 1024 * 1024
 
 
@@ -131,7 +133,8 @@ class FakeYolofs:
                                      refused=True)
         self.entries[file] = {'file': file, 'image_id': image_id, 'verified': True,
                               'rejected': None, 'learned': False}
-        return yolofs.Installed(file=file, image_id=image_id, extents=1, bytes=0, seconds=0.0)
+        return yolofs.Installed(file=file, image_id=image_id, extents=1,
+                                bytes=os.path.getsize(boot_image_path), seconds=0.0)
 
     def prune(self):
         gone = sorted(n for n in self.entries if not (self.base_dir / n).exists())
@@ -176,6 +179,7 @@ class DriverTestCase(nova_base.NoDBTestCase):
                    control_socket=str(self.root / 'control.sock'),
                    calibration_file=str(self.root / 'calibration.json'),
                    observed_boots_file=str(self.root / 'observed-boots.json'),
+                   transfers_file=str(self.root / 'transfers.json'),
                    # Nova's own download: TestFailedFirstBoot and test_first_boot.py cover the
                    # first boot before it.
                    first_boot_before_download=False, group='yolo')
@@ -876,7 +880,28 @@ class TestHostStats(DriverTestCase):
         self.assertEqual(0.25, state.io_utilisation)
         self.assertEqual(0.5, state.cpu_utilisation)
         self.assertEqual(2, state.params.cpus)
-        self.assertEqual(frozenset([IMAGE_ID]), state.boot_images)
+        self.assertTrue(state.holds_boot_image(IMAGE_ID))
+        self.assertTrue(state.holds_base_file(IMAGE_ID))
+        self.assertFalse(state.holds_base_file(OTHER_IMAGE_ID))
+        # The list is empty: the filter says what is held.
+        self.assertEqual(frozenset(), state.boot_images)
+        self.assertFalse(state.streams_first_boots)     # first_boot_before_download = False
+        # The boot image installed: its size against the base file's.
+        self.assertEqual(
+            round(os.path.getsize(self.root / 'published.yolo') / os.path.getsize(self.base),
+                  4), state.boot_image_ratio)
+
+    def test_what_a_host_holds_omits_fills_downloads_ephemeral_and_swap(self):
+        self.cache_base()
+        for leftover in (self.name + '.yolo-fill', self.name + '.part', 'ephemeral_1_0706d66',
+                         'swap_512'):
+            (self.base_dir / leftover).write_bytes(b'')
+        held = self.drvr.yolo_report.held(self.client.status())
+        entries = {locality.base_file_entry(n) for n in (
+            self.name, self.name + '.yolo-fill', self.name + '.part', 'ephemeral_1_0706d66',
+            'swap_512')}
+        self.assertEqual({locality.base_file_entry(self.name)},
+                         {e for e in entries if e in held})
 
     def test_rejected_boot_images_are_not_reported(self):
         self.cache_base()
@@ -885,7 +910,22 @@ class TestHostStats(DriverTestCase):
         self.client.entries[self.name].update(verified=False, rejected='does not match')
         self.client.load(io_utilisation=0.0, cpu_utilisation=0.0)
         state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
-        self.assertEqual(frozenset(), state.boot_images)
+        self.assertFalse(state.holds_boot_image(IMAGE_ID))
+        self.assertTrue(state.holds_base_file(IMAGE_ID))
+
+    def test_rates_from_the_hosts_own_transfers_unless_set(self):
+        self.client.load(io_utilisation=0.0, cpu_utilisation=0.0)
+        state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
+        self.assertEqual((125e6, 200e6), (state.params.glance_bytes_per_second,
+                                          state.params.convert_bytes_per_second))
+        self.drvr.yolo_backing.transfers.record('download', 400 * MiB, 4.0)
+        self.drvr.yolo_backing.transfers.record('conversion', 900 * MiB, 3.0)
+        state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
+        self.assertEqual((100 * MiB, 300 * MiB), (state.params.glance_bytes_per_second,
+                                                  state.params.convert_bytes_per_second))
+        self.flags(glance_bytes_per_second=12.5e6, group='yolo')
+        state = host_stats.from_stats(self.resources(host_stats.KEYS), max_age=300)
+        self.assertEqual(12.5e6, state.params.glance_bytes_per_second)
 
     def test_calibration_file_gives_parameters_and_throughput_utilisation(self):
         calibration.save(calibration.Calibration(
@@ -918,6 +958,39 @@ class TestHostStats(DriverTestCase):
         stats = self.resources(())
         self.assertEqual('false', stats['yolo_active'])
         self.assertIsNone(host_stats.from_stats(stats, max_age=300))
+
+
+class TestCacheImage(DriverTestCase):
+    """Nova's caching of an image by request (API 2.81) brings its boot image too."""
+
+    def test_an_image_cached_by_request_gets_its_boot_image(self):
+        self.publish_boot_image()
+
+        def fetch_to_raw(context, image_id, path, trusted_certs=None):
+            self.assertEqual(IMAGE_ID, image_id)
+            self.fetch_image(path)
+        with mock.patch('nova.virt.images.fetch_to_raw', side_effect=fetch_to_raw):
+            self.assertTrue(self.drvr.cache_image(self.context, IMAGE_ID))
+        self.assertTrue(self.base.is_file())
+        self.assertEqual([self.name], [i['file'] for i in self.client.installs])
+        self.assertTrue(self.client.status().usable(self.name))
+
+    def test_an_image_cached_already_has_yolofs_set_its_times(self):
+        self.cache_base()
+        self.publish_boot_image()
+        with mock.patch('nova.privsep.path.utime') as nova_utime:
+            self.assertFalse(self.drvr.cache_image(self.context, IMAGE_ID))
+        nova_utime.assert_not_called()
+        self.client.touch.assert_called_once_with(self.name)
+        self.assertTrue(self.client.status().usable(self.name))
+
+    def test_without_yolofs_it_is_novas_caching(self):
+        self.cache_base()
+        self.yolofs_down()
+        with mock.patch('nova.privsep.path.utime') as nova_utime:
+            self.assertFalse(self.drvr.cache_image(self.context, IMAGE_ID))
+        nova_utime.assert_called_once_with(str(self.base))
+        self.assertEqual([], self.client.installs)
 
 
 class TestBootTiming(DriverTestCase):

@@ -36,6 +36,9 @@ class BackingFiles:
         # This host's fills of base files (first_boot.FirstBoots), if first boots before the
         # download are on: a base file being filled is in _base only once complete.
         self.first_boots = None
+        # This host's downloads and conversions (transfers.Transfers), which Nova's and the
+        # fills' join.
+        self.transfers = None
         # This host's boot images (boot_images.BootImages): while a base file's boot image is
         # fetched after Nova's download, its guests start on _base, as Nova's would
         # (BootImages.ensure says why).

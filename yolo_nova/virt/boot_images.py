@@ -17,6 +17,7 @@ driver never reads or writes the store. Any failure here is logged and leaves th
 a boot image; it never fails a boot, and while yolofs is not healthy nothing is attempted.
 """
 
+import collections
 import os
 import socket
 import tempfile
@@ -137,6 +138,8 @@ class BootImages:
         # Base file name -> the thread fetching its boot image after Nova's download.
         self._fetching = {}
         self._fetching_lock = threading.Lock()
+        # The sizes of the last boot images installed, against their base files'.
+        self._sizes = collections.deque(maxlen=20)
 
     @property
     def image_api(self):
@@ -338,6 +341,11 @@ class BootImages:
             return 'failed'
         LOG.info('Installed verified boot image %s for base file %s (yolofs: %s)',
                  boot_image_id, name, installed)
+        try:
+            self._sizes.append(installed.bytes / os.path.getsize(
+                self.backing_files.base_path(name)))
+        except (OSError, ZeroDivisionError, TypeError):
+            pass
         return 'installed'
 
     def refuse(self, image_id, boot_image_id):
@@ -362,6 +370,12 @@ class BootImages:
         if status is None:
             status = self.backing_files.status()
         return status.served_image_ids() if status is not None else set()
+
+    def size_ratio(self):
+        """The mean size of the last boot images installed here against their base files',
+        or None before the first."""
+        sizes = list(self._sizes)
+        return sum(sizes) / len(sizes) if sizes else None
 
     def has_boot_image(self, name, status):
         """Whether yolofs (whose ``status`` answer this is, None if it did not answer) has a

@@ -44,6 +44,7 @@ from yolo_common import images as yolo_images
 from yolo_common import yolofs
 from yolo_nova.virt import boot_images as boot_images_mod
 from yolo_nova.virt import qcow2_ranges
+from yolo_nova.virt import transfers
 
 LOG = logging.getLogger(__name__)
 
@@ -90,6 +91,10 @@ class Pacer:
         self._clock = clock
         self._sleep = sleep
         self._until = self._next = clock()
+        # The bytes that arrived while not paced, and the time they took: the link's rate.
+        self.unpaced_bytes = 0
+        self.unpaced_seconds = 0.0
+        self._last = None
 
     @property
     def pacing(self):
@@ -107,7 +112,10 @@ class Pacer:
         """After ``length`` bytes of the download: waits until they fit the rate, if paced."""
         now = self._clock()
         if not self.pacing:
-            self._next = now
+            if self._last is not None:
+                self.unpaced_bytes += length
+                self.unpaced_seconds += now - self._last
+            self._next = self._last = now
             return
         # When the bytes so far may have arrived at the rate; a link slower than it builds
         # no credit.
@@ -115,6 +123,7 @@ class Pacer:
         self._next = max(due, now)
         if due > now:
             self._sleep(min(due, self._until) - now)
+        self._last = self._clock()
 
 
 class FillFailed(Exception):
@@ -225,6 +234,8 @@ class Fill:
     after_complete = None
     # Called when the fill fails outside its run (its run may wait for a download for long).
     after_failed_elsewhere = None
+    # The host's transfers (virt/transfers.py), which an in-order download's rate joins.
+    transfers = None
 
     def __init__(self, base_dir, name, size, client, image_id, boot_image_id, boot_image_path,
                  pacer=None):
@@ -316,6 +327,9 @@ class Fill:
 
         def write_all(fd):
             self._download(fd, data)
+            if self.transfers is not None:
+                self.transfers.record(transfers.DOWNLOAD, self.pacer.unpaced_bytes,
+                                      self.pacer.unpaced_seconds)
             if self._cursor != self.size:
                 raise FillFailed('Glance sent %d of the image\'s %d bytes'
                                  % (self._cursor, self.size))
@@ -910,6 +924,7 @@ class FirstBoots:
                             boot_image_path, Pacer(self.paced_rate, self.paced_seconds))
                 fill.after_complete = self._keep_boot_image
                 fill.after_failed_elsewhere = self._stop_guests
+                fill.transfers = self.backing_files.transfers
                 try:
                     threading.Thread(target=self._fill, args=(fill, run),
                                      name='yolo-fill-%s' % name, daemon=True).start()

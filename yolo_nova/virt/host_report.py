@@ -1,11 +1,13 @@
 """What a compute host reports to the scheduler, and the boots it times to learn it from.
 
 The driver calls it from Nova's hooks: :meth:`HostReport.stats` at each periodic resource update
-(the keys of yolo_nova.model.host_stats: yolofs' load, the host's boot-time parameters and its
-verified boot images) and :meth:`HostReport.spawning` around each spawn, which times the guest
-from its start to its ready line (virt/boot_timer.py) with what libvirt says of its vCPUs and
-disks. The parameters come, by precedence, from the calibration file, the boots timed here and
-the ``[yolo]`` options of the model's table (yolo_nova.model.estimators.host_calibration).
+(the keys of yolo_nova.model.host_stats: yolofs' load, the host's boot-time parameters, its rates
+from Glance and what it holds, as a Bloom filter) and :meth:`HostReport.spawning` around each
+spawn, which times the guest from its start to its ready line (virt/boot_timer.py) with what
+libvirt says of its vCPUs and disks. The parameters come, by precedence, from the calibration
+file, the boots timed here and the ``[yolo]`` options of the model's table
+(yolo_nova.model.estimators.host_calibration); the rates, from the host's transfers
+(virt/transfers.py) and those options.
 """
 
 import contextlib
@@ -23,9 +25,11 @@ from yolo_nova import conf as yolo_conf
 from yolo_nova.model import calibration
 from yolo_nova.model import estimators
 from yolo_nova.model import host_stats
+from yolo_nova.model import locality
 from yolo_nova.model import parameters
 from yolo_nova.virt import backing
 from yolo_nova.virt import boot_timer
+from yolo_nova.virt import transfers
 
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
@@ -84,10 +88,14 @@ class HostReport:
         except (OSError, ValueError, yolofs.YolofsError) as e:
             LOG.warning('yolofs did not report the host load: %s', e)
             return {'yolo_active': 'false'}
+        ratio = self.boot_images.size_ratio()
         state = host_stats.HostBootState(
-            params=known.params,
-            boot_images=frozenset(self.boot_images.verified_image_ids(status)),
-            updated_at=time.time(), **load)
+            params=known.params, boot_images=frozenset(), updated_at=time.time(),
+            held=self.held(status),
+            streams_first_boots=(self.first_boots is not None
+                                 and self.boot_images.verifier is not None),
+            boot_image_ratio=host_stats.DEFAULT_BOOT_IMAGE_RATIO if ratio is None else ratio,
+            **load)
         stats = dict(state.to_stats(), yolo_active='true')
         if self.first_boots is not None:
             # Images that boot on Nova's path here: their Glance store serves no ranges.
@@ -98,6 +106,17 @@ class HostReport:
             stats['yolo_first_boot_fills_token_expired'] = str(
                 self.first_boots.fills_with_expired_tokens)
         return stats
+
+    def held(self, status):
+        """What this host holds (model.locality): the base files of images in ``_base`` and
+        the images yolofs serves a verified boot image of (``status``: its answer)."""
+        entries = [locality.boot_image_entry(image_id)
+                   for image_id in self.boot_images.verified_image_ids(status)]
+        with os.scandir(self.backing_files.base_dir) as found:
+            entries += [locality.base_file_entry(entry.name) for entry in found
+                        if self.backing_files.is_image_base(entry.name)
+                        and '.' not in entry.name and entry.is_file()]
+        return locality.BloomFilter.of(entries)
 
     def calibration(self, cpus=1):
         """This host's calibration (estimators.host_calibration): nova.conf's [yolo] options, else
@@ -120,8 +139,21 @@ class HostReport:
                     for p in parameters.PARAMETERS if p.option}
         settings.update((name, getattr(CONF.yolo, name)) for name in calibration.DISK_CAPACITY)
         boots = self.boot_timer.observed() if self.boot_timer is not None else []
-        known = dataclasses.replace(measured or UNCALIBRATED, cpus=cpus)
+        known = dataclasses.replace(measured or UNCALIBRATED, cpus=cpus, **self._rates())
         return estimators.host_calibration(known, boots, CONF.yolo.learn_from_boots, settings)
+
+    def _rates(self):
+        """The rates this host measured from its transfers (an operator's options win)."""
+        rates = {}
+        moved = self.backing_files.transfers
+        if moved is not None:
+            for name, kind in (('glance_bytes_per_second', transfers.DOWNLOAD),
+                               ('convert_bytes_per_second', transfers.CONVERSION)):
+                rate = moved.rate(kind)
+                if rate is not None:
+                    low, high = parameters.BY_NAME[name].bounds
+                    rates[name] = min(max(rate, low), high)
+        return rates
 
     @contextlib.contextmanager
     def spawning(self, instance, power_on):

@@ -10,14 +10,17 @@ virt/imagebackend.py); the same tests check that Nova still has each method they
 
 import functools
 import os
+import time
 
 from lxml import etree
+from nova.virt import images
 from nova.virt.libvirt import imagebackend
 from nova.virt.libvirt import migration as libvirt_migrate
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
 
 from yolo_common import yolofs
+from yolo_nova.virt import transfers
 
 LOG = logging.getLogger(__name__)
 
@@ -74,11 +77,44 @@ def touching_through_yolofs(update_utime):
     return wrapped
 
 
+def timing_downloads(fetch):
+    """``nova.virt.images.fetch``, which records each download of an image from Glance (its
+    bytes, as written, and its time) in the host's Transfers (virt/transfers.py): the rate the
+    host reports, from Nova's own downloads."""
+    def wrapped(context, image_href, path, trusted_certs=None):
+        started = time.monotonic()
+        fetch(context, image_href, path, trusted_certs)
+        record(wrapped, transfers.DOWNLOAD, path, time.monotonic() - started)
+    return wrapped
+
+
+def timing_conversions(convert_image):
+    """``nova.virt.images.convert_image``, which records Nova's conversions of a download to a
+    raw base file (``fetch_to_raw``'s, to ``PATH.converted``)."""
+    def wrapped(source, dest, in_format, out_format, *args, **kwargs):
+        started = time.monotonic()
+        convert_image(source, dest, in_format, out_format, *args, **kwargs)
+        if out_format == 'raw' and dest.endswith('.converted'):
+            record(wrapped, transfers.CONVERSION, dest, time.monotonic() - started)
+    return wrapped
+
+
+def record(wrapper, kind, path, seconds):
+    # Measuring never fails Nova's call.
+    try:
+        if wrapper.backing_files.transfers is not None:
+            wrapper.backing_files.transfers.record(kind, os.path.getsize(path), seconds)
+    except Exception as e:
+        LOG.debug('Not recording the %s of %s: %s', kind, path, e)
+
+
 # (Nova's module, the function replaced, its wrapper).
 PATCHES = (
     (libvirt_migrate, 'get_updated_guest_xml', returning_no_backing_stores),
     (libvirt_utils, 'get_disk_backing_file', naming_base_files),
     (imagebackend, '_update_utime_ignore_eacces', touching_through_yolofs),
+    (images, 'fetch', timing_downloads),
+    (images, 'convert_image', timing_conversions),
 )
 
 

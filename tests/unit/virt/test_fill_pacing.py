@@ -1,6 +1,8 @@
 """While guests boot over a base file being filled, its in-order download is paced (Pacer), on a
 clock of the test's: the sleeps it asks for are exact."""
 
+import pytest
+
 from yolo_nova.virt import first_boot
 
 MIB = 1 << 20
@@ -95,3 +97,16 @@ def test_a_fill_paces_from_its_first_disk(tmp_path):
     assert not fill.pacer.pacing
     fill.add_disk('/instances/one/disk')
     assert fill.pacer.pacing and fill.disks == {'/instances/one/disk'}
+
+
+def test_only_the_bytes_that_arrived_unpaced_measure_the_link():
+    # The link: 4 MiB every 0.04 s (100 MiB/s). 60 s paced at 16 MiB/s, then unpaced.
+    clock = Clock()
+    paced = pacer(clock)
+    paced.guest_started()
+    clock.download(paced, 240, seconds_per_chunk=0.04)
+    assert paced.unpaced_bytes == 0
+    clock.download(paced, 100, seconds_per_chunk=0.04)
+    # Each chunk's time runs from the end of the previous one's pacing.
+    assert paced.unpaced_bytes == 100 * 4 * MIB
+    assert paced.unpaced_bytes / paced.unpaced_seconds == pytest.approx(100 * MIB)

@@ -7,7 +7,12 @@ the image backend override: a Nova that renames one would never call YOLO's.
 """
 
 import inspect
+import os
+from unittest import mock
 
+import fixtures
+
+from nova.virt import images
 from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import imagebackend as nova_imagebackend
 from nova.virt.libvirt import migration as libvirt_migrate
@@ -34,7 +39,8 @@ class TestPatchTargets(nova_base.NoDBTestCase):
         self.assertEqual(
             [(libvirt_migrate, 'get_updated_guest_xml'),
              (libvirt_utils, 'get_disk_backing_file'),
-             (nova_imagebackend, '_update_utime_ignore_eacces')],
+             (nova_imagebackend, '_update_utime_ignore_eacces'),
+             (images, 'fetch'), (images, 'convert_image')],
             [(module, name) for module, name, _ in nova_patches.PATCHES])
 
     def test_get_updated_guest_xml_makes_the_live_migrations_xml(self):
@@ -60,6 +66,52 @@ class TestPatchTargets(nova_base.NoDBTestCase):
         # Called by name inside Nova's image backend, where the module's attribute is looked up.
         self.assertIn('_update_utime_ignore_eacces(base)',
                       inspect.getsource(nova_imagebackend.Qcow2.create_image))
+
+    def test_fetch_and_convert_image_are_novas_download_and_conversion_to_a_base_file(self):
+        self.assertEqual(['context', 'image_href', 'path', 'trusted_certs'],
+                         parameters(original(images, 'fetch')))
+        self.assertEqual(['source', 'dest', 'in_format', 'out_format'],
+                         parameters(original(images, 'convert_image'))[:4])
+        # fetch_to_raw and the driver's cache_image call them through the module's attributes
+        # (fetch_to_raw is in the same module: its globals are the module's).
+        source = inspect.getsource(images.fetch_to_raw)
+        self.assertIn('fetch(context, image_href, path_tmp, trusted_certs)', source)
+        self.assertIn('staged = "%s.converted" % path', source)
+        self.assertIn("convert_image(path_tmp, staged, fmt, 'raw')", source)
+        self.assertIn('images.fetch_to_raw(context, image_id, path)',
+                      inspect.getsource(libvirt_driver.LibvirtDriver.cache_image))
+
+
+class TestTransfersTimed(nova_base.NoDBTestCase):
+    """Nova's download and conversion, wrapped, record what they moved and never fail for it."""
+
+    def test_a_download_and_a_conversion_are_recorded_by_their_bytes(self):
+        recorded = []
+        files = mock.Mock()
+        files.transfers.record.side_effect = lambda *a: recorded.append(a)
+        tmp = self.useFixture(fixtures.TempDir()).path
+        part, converted = os.path.join(tmp, 'x.part'), os.path.join(tmp, 'x.converted')
+
+        def download(context, image_href, path, trusted_certs=None):
+            with open(path, 'wb') as f:
+                f.write(b'x' * 1000)
+        fetch = nova_patches.timing_downloads(download)
+        fetch.backing_files = files
+        fetch(None, 'image', part)
+
+        def convert(source, dest, in_format, out_format, *args, **kwargs):
+            with open(dest, 'wb') as f:
+                f.truncate(4000)
+        conversion = nova_patches.timing_conversions(convert)
+        conversion.backing_files = files
+        conversion(part, converted, 'qcow2', 'raw')
+        # A snapshot's conversion is not the making of a base file.
+        conversion(part, os.path.join(tmp, 'snapshot'), 'raw', 'qcow2')
+        self.assertEqual([('download', 1000), ('conversion', 4000)],
+                         [(kind, nbytes) for kind, nbytes, _ in recorded])
+
+        files.transfers.record.side_effect = OSError('disk full')
+        fetch(None, 'image', part)     # does not raise
 
 
 def own_methods(cls):
