@@ -5,6 +5,8 @@ import functools
 GLANCE_API_VERSION = '2'
 # The oldest microversion is enough: it shows admins each server's host and filters by host.
 NOVA_API_VERSION = '2.1'
+# Host aggregates' uuids, which name them to compute hosts.
+NOVA_AGGREGATES_API_VERSION = '2.41'
 # Traits of resource providers (1.6) and their root providers (1.14).
 PLACEMENT_API_VERSION = '1.14'
 
@@ -27,6 +29,13 @@ class Client:
         from novaclient import client as nova_client
         return nova_client.Client(NOVA_API_VERSION, session=self.session,
                                   region_name=self.region_name, endpoint_type=self.interface)
+
+    @functools.cached_property
+    def nova_aggregates(self):
+        from novaclient import client as nova_client
+        return nova_client.Client(NOVA_AGGREGATES_API_VERSION, session=self.session,
+                                  region_name=self.region_name,
+                                  endpoint_type=self.interface).aggregates
 
     @functools.cached_property
     def placement(self):

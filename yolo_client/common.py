@@ -2,6 +2,7 @@
 
 from cliff import columns
 from glanceclient import exc as glance_exc
+from keystoneauth1 import exceptions as ks_exceptions
 from osc_lib import exceptions
 
 from yolo_common import contract
@@ -13,6 +14,8 @@ ADMIN_ROLE = 'admin'
 
 MiB = 1 << 20
 GiB = 1 << 30
+# Placement's filter of resource providers by trait.
+REQUIRED_TRAITS_MICROVERSION = '1.18'
 
 
 class Blank(columns.FormattableColumn):
@@ -118,3 +121,30 @@ def linked_boot_image(glance, image):
 
 def boot_image_size(boot_image):
     return number(boot_image.get(contract.BOOT_IMAGE_BYTES, boot_image.get('size')), int)
+
+
+def find_aggregate(aggregates, name_or_id):
+    """A host aggregate by name, ID or UUID (``aggregates``: novaclient's, at 2.41 at least)."""
+    for aggregate in aggregates.list():
+        if name_or_id in (aggregate.name, str(aggregate.id), aggregate.uuid):
+            return aggregate
+    raise exceptions.CommandError('No host aggregate with a name or ID of %r' % name_or_id)
+
+
+def hosts_holding(placement, image_ids):
+    """{image id: how many compute hosts hold its boot image warm}, from the traits of their
+    resource providers in placement; {} if placement does not answer (it answers admins)."""
+    if not image_ids:
+        return {}
+    try:
+        existing = set(placement.get('/traits?name=startswith:%s' % (
+            contract.WARM_TRAIT_PREFIX)).json()['traits'])
+        holding = {}
+        for image_id in image_ids:
+            trait = contract.warm_trait(image_id)
+            holding[image_id] = 0 if trait not in existing else len(placement.get(
+                '/resource_providers?required=%s' % trait,
+                microversion=REQUIRED_TRAITS_MICROVERSION).json()['resource_providers'])
+        return holding
+    except ks_exceptions.HttpError:
+        return {}

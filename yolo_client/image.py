@@ -1,4 +1,4 @@
-"""``openstack yolo image list|show|rebuild``: images and their boot images."""
+"""``openstack yolo image list|show|rebuild|warm|unwarm``: images and their boot images."""
 
 from osc_lib.cli import format_columns
 from osc_lib.command import command
@@ -8,7 +8,7 @@ from yolo_client import common
 from yolo_common import contract
 
 LIST_COLUMNS = ('ID', 'Name', 'Boot Image Status', 'Boot Image ID', 'Boot Image Size',
-                'Coverage', 'Build Time', 'Reason')
+                'Coverage', 'Build Time', 'Reason', 'Warm', 'Hosts Holding')
 
 
 class ListImage(command.Lister):
@@ -19,12 +19,16 @@ class ListImage(command.Lister):
     yet), the boot image's ID and size, the share of the raw image it holds (coverage), how long
     writing it took after the profiling boot (build time), and why a build failed or was
     skipped. Size, coverage and build time are read from the hidden boot image, which only
-    admins see.
+    admins see. For the images an operator made warm (``openstack yolo image warm``): where
+    ("all", or "aggregate:UUID"), and how many compute hosts hold their boot image (read from
+    placement: admins only).
     """
 
     def take_action(self, parsed_args):
         images, boot_images = common.images_and_boot_images(
             self.app.client_manager.yolo.glance)
+        holding = common.hosts_holding(self.app.client_manager.yolo.placement, [
+            image['id'] for image in images if image.get(contract.WARM)])
         rows = []
         for image in images:
             boot_image = boot_images.get(image.get(contract.BOOT_IMAGE_ID)) or {}
@@ -34,7 +38,8 @@ class ListImage(command.Lister):
                 common.Bytes(common.boot_image_size(boot_image)),
                 common.Fraction(common.number(boot_image.get(contract.COVERAGE))),
                 common.Seconds(common.number(boot_image.get(contract.BUILD_SECONDS))),
-                image.get(contract.REASON))))
+                image.get(contract.REASON), image.get(contract.WARM),
+                holding.get(image['id']))))
         return LIST_COLUMNS, rows
 
 
@@ -138,6 +143,67 @@ class RebuildImage(command.ShowOne):
         return (('ID', 'Name', 'Boot Image Status', 'Deleted Boot Images'),
                 (image['id'], image.get('name'), contract.PENDING,
                  format_columns.ListColumn(deleted)))
+
+
+class WarmImage(command.Lister):
+    """Have compute hosts hold images' boot images before their first boot of them (admin
+    only).
+
+    Every compute host (or, with --aggregate, the hosts of a host aggregate) fetches the boot
+    images of the images named, or without any of every public image with a published boot
+    image, into its warm store (a few percent of each image, within the store's budget,
+    ``[yolo] warm_budget_mb``), within ``[yolo] warm_interval``: a first boot of the image there
+    then starts with nothing to fetch, its data streamed as the guest reads it
+    (docs/first-boot.md); a host that has the image cached installs its boot image in yolofs.
+    An image is warm in one place: every host or one aggregate, the last asked. ``openstack
+    yolo image list`` shows how many hosts hold each.
+    """
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument('images', metavar='<image>', nargs='*',
+                            help='Image (name or ID); none: every public image with a boot '
+                                 'image')
+        parser.add_argument('--aggregate', metavar='<aggregate>',
+                            help='Host aggregate (name or ID) whose hosts hold them; default: '
+                                 'every host')
+        return parser
+
+    def take_action(self, parsed_args):
+        common.require_admin(self.app.client_manager, 'openstack yolo image warm')
+        yolo = self.app.client_manager.yolo
+        scope = 'all'
+        if parsed_args.aggregate:
+            aggregate = common.find_aggregate(yolo.nova_aggregates, parsed_args.aggregate)
+            scope = 'aggregate:' + aggregate.uuid
+        if parsed_args.images:
+            images = [source_image(yolo.glance, name) for name in parsed_args.images]
+        else:
+            images = [dict(i) for i in yolo.glance.images.list(filters={'visibility': 'public'})
+                      if not contract.is_boot_image(dict(i))
+                      and dict(i).get(contract.BOOT_IMAGE_ID)]
+        for image in images:
+            yolo.glance.images.update(image['id'], **{contract.WARM: scope})
+        return ('ID', 'Name', 'Warm'), [(i['id'], i.get('name'), scope) for i in images]
+
+
+class UnwarmImage(command.Lister):
+    """Stop holding images' boot images before their first boot (admin only): hosts drop them
+    from their warm stores as the budget needs room."""
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument('images', metavar='<image>', nargs='+', help='Image (name or ID)')
+        return parser
+
+    def take_action(self, parsed_args):
+        common.require_admin(self.app.client_manager, 'openstack yolo image unwarm')
+        glance = self.app.client_manager.yolo.glance
+        images = [source_image(glance, name) for name in parsed_args.images]
+        for image in images:
+            if image.get(contract.WARM):
+                glance.images.update(image['id'], remove_props=[contract.WARM])
+        return ('ID', 'Name', 'Warm'), [(i['id'], i.get('name'), None) for i in images]
 
 
 def source_image(glance, name_or_id):

@@ -17,6 +17,9 @@ PENDING, BUILDING, READY, SKIPPED, FAILED = 'pending', 'building', 'ready', 'ski
 READY_PATTERN = 'yolo_ready_pattern'
 IDLE_SECONDS = 'yolo_idle_seconds'
 MAX_SECONDS = 'yolo_max_seconds'
+# Where its boot image is held before its first boot: "all" (every host) or "aggregate:UUID"
+# (yolo_nova/virt/warming.py, `openstack yolo image warm`).
+WARM = 'yolo_warm'
 
 # On a published boot image.
 SOURCE_IMAGE_ID = 'yolo_source_image_id'
@@ -39,7 +42,8 @@ WINDOW_ENDED_BY = 'yolo_window_ended_by'
 # image, with another base file, and needs a boot image of its own; the overrides were an
 # operator's choice for the source image (and tenants may not set them, so a snapshot that
 # carried them would be refused).
-NOT_INHERITED = (BOOT_IMAGE_ID, STATUS, REASON, CLAIM, READY_PATTERN, IDLE_SECONDS, MAX_SECONDS)
+NOT_INHERITED = (BOOT_IMAGE_ID, STATUS, REASON, CLAIM, READY_PATTERN, IDLE_SECONDS, MAX_SECONDS,
+                 WARM)
 
 
 def is_boot_image(image, container_format=CONTAINER_FORMAT):
@@ -53,6 +57,14 @@ def is_boot_image(image, container_format=CONTAINER_FORMAT):
 # (docs/yolofs.md). `openstack yolo host list` reads them.
 TOUCH_SAFETY_TRAIT_PREFIX = 'CUSTOM_YOLO_TOUCH_SAFETY_'
 TOUCH_SAFETY_MECHANISMS = ('leases', 'multigrain_timestamps', 'none', 'unknown')
+# A host holding an image warm (its boot image, with or without its base file):
+# CUSTOM_YOLO_WARM_ and the image id's hex digits (warming.warm_trait).
+WARM_TRAIT_PREFIX = 'CUSTOM_YOLO_WARM_'
+
+
+def warm_trait(image_id):
+    """The trait of a host that holds image ``image_id``'s boot image warm."""
+    return WARM_TRAIT_PREFIX + image_id.replace('-', '').upper()
 
 
 def touch_safety_trait(mechanism):

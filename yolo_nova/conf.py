@@ -184,6 +184,17 @@ Where boot images are downloaded from Glance before yolofs installs them (each i
 yolofs has answered). A directory of nova-compute's own; yolofs (root) reads the files in it.
 Unset: ``yolo-incoming`` in ``[DEFAULT] instances_path``.
 """),
+    cfg.IntOpt(
+        'warm_budget_mb', default=4096, min=0,
+        help="""
+The most the warm store holds, in MiB: the boot images of the images an operator made warm where
+this host is (``openstack yolo image warm``), held before their base files so that a first boot
+of them starts with nothing to fetch (docs/operations.md, "Warming hosts"). Past it, the boot images
+of images no longer warm go first, then those used least recently. 0: no warming.
+"""),
+    cfg.IntOpt(
+        'warm_interval', default=600, min=10,
+        help="Seconds between this host's looks at the images warm where it is."),
     cfg.StrOpt(
         'boot_image_owner',
         help="""

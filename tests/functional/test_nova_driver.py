@@ -28,6 +28,7 @@ from tests import guest_disk
 from yolo_common import images
 from yolo_common import qemu
 from yolo_common import yolofs
+from yolo_nova.model import host_stats
 from yolo_nova.virt import backing
 
 CONF = nova.conf.CONF
@@ -198,7 +199,8 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount
         # The host reports the verified boot image to the scheduler.
         resources = drvr.yolo_report.stats({'vcpus': 2})
         assert resources['yolo_active'] == 'true'
-        assert image_id in resources['yolo_boot_images'].split(',')
+        reported = host_stats.from_stats(resources, max_age=300)
+        assert reported.holds_boot_image(image_id) and reported.holds_base_file(image_id)
 
         # The boot is over: the running guest is moved to _base, its header, live and
         # persistent XML all say so.

@@ -713,6 +713,9 @@ calibration_file = $(dirname "$COMPUTE2_YOLOFS_BOOT_IMAGES")/calibration.json
 # Its first boot of an image starts before the download (docs/first-boot.md, the default), which
 # nova.conf turns off for the first host: tests/e2e/test_first_boot.py.
 first_boot_before_download = true
+# It looks for the images warm where it is twice a minute, not every 10 minutes:
+# tests/e2e/test_warming.py.
+warm_interval = 30
 EOF
     "$AIO_VENV/bin/yolo-configure" nova-compute --config-file /etc/nova/nova-compute-2.conf \
         --mount-point "$COMPUTE2_YOLOFS_MOUNTPOINT" --control-socket "$COMPUTE2_YOLOFS_CONTROL_SOCKET" \

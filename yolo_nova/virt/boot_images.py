@@ -140,6 +140,8 @@ class BootImages:
         self._fetching_lock = threading.Lock()
         # The sizes of the last boot images installed, against their base files'.
         self._sizes = collections.deque(maxlen=20)
+        # Boot images held before their base files (warming.WarmStore), if the host warms.
+        self.warm_store = None
 
     @property
     def image_api(self):
@@ -209,7 +211,7 @@ class BootImages:
                 return 'rejected' if published else 'none'
             if later and not usable:
                 return self._install_later(context, name, image_id, boot_image)
-            return self._install(context, name, image_id, boot_image)
+            return self.install(context, name, image_id, boot_image)
         except Untrusted:
             return 'rejected'
         except Exception:
@@ -239,17 +241,29 @@ class BootImages:
 
     def download(self, context, name, boot_image, image_id):
         """Downloads ``boot_image`` (of image ``image_id``) into the download directory, for
-        base file ``name``, and checks its signature over the bytes downloaded; returns its
-        path (the caller deletes it), a file yolofs (root) can read. Raises Untrusted (the boot
-        image is refused) if the signature does not verify."""
+        base file ``name`` (or links it from the warm store, which holds it), and checks its
+        signature over the bytes; returns its path (the caller deletes it), a file yolofs
+        (root) can read. Raises Untrusted (the boot image is refused) if the signature does not
+        verify."""
         os.makedirs(self.download_dir, mode=0o755, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix=name + '.', suffix='.yolo', dir=self.download_dir)
         os.close(fd)
+        warm = self.warm_store is not None and self.warm_store.link_for(
+            image_id, boot_image['id'], path)
         try:
-            LOG.info('Downloading boot image %s for base file %s', boot_image['id'], name)
-            self.boot_image_api.download(context, boot_image['id'], dest_path=path)
+            if warm:
+                LOG.info('Boot image %s for base file %s: from the warm store',
+                         boot_image['id'], name)
+            else:
+                LOG.info('Downloading boot image %s for base file %s', boot_image['id'], name)
+                self.boot_image_api.download(context, boot_image['id'], dest_path=path)
             if self.verifier is not None:
-                self._check_signature(boot_image, image_id, path)
+                try:
+                    self._check_signature(boot_image, image_id, path)
+                except Untrusted:
+                    if warm:
+                        self.warm_store.drop(image_id)
+                    raise
             # yolofs runs as root and reads it (root could anyway); it must stay our own file.
             os.chmod(path, 0o644)
         except BaseException:
@@ -284,7 +298,7 @@ class BootImages:
         self.refuse(image_id, boot_image['id'])
         raise Untrusted(reason)
 
-    def _install(self, context, name, image_id, boot_image):
+    def install(self, context, name, image_id, boot_image):
         path = self.download(context, name, boot_image, image_id)
         try:
             return self.install_file(name, path, image_id, boot_image['id'])
@@ -307,7 +321,7 @@ class BootImages:
 
     def _fetch(self, context, name, image_id, boot_image):
         try:
-            self._install(context, name, image_id, boot_image)
+            self.install(context, name, image_id, boot_image)
         except Untrusted:
             pass
         except Exception:

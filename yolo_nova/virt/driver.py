@@ -51,6 +51,7 @@ from yolo_nova.virt import host_report
 from yolo_nova.virt import imagebackend
 from yolo_nova.virt import nova_patches
 from yolo_nova.virt import transfers
+from yolo_nova.virt import warming
 
 CONF = nova.conf.CONF
 yolo_conf.register_opts(CONF)
@@ -73,6 +74,16 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes,
             signing_keys=CONF.yolo.boot_image_signing_keys)
         self.yolo_backing.boot_images = self.yolo_boot_images
+        self.yolo_warmer = None
+        if CONF.yolo.warm_budget_mb and CONF.yolo.fetch_boot_images:
+            # Beside the downloads, on their file system: a first boot links its boot image.
+            self.yolo_boot_images.warm_store = warming.WarmStore(
+                os.path.join(self.yolo_boot_images.download_dir, 'warm'),
+                CONF.yolo.warm_budget_mb << 20)
+            self.yolo_warmer = warming.Warmer(
+                self.yolo_boot_images, self.yolo_boot_images.warm_store, self.yolo_backing,
+                self._yolo_aggregates, CONF.yolo.warm_interval,
+                before_download=CONF.yolo.first_boot_before_download)
         self.yolo_first_boots = None
         if CONF.yolo.first_boot_before_download and CONF.yolo.fetch_boot_images:
             # Nova's image backend takes its locks of base files there (Image.lock_path).
@@ -389,7 +400,15 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             LOG.exception('Reporting yolo_active=false: YOLO stats could not be computed')
             yolo_stats = {'yolo_active': 'false'}
         data['stats'] = dict(data.get('stats') or {}, **yolo_stats)
+        if self.yolo_warmer is not None and yolo_stats.get('yolo_active') == 'true':
+            self.yolo_warmer.maybe_run()
         return data
+
+    @staticmethod
+    def _yolo_aggregates():
+        """The uuids of this host's aggregates (through the conductor)."""
+        return [aggregate.uuid for aggregate in objects.AggregateList.get_by_host(
+            nova_context.get_admin_context(), CONF.host)]
 
     def update_provider_tree(self, provider_tree, nodename, allocations=None):
         super().update_provider_tree(provider_tree, nodename, allocations=allocations)
@@ -401,6 +420,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         mechanism = status.touch_safety if status is not None else None
         if mechanism in contract.TOUCH_SAFETY_MECHANISMS:
             traits.add(contract.touch_safety_trait(mechanism))
+        # The images warm where this host is that it holds (`openstack yolo image list`).
+        traits = {t for t in traits if not t.startswith(contract.WARM_TRAIT_PREFIX)}
+        if self.yolo_warmer is not None and status is not None:
+            traits |= {warming.warm_trait(image_id)
+                       for image_id in self.yolo_warmer.held_warm(status)}
         provider_tree.update_traits(nodename, traits)
 
 

@@ -108,10 +108,14 @@ class HostReport:
         return stats
 
     def held(self, status):
-        """What this host holds (model.locality): the base files of images in ``_base`` and
-        the images yolofs serves a verified boot image of (``status``: its answer)."""
-        entries = [locality.boot_image_entry(image_id)
-                   for image_id in self.boot_images.verified_image_ids(status)]
+        """What this host holds (model.locality): the base files of images in ``_base``, the
+        images yolofs serves a verified boot image of (``status``: its answer) and those of the
+        warm store."""
+        image_ids = set(self.boot_images.verified_image_ids(status))
+        if self.boot_images.warm_store is not None and self.first_boots is not None:
+            # Held for a first boot before the download, which only then uses it.
+            image_ids |= self.boot_images.warm_store.held_image_ids()
+        entries = [locality.boot_image_entry(image_id) for image_id in image_ids]
         with os.scandir(self.backing_files.base_dir) as found:
             entries += [locality.base_file_entry(entry.name) for entry in found
                         if self.backing_files.is_image_base(entry.name)

@@ -45,12 +45,12 @@ def test_list_every_image_with_its_boot_image_in_two_listings():
     columns, rows = run(image_cmd.ListImage, [], fakes.app(images))
     rows = {r[0]: dict(zip(columns, map(machine, r))) for r in rows}
     assert columns == ('ID', 'Name', 'Boot Image Status', 'Boot Image ID', 'Boot Image Size',
-                       'Coverage', 'Build Time', 'Reason')
+                       'Coverage', 'Build Time', 'Reason', 'Warm', 'Hosts Holding')
     assert set(rows) == {'img-ready', 'img-failed', 'img-new', 'img-hidden'}   # no boot-1
     assert rows['img-ready'] == {
         'ID': 'img-ready', 'Name': 'debian', 'Boot Image Status': 'ready',
         'Boot Image ID': 'boot-1', 'Boot Image Size': 65 * MiB, 'Coverage': 0.0312,
-        'Build Time': 3.5, 'Reason': None}
+        'Build Time': 3.5, 'Reason': None, 'Warm': None, 'Hosts Holding': None}
     assert rows['img-failed']['Boot Image Status'] == 'failed'
     assert rows['img-failed']['Reason'] == 'image data is qcow2, not the declared raw'
     assert rows['img-failed']['Boot Image Size'] is None
@@ -179,3 +179,92 @@ def test_the_worker_as_it_is_builds_a_rebuilt_image(tmp_path):
     # And no old boot image is left for the worker to prefer over the new one.
     assert not list(images.list(filters={'yolo_source_image_id': 'img-ready',
                                          'os_hidden': True, 'owner': 'service'}))
+
+
+WARM_ID = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
+COLD_ID = '11111111-2222-4333-8444-555566667777'
+
+
+class FakePlacement:
+    """GET /traits?name=startswith:... and /resource_providers?required=TRAIT."""
+
+    def __init__(self, hosts_by_trait, error=None):
+        self.hosts_by_trait, self.error = hosts_by_trait, error
+        self.calls = []
+
+    def get(self, url, microversion=None):
+        self.calls.append((url, microversion))
+        if self.error:
+            raise self.error
+        if url.startswith('/traits'):
+            body = {'traits': sorted(self.hosts_by_trait)}
+        else:
+            trait = url.split('required=')[1]
+            body = {'resource_providers': [{'name': h} for h in self.hosts_by_trait[trait]]}
+        return mock.Mock(json=lambda: body)
+
+
+def warm_glance():
+    return fakes.FakeImages(
+        fakes.image(WARM_ID, 'debian', yolo_boot_image_id='boot-1', yolo_warm='all',
+                    visibility='public'),
+        fakes.image(COLD_ID, 'ubuntu', yolo_boot_image_id='boot-2', yolo_warm='aggregate:a1',
+                    visibility='public'),
+        fakes.image('img-none', 'no boot image', visibility='public'),
+        fakes.boot_image('boot-1', WARM_ID), fakes.boot_image('boot-2', COLD_ID))
+
+
+def test_list_shows_where_each_warm_image_is_and_how_many_hosts_hold_it():
+    app = fakes.app(warm_glance())
+    placement = FakePlacement({'CUSTOM_YOLO_WARM_0B5D7C1E8D5E4A559A572F5CBD1C3D3E':
+                               ['compute1', 'compute2']})
+    app.client_manager.yolo.placement = placement
+    columns, rows = run(image_cmd.ListImage, [], app)
+    rows = {r[0]: dict(zip(columns, map(machine, r))) for r in rows}
+    assert (rows[WARM_ID]['Warm'], rows[WARM_ID]['Hosts Holding']) == ('all', 2)
+    # Warm in an aggregate no host of which holds it yet: no such trait exists.
+    assert (rows[COLD_ID]['Warm'], rows[COLD_ID]['Hosts Holding']) == ('aggregate:a1', 0)
+    assert (rows['img-none']['Warm'], rows['img-none']['Hosts Holding']) == (None, None)
+    # One listing of the traits, one count per warm image that has one.
+    assert [m for _, m in placement.calls] == [None, '1.18']
+
+
+def test_list_without_placement_leaves_the_count_blank():
+    from keystoneauth1 import exceptions as ks_exceptions
+    app = fakes.app(warm_glance(), roles=('member',))
+    app.client_manager.yolo.placement = FakePlacement({}, error=ks_exceptions.Forbidden())
+    columns, rows = run(image_cmd.ListImage, [], app)
+    rows = {r[0]: dict(zip(columns, map(machine, r))) for r in rows}
+    assert (rows[WARM_ID]['Warm'], rows[WARM_ID]['Hosts Holding']) == ('all', None)
+
+
+def test_warm_marks_the_images_named_for_every_host_or_an_aggregate():
+    images = warm_glance()
+    app = fakes.app(images)
+    rack = mock.Mock(id=7, uuid='a7')
+    rack.name = 'rack-7'
+    app.client_manager.yolo.nova_aggregates.list.return_value = [rack]
+    _, rows = run(image_cmd.WarmImage, ['img-none', '--aggregate', 'rack-7'], app)
+    assert rows == [('img-none', 'no boot image', 'aggregate:a7')]
+    assert images.images['img-none']['yolo_warm'] == 'aggregate:a7'
+    _, rows = run(image_cmd.WarmImage, ['ubuntu'], app)
+    assert images.images[COLD_ID]['yolo_warm'] == 'all'
+    with pytest.raises(exceptions.CommandError, match='No host aggregate'):
+        run(image_cmd.WarmImage, ['ubuntu', '--aggregate', 'rack-8'], app)
+
+
+def test_warm_without_images_marks_every_public_image_with_a_boot_image():
+    images = warm_glance()
+    _, rows = run(image_cmd.WarmImage, [], fakes.app(images))
+    assert sorted(r[0] for r in rows) == sorted([WARM_ID, COLD_ID])
+    assert {images.images[i]['yolo_warm'] for i in (WARM_ID, COLD_ID)} == {'all'}
+    assert 'yolo_warm' not in images.images['img-none']
+
+
+def test_unwarm_removes_the_mark_and_both_need_admin():
+    images = warm_glance()
+    run(image_cmd.UnwarmImage, [WARM_ID], fakes.app(images))
+    assert 'yolo_warm' not in images.images[WARM_ID]
+    for command, argv in ((image_cmd.WarmImage, []), (image_cmd.UnwarmImage, [COLD_ID])):
+        with pytest.raises(exceptions.CommandError, match='admin'):
+            run(command, argv, fakes.app(warm_glance(), roles=('member',)))

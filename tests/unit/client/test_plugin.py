@@ -37,7 +37,7 @@ def test_the_command_group_is_the_one_openstackclient_derives_from_the_plugin():
     commands = entry_points(group)
     assert sorted(n.replace('_', ' ') for n in commands) == [
         'yolo host list', 'yolo image list', 'yolo image rebuild', 'yolo image show',
-        'yolo server list']
+        'yolo image unwarm', 'yolo image warm', 'yolo server list']
     for target in commands.values():
         module, name = target.split(':')
         assert issubclass(getattr(importlib.import_module(module), name),

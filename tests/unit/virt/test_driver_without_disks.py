@@ -25,6 +25,7 @@ from yolo_nova.virt import backing
 from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
 from yolo_nova.virt import host_report
+from yolo_nova.virt import warming
 
 
 def load_driver(test):
@@ -298,3 +299,13 @@ class TestProviderTraits(nova_base.NoDBTestCase):
     def test_no_trait_while_yolofs_is_down_or_says_nothing(self):
         self.assertEqual({'HW_CPU_X86_AVX'}, self.traits_with(None))
         self.assertEqual({'HW_CPU_X86_AVX'}, self.traits_with({'boot_images': []}))
+
+    def test_a_trait_per_warm_image_the_host_holds(self):
+        image = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
+        other = '11111111-2222-4333-8444-555566667777'
+        self.tree.update_traits('node', ['HW_CPU_X86_AVX', warming.warm_trait(other)])
+        self.drvr.yolo_warmer.warm_image_ids = frozenset([image, other])
+        answer = {'boot_images': [{'file': 'f', 'image_id': image, 'verified': True}]}
+        self.assertEqual({'HW_CPU_X86_AVX', warming.warm_trait(image)}, self.traits_with(answer))
+        # Down: nothing said of what it holds.
+        self.assertEqual({'HW_CPU_X86_AVX'}, self.traits_with(None))
