@@ -15,7 +15,7 @@ on every host and scheduler whatever their versions: it is this module's, stated
 Format: ``bloom1:K:BITS``, with ``K`` hash functions and ``BITS`` the filter's bits in
 base64, a power of two of them (m); an entry's K bit positions are its SHA-256's first K 16-bit
 little-endian words, modulo m. Independent positions keep the false-positive rate the formula's
-at every size (double hashing, ``h1 + i h2``, had 5 times it in a filter of 2,048 bits).
+at every size (double hashing, ``h1 + i h2``, had 7 times it in a filter of 2,048 bits).
 """
 
 import base64
