@@ -133,7 +133,8 @@ def find_aggregate(aggregates, name_or_id):
 
 def hosts_holding(placement, image_ids):
     """{image id: how many compute hosts hold its boot image warm}, from the traits of their
-    resource providers in placement; {} if placement does not answer (it answers admins)."""
+    resource providers in placement; {} if placement does not answer (it answers admins, and
+    may be unreachable from where the command runs)."""
     if not image_ids:
         return {}
     try:
@@ -146,5 +147,5 @@ def hosts_holding(placement, image_ids):
                 '/resource_providers?required=%s' % trait,
                 microversion=REQUIRED_TRAITS_MICROVERSION).json()['resource_providers'])
         return holding
-    except ks_exceptions.HttpError:
+    except ks_exceptions.ClientException:
         return {}

@@ -51,6 +51,12 @@ PROTECTION_SECTION = '^yolo_.*'
 PROPERTY_PREFIX = 'yolo_'
 PROTECTION_RULES = {'create': 'admin,service', 'read': '@', 'update': 'admin,service',
                     'delete': 'admin,service'}
+# Where an image is warm (contract.WARM) makes every host there download and hold its boot image:
+# admins alone set it, not the service role that every compute host's Nova user holds; hosts
+# read it (a host aggregate's uuid, which tenants need not see). Before the section above.
+WARM_SECTION = '^%s$' % contract.WARM
+WARM_RULES = {'create': 'admin', 'read': 'admin,service', 'update': 'admin', 'delete': 'admin'}
+PROTECTIONS = ((WARM_SECTION, WARM_RULES), (PROTECTION_SECTION, PROTECTION_RULES))
 OTHER_PROPERTIES = '.*'
 # The worker's own notification topic, added to glance-api's (which keep theirs: Ceilometer's,
 # or the default "notifications").
@@ -232,14 +238,17 @@ def property_protections(path):
     if not protections.lines:
         for key, value in PROTECTION_RULES.items():
             protections.set(OTHER_PROPERTIES, key, '@')
-    header = '[%s]' % PROTECTION_SECTION
-    if header in protections.lines:
-        start = protections.lines.index(header)
-        end = start + 1
-        while end < len(protections.lines) and not protections.lines[end].startswith('['):
-            end += 1
-        del protections.lines[start:end]
-    protections.lines[:0] = [header] + ['%s = %s' % kv for kv in PROTECTION_RULES.items()] + ['']
+    ours = []
+    for section, rules in PROTECTIONS:
+        header = '[%s]' % section
+        if header in protections.lines:
+            start = protections.lines.index(header)
+            end = start + 1
+            while end < len(protections.lines) and not protections.lines[end].startswith('['):
+                end += 1
+            del protections.lines[start:end]
+        ours += [header] + ['%s = %s' % kv for kv in rules.items()] + ['']
+    protections.lines[:0] = ours
     # glance-api reads it as its own user (an unreadable file is silently no rules at all, and
     # Glance then refuses every property); it holds no secret.
     protections.save(new_mode=0o644)

@@ -85,7 +85,7 @@ def request(image_id, rng):
     return objects.RequestSpec(
         image=objects.ImageMeta.from_dict({
             'id': image_id, 'size': rng.randrange(1, 8) << 30, 'disk_format': 'qcow2',
-            'virtual_size': 20 << 30, 'properties': {}}),
+            'properties': {}}),
         scheduler_hints={}, instance_group=None, availability_zone=None,
         flavor=objects.Flavor(extra_specs={}, memory_mb=2048, vcpus=2, root_gb=20,
                               ephemeral_gb=0, swap=0),

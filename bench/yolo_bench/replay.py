@@ -29,6 +29,7 @@ import sys
 from yolo_nova.model import calibration
 from yolo_nova.model import estimators
 from yolo_nova.model import host_stats
+from yolo_nova.model import prediction
 
 # Boots at this I/O utilisation or more are "under I/O load" in the report.
 LOADED = 0.5
@@ -46,7 +47,8 @@ def predicted(known, boot):
         params=known.params, boot_images=frozenset([IMAGE] if boot.boot_image else []),
         updated_at=boot.started_at, runnable=boot.runnable,
         idlest_cpu_utilisation=boot.idlest_cpu_utilisation, cpu_pressure=boot.cpu_pressure)
-    return state.predict(IMAGE, boot.concurrent_boots)
+    # The image cached on the host, as it was for every boot timed.
+    return state.predict(prediction.RequestedImage(IMAGE), boot.concurrent_boots).held
 
 
 def replay(base, boots, min_boots, beta_half_life):

@@ -62,7 +62,7 @@ SCHEDULER_LOG = LOG_DIR / 'nova-scheduler.log'
 # YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
 PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
                         r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown).*: (passes|rejected)\b'
-                        r'(?:; with its fetch ([\d.]+)s \((\w+))?')
+                        r'(?:; with its fetch ([\d.]+)s \((\w+) ([\d.]+)s)?')
 # nova-compute reports every 60 s; yolofs' load is a moving average with a time constant of
 # 10 s, which has come 95% of the way to a new load after three.
 REPORT_TIMEOUT = 300
@@ -106,14 +106,15 @@ def log_position():
 def predictions(since, log=SCHEDULER_LOG):
     """YoloBootFilter's last prediction per host in the scheduler's log after byte ``since``:
     {host: (predicted seconds once it holds the image, io utilisation, verdict, cpu pressure or
-    None, predicted seconds with its fetch, the fetch's path)}; a scheduler from before
-    locality logs no fetch (None, None)."""
+    None, predicted seconds with its fetch, the fetch's path, the fetch's seconds)}; a scheduler
+    from before locality logs no fetch (None, None, None)."""
     with open(log, 'rb') as f:
         f.seek(since)
         text = f.read().decode(errors='replace')
     return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(6),
                          None if m.group(5) == 'unknown' else float(m.group(5)),
-                         None if m.group(7) is None else float(m.group(7)), m.group(8))
+                         None if m.group(7) is None else float(m.group(7)), m.group(8),
+                         None if m.group(9) is None else float(m.group(9)))
             for m in PREDICTION.finditer(text)}
 
 

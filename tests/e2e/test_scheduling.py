@@ -120,6 +120,7 @@ def test_a_server_lands_on_the_host_that_holds_its_image(second_host, tiny_image
                 FIRST_HOST: 'passes', SECOND_HOST: 'passes'}, verdicts
             assert verdicts[SECOND_HOST][5] == 'cached', verdicts
             assert verdicts[FIRST_HOST][5] == 'download', verdicts
+            assert verdicts[FIRST_HOST][6] > 0 and verdicts[SECOND_HOST][6] == 0, verdicts
             assert verdicts[FIRST_HOST][4] > verdicts[SECOND_HOST][4], verdicts
             on_its_mount(SECOND_HOST, server['id'])
         finally:

@@ -21,8 +21,8 @@ from yolo_nova.model.parameters import BootTimeParameters
 
 IMAGE = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
 PARAMS = BootTimeParameters(alpha=8.0, beta=23.0, alpha_yolo=0.5, cpus=2)
-# 2 GiB in Glance, 8 GiB raw.
-IMAGE_META = {'id': IMAGE, 'size': 2 << 30, 'virtual_size': 8 << 30, 'disk_format': 'qcow2'}
+# 2 GiB in Glance.
+IMAGE_META = {'id': IMAGE, 'size': 2 << 30, 'disk_format': 'qcow2'}
 
 
 def host(name, io, cpu=0.0, boot_images=(), num_io_ops=0, held=None, streams=True,
@@ -98,10 +98,10 @@ class TestSchedulingWithYolo(NoDBTestCase):
             host('busy-booting', io=0.1, num_io_ops=3, held={'base'}),
             # held 0.5 + 23 = 23.5 s; total 8 + 23 = 31 s
             host('idle', io=0.0, held={'base'}),
-            # held 0.5 + 23 / 0.7 = 33.4 s; total with 5% of 8 GiB streamed first: 36.9 s
+            # held 0.5 + 23 / 0.7 = 33.4 s; total with 5% of 2 GiB streamed first: 34.3 s
             host('cpu-busy', io=0.0, cpu=0.3, held=set()),
             # held 23.5 s; total: Nova's download of 2 GiB at 100 Mbit/s (171.8 s), its
-            # conversion of 8 GiB (42.9 s) and a normal boot (31 s): 245.7 s
+            # conversion (10.7 s) and a normal boot (31 s): 213.5 s
             host('far', io=0.0, held=set(), streams=False, glance_rate=12.5e6),
         ]
         sorted_hosts = self.scheduler._get_sorted_hosts(self.spec, hosts, 0)

@@ -205,8 +205,9 @@ def test_property_protections_go_before_the_operators_own(tmp_path):
     for _ in range(2):
         run(tmp_path, '', 'glance-api', '--property-protection-file', str(protections))
     text = protections.read_text()
-    assert text.index('[^yolo_.*]') < text.index('[^x_.*]')
-    assert text.count('[^yolo_.*]') == 1 and '[.*]' not in text
+    assert text.index('[^yolo_warm$]') < text.index('[^yolo_.*]') < text.index('[^x_.*]')
+    assert text.count('[^yolo_.*]') == 1 and text.count('[^yolo_warm$]') == 1
+    assert '[.*]' not in text
     conf = configure.ConfigFile(str(tmp_path / 'service.conf'))
     assert conf.get('DEFAULT', 'property_protection_rule_format') == 'roles'
     assert conf.get('DEFAULT', 'property_protection_file') == str(protections)
@@ -217,6 +218,8 @@ def test_a_new_property_protection_file_leaves_other_properties_free(tmp_path):
     run(tmp_path, '', 'glance-api', '--property-protection-file', str(protections))
     rules = configure.ConfigFile(str(protections))
     assert rules.get('^yolo_.*', 'update') == 'admin,service'
+    # Where an image is warm: admins only, not every compute host's service role.
+    assert [rules.get('^yolo_warm$', k) for k in ('create', 'update', 'delete')] == ['admin'] * 3
     # Readable by glance-api's user; Glance reads an unreadable file as no rules, refusing all.
     assert protections.stat().st_mode & 0o777 == 0o644
     assert rules.get('.*', 'create') == '@'

@@ -24,8 +24,8 @@ PREFIX = 'yolo_'
 LOAD = (('io_utilisation', '%.4f'), ('cpu_utilisation', '%.4f'))
 OPTIONAL_LOAD = (('runnable', '%.3f'), ('idlest_cpu_utilisation', '%.4f'),
                  ('cpu_pressure', '%.4f'))
-# A boot image's size against its image's raw size, where a host holds none to measure it on:
-# a boot reads a few percent of its image.
+# A boot image's size against its base file's data, where a host has installed none to measure
+# it on: a boot reads a few percent of its image.
 DEFAULT_BOOT_IMAGE_RATIO = 0.05
 # What a host holds (locality), each key with its format.
 LOCALITY = (('held', '%s'), ('streams_first_boots', '%s'), ('boot_image_ratio', '%.4f'))
@@ -65,6 +65,8 @@ class HostBootState:
     held: locality.BloomFilter = None
     streams_first_boots: bool = False
     boot_image_ratio: float = DEFAULT_BOOT_IMAGE_RATIO
+    # The filter's false-positive rate, as filled (0 without one).
+    held_false_positives: float = 0.0
 
     def to_stats(self):
         stats = {PREFIX + name: fmt % getattr(self, name) for name, fmt in LOAD}
@@ -150,8 +152,12 @@ def _locality(value):
     held = value[PREFIX + 'held']
     if not held:
         return {}
+    bloom = locality.BloomFilter.decode(held)
+    false_positives = bloom.false_positive_rate()
+    if false_positives > locality.MAX_FALSE_POSITIVE_RATE:
+        raise ValueError('a filter that holds %.0f%% of everything' % (100 * false_positives))
     ratio = _optional_float(value[PREFIX + 'boot_image_ratio'])
-    return {'held': locality.BloomFilter.decode(held),
+    return {'held': bloom, 'held_false_positives': false_positives,
             'streams_first_boots': value[PREFIX + 'streams_first_boots'] == 'true',
             # Bounded: a host's report may be wrong, a prediction must not be absurd.
             'boot_image_ratio': DEFAULT_BOOT_IMAGE_RATIO

@@ -112,7 +112,17 @@ class BloomFilter:
 
     def fill_ratio(self):
         """The share of its bits that are set."""
-        return sum(bin(byte).count('1') for byte in self.data) / self.bits
+        return int.from_bytes(self.data, 'little').bit_count() / self.bits
+
+    def false_positive_rate(self):
+        """The rate at which it answers "maybe" for an entry not added: every one of an entry's
+        positions set, ``fill^k``."""
+        return self.fill_ratio() ** self.hashes
+
+
+# A filter that answers "maybe" to more than this share of what it does not hold says little
+# and would bias every prediction (one of all ones, a host's error or a lie): no report.
+MAX_FALSE_POSITIVE_RATE = 0.1
 
 
 def false_positive_rate(bits, hashes, entries):

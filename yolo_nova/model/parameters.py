@@ -100,10 +100,10 @@ host's own downloads and first-boot fills, else {default:g}.
 """),
     Parameter(
         'convert_bytes_per_second', "the rate of Nova's conversion of a download to raw, in "
-        'bytes of raw image a second', (1.0, MAX_BYTES_PER_SECOND), 200e6,
+        'bytes of the download a second', (1.0, MAX_BYTES_PER_SECOND), 200e6,
         'yolo_convert_bytes_per_second', option='convert_bytes_per_second',
         aggregate_key='yolo_convert_bytes_per_second', option_help="""
-The rate, in bytes of raw image a second, at which Nova converts a downloaded image to raw on
+The rate, in bytes of the download a second, at which Nova converts a downloaded image to raw on
 this host. Unset: measured from the host's own conversions, else {default:g}.
 """),
 )

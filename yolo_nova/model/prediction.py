@@ -88,12 +88,12 @@ def predict(params, io_utilisation, cpu_utilisation, boot_image=False, concurren
 
 @dataclasses.dataclass(frozen=True)
 class RequestedImage:
-    """What the scheduler knows of the image a server boots from (Nova's ImageMeta): its id,
-    its size in Glance and once converted to raw (bytes, None where unknown) and its format;
-    ``boot_image``: whether it has a published boot image (a candidate host holds one)."""
+    """What the scheduler knows of the image a server boots from (Nova's ImageMeta, which
+    carries no raw size: Nova's image API omits Glance's ``virtual_size``): its id, its size in
+    Glance (bytes, None where unknown) and its format; ``boot_image``: whether it has a
+    published boot image (candidate hosts hold one)."""
     id: str
     size: int = None
-    virtual_size: int = None
     disk_format: str = None
     boot_image: bool = False
 
@@ -116,20 +116,22 @@ def fetch(params, image, holds_base, holds_boot_image, streams_first_boots,
 
     * the base file: nothing; the boot is served from the boot image if it holds one;
     * no base file, but the image has a boot image and the host boots images before their
-      download (``streams_first_boots``): the boot image, unless it holds it, at the host's
+      download (``streams_first_boots``): the boot image, unless it holds it (``ratio`` of the
+      image's size: the host's boot images against their base files' data), at the host's
       rate from Glance; the boot is then served from it (the download runs beside the boot);
     * nothing: Nova's download of the image at that rate and, for an image that is not raw,
-      its conversion to raw; the boot is then a normal one.
+      its conversion to raw (at the host's rate of conversion, in bytes of the download a
+      second: qemu-img's time follows the data, not the raw size); the boot is then a normal
+      one.
 
     A size that is not known counts as 0: that host is predicted as if it held the image."""
     if holds_base:
         return Fetch(0.0, 'cached', holds_boot_image)
     size = max(0, image.size or 0)
-    raw_size = max(0, image.virtual_size or size)
     if image.boot_image and streams_first_boots:
-        missing = 0 if holds_boot_image else boot_image_ratio * raw_size
+        missing = 0 if holds_boot_image else boot_image_ratio * size
         return Fetch(missing / params.glance_bytes_per_second, 'streamed', True)
     seconds = size / params.glance_bytes_per_second
     if image.disk_format not in (None, 'raw'):
-        seconds += raw_size / params.convert_bytes_per_second
+        seconds += size / params.convert_bytes_per_second
     return Fetch(seconds, 'download', False)

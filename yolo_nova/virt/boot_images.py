@@ -251,19 +251,22 @@ class BootImages:
         warm = self.warm_store is not None and self.warm_store.link_for(
             image_id, boot_image['id'], path)
         try:
+            if warm and self.verifier is not None and self._signature_problem(
+                    boot_image, image_id, path):
+                # This host's copy changed since it was fetched: Glance's may well be right.
+                LOG.error('The warm store\'s copy of boot image %s is not what the worker '
+                          'signed: removed, and downloaded again', boot_image['id'])
+                self.warm_store.drop(image_id)
+                os.unlink(path)
+                warm = False
             if warm:
                 LOG.info('Boot image %s for base file %s: from the warm store',
                          boot_image['id'], name)
             else:
                 LOG.info('Downloading boot image %s for base file %s', boot_image['id'], name)
                 self.boot_image_api.download(context, boot_image['id'], dest_path=path)
-            if self.verifier is not None:
-                try:
+                if self.verifier is not None:
                     self._check_signature(boot_image, image_id, path)
-                except Untrusted:
-                    if warm:
-                        self.warm_store.drop(image_id)
-                    raise
             # yolofs runs as root and reads it (root could anyway); it must stay our own file.
             os.chmod(path, 0o644)
         except BaseException:
@@ -283,16 +286,22 @@ class BootImages:
                      entry.path)
             fileutils.delete_if_exists(entry.path)
 
-    def _check_signature(self, boot_image, image_id, path):
+    def _signature_problem(self, boot_image, image_id, path):
+        """Why the file at ``path`` is not the boot image the worker signed, or None."""
         algorithm = boot_image.get('os_hash_algo') or ''
         try:
             signature = (boot_image.get('properties') or {}).get(contract.SIGNATURE)
             if self.verifier.verify(signature, image_id, algorithm,
                                     signing.file_digest(path, algorithm)):
-                return
-            reason = "its signature is not the worker's over the bytes downloaded"
+                return None
+            return "its signature is not the worker's over the bytes downloaded"
         except signing.SigningError as e:
-            reason = str(e)
+            return str(e)
+
+    def _check_signature(self, boot_image, image_id, path):
+        reason = self._signature_problem(boot_image, image_id, path)
+        if reason is None:
+            return
         LOG.error('ALARM: not using boot image %s of image %s: %s', boot_image['id'],
                   image_id, reason)
         self.refuse(image_id, boot_image['id'])
@@ -356,8 +365,10 @@ class BootImages:
         LOG.info('Installed verified boot image %s for base file %s (yolofs: %s)',
                  boot_image_id, name, installed)
         try:
-            self._sizes.append(installed.bytes / os.path.getsize(
-                self.backing_files.base_path(name)))
+            # Against the base file's data (its allocated bytes), which the image's size in
+            # Glance stands for at the scheduler.
+            self._sizes.append(installed.bytes / (
+                os.stat(self.backing_files.base_path(name)).st_blocks * 512))
         except (OSError, ZeroDivisionError, TypeError):
             pass
         return 'installed'
@@ -386,7 +397,7 @@ class BootImages:
         return status.served_image_ids() if status is not None else set()
 
     def size_ratio(self):
-        """The mean size of the last boot images installed here against their base files',
+        """The mean size of the last boot images installed here against their base files' data,
         or None before the first."""
         sizes = list(self._sizes)
         return sum(sizes) / len(sizes) if sizes else None

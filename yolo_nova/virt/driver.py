@@ -75,11 +75,14 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             signing_keys=CONF.yolo.boot_image_signing_keys)
         self.yolo_backing.boot_images = self.yolo_boot_images
         self.yolo_warmer = None
-        if CONF.yolo.warm_budget_mb and CONF.yolo.fetch_boot_images:
-            # Beside the downloads, on their file system: a first boot links its boot image.
-            self.yolo_boot_images.warm_store = warming.WarmStore(
-                os.path.join(self.yolo_boot_images.download_dir, 'warm'),
-                CONF.yolo.warm_budget_mb << 20)
+        # Beside the downloads, on their file system: a first boot links its boot image.
+        warm_store = warming.WarmStore(os.path.join(self.yolo_boot_images.download_dir, 'warm'),
+                                       CONF.yolo.warm_budget_mb << 20)
+        if not (CONF.yolo.warm_budget_mb and CONF.yolo.fetch_boot_images):
+            # Warming turned off: what an earlier configuration held goes.
+            warm_store.evict(frozenset())
+        else:
+            self.yolo_boot_images.warm_store = warm_store
             self.yolo_warmer = warming.Warmer(
                 self.yolo_boot_images, self.yolo_boot_images.warm_store, self.yolo_backing,
                 self._yolo_aggregates, CONF.yolo.warm_interval,
@@ -374,6 +377,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         name = locality.base_file_name(image_id)
         if not (yolo_serves_disks() and self.yolo_backing.status() is not None):
             return super().cache_image(context, image_id)
+        if self.yolo_first_boots is not None and self.yolo_first_boots.running(name):
+            # A first boot's fill is making the base file, under Nova's lock of it, which
+            # Nova's caching does not take: the fill installs the boot image as it ends.
+            LOG.info('Image %s is being filled by a first boot: not cached again', image_id)
+            return False
         cached = False
         try:
             self.yolo_backing.client.touch(name)
@@ -423,8 +431,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         # The images warm where this host is that it holds (`openstack yolo image list`).
         traits = {t for t in traits if not t.startswith(contract.WARM_TRAIT_PREFIX)}
         if self.yolo_warmer is not None and status is not None:
-            traits |= {warming.warm_trait(image_id)
-                       for image_id in self.yolo_warmer.held_warm(status)}
+            try:
+                traits |= {warming.warm_trait(image_id)
+                           for image_id in self.yolo_warmer.held_warm(status)}
+            except Exception:
+                LOG.exception('Not reporting the warm images held here')
         provider_tree.update_traits(nodename, traits)
 
 

@@ -100,6 +100,11 @@ class Pacer:
     def pacing(self):
         return bool(self.rate) and self._clock() < self._until
 
+    def interrupted(self):
+        """The download paused (a retry, ranges fetched first): the next chunk's time is not
+        the link's."""
+        self._last = None
+
     def guest_started(self):
         if not self.rate:
             return
@@ -512,9 +517,12 @@ class Fill:
                     before_sleep=tenacity.before_sleep_log(LOG, std_logging.WARNING))
     def _download(self, fd, data):
         """The in-order download from the cursor on: a broken one is resumed there."""
+        self.pacer.interrupted()
         for chunk in data.chunks(self._cursor):
             # Not read on while a guest's ranges are fetched: TCP then holds this stream back.
-            self._no_wants.wait(WANTS_PRIORITY_SECONDS)
+            if not self._no_wants.is_set():
+                self._no_wants.wait(WANTS_PRIORITY_SECONDS)
+                self.pacer.interrupted()
             if self._cursor + len(chunk) > self.size:
                 raise FillFailed('Glance sent more than the image\'s %d bytes' % self.size)
             self._write_in_order(fd, chunk)

@@ -111,7 +111,10 @@ class HostReport:
         """What this host holds (model.locality): the base files of images in ``_base``, the
         images yolofs serves a verified boot image of (``status``: its answer) and those of the
         warm store."""
-        image_ids = set(self.boot_images.verified_image_ids(status))
+        # Published boot images only: one learned here says nothing of what Glance publishes,
+        # from which the scheduler infers what other hosts' first boots fetch.
+        image_ids = {entry.image_id for entry in status.boot_images.values()
+                     if entry.verified and entry.usable and not entry.learned and entry.image_id}
         if self.boot_images.warm_store is not None and self.first_boots is not None:
             # Held for a first boot before the download, which only then uses it.
             image_ids |= self.boot_images.warm_store.held_image_ids()

@@ -90,12 +90,13 @@ def timing_downloads(fetch):
 
 def timing_conversions(convert_image):
     """``nova.virt.images.convert_image``, which records Nova's conversions of a download to a
-    raw base file (``fetch_to_raw``'s, to ``PATH.converted``)."""
+    raw base file (``fetch_to_raw``'s, to ``PATH.converted``), by the download's bytes: the
+    scheduler knows an image's size in Glance, not its raw size."""
     def wrapped(source, dest, in_format, out_format, *args, **kwargs):
         started = time.monotonic()
         convert_image(source, dest, in_format, out_format, *args, **kwargs)
         if out_format == 'raw' and dest.endswith('.converted'):
-            record(wrapped, transfers.CONVERSION, dest, time.monotonic() - started)
+            record(wrapped, transfers.CONVERSION, source, time.monotonic() - started)
     return wrapped
 
 

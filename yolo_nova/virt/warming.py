@@ -9,18 +9,22 @@ identity, and for each one it lacks:
 
 * with the base file cached, the boot image is installed in yolofs, as after any download;
 * without it, the published boot image (trusted as any: boot_images.untrusted) is downloaded
-  into the warm store, a directory of the driver's (``[yolo] warm_dir``): a first boot of the
-  image then starts from it with nothing to fetch, and its signature is checked again over its
-  bytes at that moment, as over a download (boot_images.BootImages.download).
+  into the warm store, a directory of the driver's (``warm`` in ``[yolo] download_dir``): a
+  first boot of the image then starts from it with nothing to fetch, and its signature is
+  checked again over its bytes at that moment (a copy changed since is removed and the boot
+  image downloaded again: boot_images.BootImages.download).
 
-The store is bounded by ``[yolo] warm_budget_mb``: past it, the boot images of images no longer
-warm go first, then those used least recently (a first boot counts as a use). A boot image is a
-few percent of its image. What the store holds is reported to the scheduler with the rest of
-what the host holds (host_report), and as placement traits (``CUSTOM_YOLO_WARM_<image id>``),
-which ``openstack yolo image list`` counts.
+The store is bounded by ``[yolo] warm_budget_mb``, checked before each download: room is made
+by removing the boot images of images no longer warm, least recently used first (a first boot
+counts as a use); a warm image's boot image is never removed for another's, and one that does
+not fit is not fetched (logged). A boot image is a few percent of its image. What the store
+holds is reported to the scheduler with the rest of what the host holds (host_report), and as
+placement traits (``CUSTOM_YOLO_WARM_<image id>``), which ``openstack yolo image list`` counts.
+With warming turned off, the driver empties the store as it starts.
 """
 
 import os
+import random
 import threading
 import time
 
@@ -54,20 +58,28 @@ class WarmStore:
         self._lock = threading.Lock()
 
     def _entries(self):
-        """{image id: (boot image id, path, size, last use)}; damaged names are removed."""
+        """{image id: (boot image id, path, size, last use)}; files not of the store are
+        removed, anything else is left and logged. Never raises."""
         entries = {}
         try:
             scan = list(os.scandir(self.directory))
-        except FileNotFoundError:
+        except OSError:
             return entries
         for entry in scan:
             parts = entry.name.split('.')
-            if not entry.is_file(follow_symlinks=False) or len(parts) != 3 \
-                    or '.' + parts[2] != SUFFIX:
-                LOG.warning('Removing %s from the warm store: not one of its files', entry.path)
-                fileutils.delete_if_exists(entry.path)
-                continue
-            stat = entry.stat(follow_symlinks=False)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    LOG.warning('%s in the warm store is a directory: left there', entry.path)
+                    continue
+                if not entry.is_file(follow_symlinks=False) or len(parts) != 3 \
+                        or '.' + parts[2] != SUFFIX:
+                    LOG.warning('Removing %s from the warm store: not one of its files',
+                                entry.path)
+                    os.unlink(entry.path)
+                    continue
+                stat = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue    # removed meanwhile (a first boot's link, an eviction)
             entries[parts[0]] = (parts[1], entry.path, stat.st_size, stat.st_mtime)
         return entries
 
@@ -99,10 +111,33 @@ class WarmStore:
             os.replace(downloaded_path, os.path.join(
                 self.directory, '%s.%s%s' % (image_id, boot_image_id, SUFFIX)))
 
+    def make_room(self, size, warm_image_ids):
+        """Whether ``size`` more bytes fit the budget once the boot images of images not in
+        ``warm_image_ids`` are removed as needed, least recently used first (those are removed
+        only if it then fits). Never removes a warm image's."""
+        with self._lock:
+            entries = self._entries()
+            free = self.budget - sum(size for _, _, size, _ in entries.values())
+            cold = sorted((i for i in entries if i not in warm_image_ids),
+                          key=lambda i: entries[i][3])
+            if size > free + sum(entries[i][2] for i in cold):
+                return False
+            removed = []
+            for image_id in cold:
+                if size <= free:
+                    break
+                fileutils.delete_if_exists(entries[image_id][1])
+                free += entries[image_id][2]
+                removed.append(image_id)
+            if removed:
+                LOG.info('Warm store: removed the boot images of %s, no longer warm, to make '
+                         'room', ', '.join(removed))
+            return True
+
     def evict(self, warm_image_ids):
-        """Deletes boot images until the store is within its budget: those of images not in
-        ``warm_image_ids`` first, then the least recently used. Returns the image ids
-        removed."""
+        """Deletes the boot images of images not in ``warm_image_ids`` until the store is
+        within its budget (a budget lowered since), least recently used first; then, if it is
+        still over, the warm ones likewise. Returns the image ids removed."""
         with self._lock:
             entries = self._entries()
             total = sum(size for _, _, size, _ in entries.values())
@@ -141,20 +176,26 @@ class Warmer:
         # Whether first boots here start before the download: else a boot image without its
         # base file serves nothing, and only cached images are warmed.
         self.before_download = before_download
-        self._last = float('-inf')
+        # The first run comes at a random point of the first interval: hosts that start
+        # together (a fleet restarted) do not all ask Glance at once.
+        self._last = time.monotonic() - interval + random.uniform(0, interval)
         self._thread = None
         # The images warm here at the last run.
         self.warm_image_ids = frozenset()
 
     def maybe_run(self):
-        """Starts a run in the background if the interval has passed and none is running."""
+        """Starts a run in the background if the interval has passed and none is running.
+        Never raises: it is called from the resource tracker's periodic task."""
         now = time.monotonic()
         if now - self._last < self.interval or (
                 self._thread is not None and self._thread.is_alive()):
             return
         self._last = now
-        self._thread = threading.Thread(target=self.run, name='yolo-warm', daemon=True)
-        self._thread.start()
+        try:
+            self._thread = threading.Thread(target=self.run, name='yolo-warm', daemon=True)
+            self._thread.start()
+        except RuntimeError as e:
+            LOG.warning('Could not start warming: %s', e)
 
     def held_warm(self, status):
         """The images warm here whose boot image this host holds: in the warm store, or
@@ -189,7 +230,10 @@ class Warmer:
                 self._hold(image_id, image)
             except Exception:
                 LOG.exception('Could not warm image %s', image_id)
-        self.store.evict(self.warm_image_ids)
+        try:
+            self.store.evict(self.warm_image_ids)
+        except Exception:
+            LOG.exception('Could not keep the warm store within its budget')
 
     def _hold(self, image_id, image):
         status = self.backing_files.status()
@@ -205,13 +249,20 @@ class Warmer:
             # Cached: the boot image belongs in yolofs, which verifies it against the file.
             self.store.drop(image_id)
             held = status.boot_images.get(name)
-            if not (held is not None and held.usable and not held.learned):
+            if not (held is not None and held.usable and not held.learned) \
+                    and self.boot_images.fetching(name) is None:
                 self.boot_images.client.remember(name, image_id)
                 self.boot_images.install(None, name, image_id, boot_image)
             return
         # Served before the download only if signed by the worker (first_boot.py).
         if not self.before_download or self.boot_images.verifier is None or \
                 self.store.boot_image_id(image_id) == boot_image['id']:
+            return
+        if not self.store.make_room(boot_image.get('size') or 0, self.warm_image_ids):
+            LOG.warning('Not holding boot image %s of image %s warm: its %d MiB do not fit the '
+                        'warm store\'s %d MiB with the other warm images\' ([yolo] '
+                        'warm_budget_mb)', boot_image['id'], image_id,
+                        (boot_image.get('size') or 0) >> 20, self.store.budget >> 20)
             return
         path = self.boot_images.download(None, name, boot_image, image_id)
         try:

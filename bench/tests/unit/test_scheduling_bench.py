@@ -39,9 +39,12 @@ class TestPredictionsFromTheLog(NoDBTestCase):
         found = aio.predictions(since, log)
         self.assertEqual({'aio-compute', 'aio-compute-2'}, set(found))
         busy, idle = found['aio-compute'], found['aio-compute-2']
-        self.assertEqual((0.97, 'rejected', 0.3), busy[1:])
-        self.assertEqual((0.02, 'passes', None), idle[1:])
+        self.assertEqual((0.97, 'rejected', 0.3), busy[1:4])
+        self.assertEqual((0.02, 'passes', None), idle[1:4])
         self.assertGreater(busy[0], 2 * idle[0])
+        # Hosts from before locality reports: the image cached, nothing fetched.
+        self.assertEqual(('cached', 0.0), busy[5:])
+        self.assertAlmostEqual(busy[0], busy[4], places=1)
 
 
 def test_the_summary_counts_placements_and_the_models_error():

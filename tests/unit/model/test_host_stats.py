@@ -34,8 +34,8 @@ def test_host_stats_without_the_optional_keys_give_the_thesis_model():
 
 IMAGE = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
 OTHER = '11111111-2222-4333-8444-555566667777'
-REQUESTED = prediction.RequestedImage(IMAGE, size=2 << 30, virtual_size=8 << 30,
-                                      disk_format='qcow2', boot_image=True)
+REQUESTED = prediction.RequestedImage(IMAGE, size=2 << 30, disk_format='qcow2',
+                                      boot_image=True)
 
 
 def state(held=None, boot_images=(), io=0.0, **kwargs):
@@ -72,9 +72,9 @@ def test_a_host_is_judged_as_if_it_held_the_image_and_weighed_with_its_fetch():
     nothing = host_stats.from_stats(
         state(locality.BloomFilter.of([])).to_stats(), max_age=60).predict(REQUESTED, 0)
     assert nothing.held == pytest.approx(23.5)
-    # Nova's download (17.2 s) and conversion (42.9 s), then a normal boot (31 s).
+    # Nova's download (17.2 s) and conversion (10.7 s), then a normal boot (31 s).
     assert nothing.fetch.path == 'download'
-    assert nothing.total == pytest.approx((2 << 30) / 125e6 + (8 << 30) / 200e6 + 31.0)
+    assert nothing.total == pytest.approx((2 << 30) / 125e6 + (2 << 30) / 200e6 + 31.0)
 
 
 @pytest.mark.parametrize('key, value', [
@@ -90,3 +90,15 @@ def test_a_boot_image_ratio_out_of_bounds_is_bounded():
     for value, expected in (('7', 1.0), ('-1', 0.0), ('nan', 0.05)):
         parsed = host_stats.from_stats(dict(stats, yolo_boot_image_ratio=value), max_age=60)
         assert parsed.boot_image_ratio == expected
+
+
+def test_a_filter_that_holds_everything_is_no_report():
+    full = locality.BloomFilter(4096, 4, bytes([0xff]) * 512)
+    stats = dict(state(locality.BloomFilter.of([])).to_stats(), yolo_held=full.encode())
+    assert host_stats.from_stats(stats, max_age=60) is None
+    # One at its designed load is one.
+    designed = locality.BloomFilter.of('boot:%d' % n for n in range(256))
+    stats['yolo_held'] = designed.encode()
+    parsed = host_stats.from_stats(stats, max_age=60)
+    assert parsed.held_false_positives == pytest.approx(designed.false_positive_rate())
+    assert parsed.held_false_positives < 0.001

@@ -8,6 +8,7 @@ from nova.scheduler import weights
 from nova.tests.unit.scheduler import fakes
 
 from yolo_nova.model import host_stats
+from yolo_nova.model import locality
 from yolo_nova.model.parameters import BootTimeParameters
 from yolo_nova.scheduler.filters import boot_time_filter
 from yolo_nova.scheduler import utils
@@ -220,3 +221,22 @@ class TestYoloBootTimeWeigher(NoDBTestCase):
         self.assertEqual('slow', self.order(hosts)[0][0])
         self.flags(boot_time_weight_multiplier=0.0, group='yolo')
         self.assertEqual([0.0, 0.0], self.order(hosts)[1])
+
+
+def test_an_image_has_a_boot_image_once_more_hosts_hold_one_than_false_positives_explain():
+    image = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
+
+    entries = ['boot:other-%d' % n for n in range(1000)]
+    filters = {False: locality.BloomFilter.of(entries),
+               True: locality.BloomFilter.of(entries + [locality.boot_image_entry(image)])}
+
+    def host(holds):
+        return host_stats.HostBootState(0.0, 0.0, PARAMS, frozenset(), 0.0,
+                                        held=filters[holds], held_false_positives=0.0004)
+    # 1,000 hosts whose filters expect 0.4 false positives: one holder may be one of them.
+    fleet = [host(False) for _ in range(997)]
+    assert not utils.has_boot_image(fleet + [host(True)], image)
+    assert utils.has_boot_image(fleet + [host(True)] * 3, image)
+    # Two hosts: one is enough.
+    assert utils.has_boot_image([host(False), host(True)], image)
+    assert not utils.has_boot_image([host(False), host(False)], image)

@@ -110,3 +110,15 @@ def test_only_the_bytes_that_arrived_unpaced_measure_the_link():
     # Each chunk's time runs from the end of the previous one's pacing.
     assert paced.unpaced_bytes == 100 * 4 * MIB
     assert paced.unpaced_bytes / paced.unpaced_seconds == pytest.approx(100 * MIB)
+
+
+def test_a_pause_of_the_download_is_not_the_links_time():
+    clock = Clock()
+    paced = pacer(clock)
+    clock.download(paced, 10, seconds_per_chunk=0.04)
+    # Ranges a guest waits for take the link for 5 s: the chunk after is not counted.
+    paced.interrupted()
+    clock.now += 5.0
+    clock.download(paced, 10, seconds_per_chunk=0.04)
+    assert paced.unpaced_bytes == 18 * 4 * MIB
+    assert paced.unpaced_bytes / paced.unpaced_seconds == pytest.approx(100 * MIB)

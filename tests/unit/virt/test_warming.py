@@ -49,8 +49,22 @@ def test_the_store_keeps_only_its_own_files(tmp_path):
     for stray in ('notes.txt', 'a.b.c.yolo'):
         (tmp_path / 'warm' / stray).write_text('x')
     os.symlink('/etc/passwd', tmp_path / 'warm' / 'e.be.yolo')
+    (tmp_path / 'warm' / 'f.bf.yolo').mkdir()       # left, and no error
     assert store.held_image_ids() == {'a'}
-    assert sorted(os.listdir(tmp_path / 'warm')) == ['a.ba.yolo']
+    assert sorted(os.listdir(tmp_path / 'warm')) == ['a.ba.yolo', 'f.bf.yolo']
+
+
+def test_room_is_made_only_from_images_no_longer_warm(tmp_path):
+    store = warming.WarmStore(str(tmp_path / 'warm'), budget=3 * MIB)
+    now = time.time()
+    store_file(store, 'a', 'ba', MIB, now - 10)     # warm
+    store_file(store, 'c', 'bc', MIB, now - 5)      # no longer warm
+    assert store.make_room(MIB, {'a'}) and store.held_image_ids() == {'a', 'c'}
+    assert store.make_room(2 * MIB, {'a'}) and store.held_image_ids() == {'a'}
+    # A warm image's boot image is never removed for another's; nothing is removed in vain.
+    store_file(store, 'c', 'bc', MIB, now - 5)
+    assert not store.make_room(3 * MIB, {'a'})
+    assert store.held_image_ids() == {'a', 'c'}
 
 
 def test_a_boot_image_is_linked_for_its_first_boot_and_marked_used(tmp_path):
@@ -146,6 +160,15 @@ def test_a_host_holds_the_boot_images_of_the_images_warm_where_it_is(cloud):
     assert warmer.held_warm(files.status()) == {IMAGE}
 
 
+def test_boot_images_that_do_not_fit_the_budget_are_not_fetched(cloud):
+    glance, files, booted, warmer = cloud
+    booted.warm_store.budget = 6000     # one boot image of 4,096 bytes
+    warmer.run()
+    warmer.run()
+    assert len(booted.warm_store.held_image_ids()) == 1
+    assert len(glance.downloads) == 1      # the other is not fetched, run after run
+
+
 def test_a_cached_image_gets_its_boot_image_in_yolofs_instead(cloud):
     glance, files, booted, warmer = cloud
     name = locality.base_file_name(IMAGE)
@@ -176,13 +199,19 @@ def test_a_first_boot_takes_the_held_boot_image_once_its_signature_checks(cloud)
     path = booted.download(None, name, boot_image, IMAGE)
     assert glance.downloads.count('boot-1') == 1    # the warm one, not a new download
     os.unlink(path)
-    # A held file changed since: refused, and no longer held.
+    # A held file changed since: no longer held, and Glance's copy, which checks, is used.
     held = os.path.join(booted.warm_store.directory, '%s.boot-1.yolo' % IMAGE)
     with open(held, 'r+b') as f:
         f.write(b'tampered')
+    path = booted.download(None, name, boot_image, IMAGE)
+    assert glance.downloads.count('boot-1') == 2
+    assert open(path, 'rb').read() == open(glance.images['boot-1']['file'], 'rb').read()
+    assert IMAGE not in booted.warm_store.held_image_ids()
+    # Glance's own copy that does not check is refused, as any download.
+    with open(glance.images['boot-1']['file'], 'r+b') as f:
+        f.write(b'tampered')
     with pytest.raises(boot_images.Untrusted):
         booted.download(None, name, boot_image, IMAGE)
-    assert IMAGE not in booted.warm_store.held_image_ids()
 
 
 def test_a_listing_that_fails_changes_nothing(cloud):

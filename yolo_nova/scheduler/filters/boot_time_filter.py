@@ -58,7 +58,7 @@ class YoloBootFilter(filters.BaseHostFilter):
         LOG.debug("%(host)s: predicted boot %(t).1fs (io %(x).2f, cpu %(y).2f, cpu pressure "
                   "%(p)s, boot image %(bi)s, boots in progress %(n)s; best %(best).1fs, limit "
                   "%(limit)s, ratio %(ratio)s): %(verdict)s; with its fetch %(total).2fs "
-                  "(%(path)s %(fetch).2fs)",
+                  "(%(path)s %(fetch).3fs)",
                   {'host': host_state, 't': predicted.held, 'x': state.io_utilisation,
                    'y': state.cpu_utilisation,
                    'p': 'unknown' if state.cpu_pressure is None
