@@ -63,7 +63,8 @@ SCHEDULER_LOG = LOG_DIR / 'nova-scheduler.log'
 PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '
                         r'cpu ([\d.]+), cpu pressure ([\d.]+|unknown).*: (passes|rejected)\b'
                         r'(?:; with its fetch ([\d.]+)s \((\w+) ([\d.]+)s)?')
-# nova-compute reports every 60 s; yolofs' load is a moving average with a time constant of
+# nova-compute reports every 20 s here (tools/aio/lib.sh: update_resources_interval), 60 s by
+# default; yolofs' load is a moving average with a time constant of
 # 10 s, which has come 95% of the way to a new load after three.
 REPORT_TIMEOUT = 300
 

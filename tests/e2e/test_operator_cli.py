@@ -39,7 +39,7 @@ def test_operator_actions_are_refused_to_a_non_admin(published_boot_image):
 
 
 def test_host_list_says_what_keeps_each_hosts_boot_images_verified():
-    # The driver sets its host's trait at each resource update (every 60 s here); yolofs holds
+    # The driver sets its host's trait at each resource update (every 20 s here); yolofs holds
     # leases on the all-in-one's ext4.
     hosts = [row['Hypervisor Hostname'] for row in admin('hypervisor', 'list')]
     wait_until('every compute host reports its touch safety', 150, lambda: {

@@ -7,7 +7,7 @@ directory on a block device of its own, yolofs and boot image store). Nova's ima
 and boot image on one host: a new server of it must land there, not on the host that would
 download it first. Then both hosts hold the Debian image; two fio stressors load one host's
 instance storage, and once both hosts have reported their load (nova-compute's resource update,
-every 60 s), a new server must land on the other host, and the scheduler's log must show why:
+every 20 s here), a new server must land on the other host, and the scheduler's log must show why:
 YoloBootFilter's prediction for each host. The contention then moves to the other host, and the
 next server follows it. Both hosts forget the boots they timed before (those of the tests before
 these, some under loads of their own): they report the same parameters and differ only in what
