@@ -81,11 +81,12 @@ def make_hosts(args, images, rng):
     return hosts, held
 
 
-def request(image_id, rng):
+def request(image_id, size):
+    """A new request spec, as each scheduling request has its own (the filter's predictions
+    are kept with it for the weigher)."""
     return objects.RequestSpec(
         image=objects.ImageMeta.from_dict({
-            'id': image_id, 'size': rng.randrange(1, 8) << 30, 'disk_format': 'qcow2',
-            'properties': {}}),
+            'id': image_id, 'size': size, 'disk_format': 'qcow2', 'properties': {}}),
         scheduler_hints={}, instance_group=None, availability_zone=None,
         flavor=objects.Flavor(extra_specs={}, memory_mb=2048, vcpus=2, root_gb=20,
                               ephemeral_gb=0, swap=0),
@@ -93,14 +94,11 @@ def request(image_id, rng):
         requested_destination=None)
 
 
-def timed(function, specs):
-    """Process time of ``function(spec)`` for each spec, in milliseconds."""
-    times = []
-    for spec in specs:
-        started = time.process_time()
-        function(spec)
-        times.append((time.process_time() - started) * 1e3)
-    return times
+def timed(function, spec):
+    """Process time of ``function(spec)``, in milliseconds."""
+    started = time.process_time()
+    function(spec)
+    return (time.process_time() - started) * 1e3
 
 
 def summary(times):
@@ -123,7 +121,7 @@ def main():
     rng = random.Random(1)
     images = catalogue(args.catalogue, rng)
     hosts, held = make_hosts(args, images, rng)
-    specs = [request(rng.choice(images), rng) for _ in range(args.requests)]
+    asked = [(rng.choice(images), rng.randrange(1, 8) << 30) for _ in range(args.requests)]
 
     flt = boot_time_filter.YoloBootFilter()
     handler = weights.HostWeightHandler()
@@ -149,16 +147,17 @@ def main():
                'catalogue': args.catalogue, 'held_per_host': args.held}
     # Nova's filters pass every host; YOLO's, those whose predicted boot is within its limits
     # (the hosts' loads are random).
-    figures['hosts_passing'] = {'yolo': len(yolo(specs[0])), 'nova_own': len(nova_own(specs[0]))}
+    figures['hosts_passing'] = {'yolo': len(yolo(request(*asked[0]))),
+                                'nova_own': len(nova_own(request(*asked[0])))}
     figures['nova_own_filters'] = sorted(type(f).__name__ for f in nova_filters)
     figures['nova_own_weighers'] = sorted(type(w).__name__ for w in nova_weighers)
-    yolo(specs[0])  # warm up: every report parsed once
+    yolo(request(*asked[0]))  # warm up: every report parsed once
     # Interleaved, request by request, so that the machine's state weighs on each alike.
     runs = {'yolo': [], 'yolo_every_report_new': [], 'nova_own': []}
-    for spec in specs:
+    for image_id, size in asked:
         for name, function in (('yolo', yolo), ('yolo_every_report_new', yolo_every_report_new),
                                ('nova_own', nova_own)):
-            runs[name] += timed(function, [spec])
+            runs[name].append(timed(function, request(image_id, size)))
     figures.update({name: summary(times) for name, times in runs.items()})
 
     report = hosts[0].stats['yolo_held']

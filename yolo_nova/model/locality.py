@@ -20,8 +20,10 @@ at every size (double hashing, ``h1 + i h2``, had 7 times it in a filter of 2,04
 
 import base64
 import binascii
+import functools
 import hashlib
 import math
+import struct
 
 VERSION = 'bloom1'
 # 4 KiB of bits at most (5,464 characters in base64), whatever the catalogue; 16 bits per entry
@@ -43,6 +45,7 @@ def boot_image_entry(image_id):
     return 'boot:' + image_id
 
 
+@functools.lru_cache(maxsize=1024)
 def base_file_name(image_id):
     """The name Nova's image cache gives the base file of an image (nova.virt.imagecache)."""
     return hashlib.sha1(image_id.encode()).hexdigest()
@@ -79,18 +82,20 @@ class BloomFilter:
             bloom.add(entry)
         return bloom
 
-    def _positions(self, entry):
-        digest = hashlib.sha256(entry.encode()).digest()
-        return (int.from_bytes(digest[2 * i:2 * i + 2], 'little') % self.bits
-                for i in range(self.hashes))
-
     def add(self, entry):
-        for position in self._positions(entry):
+        mask = self.bits - 1        # a power of two: modulo m
+        for word in _words(entry)[:self.hashes]:
+            position = word & mask
             self.data[position >> 3] |= 1 << (position & 7)
 
     def __contains__(self, entry):
-        return all(self.data[position >> 3] >> (position & 7) & 1
-                   for position in self._positions(entry))
+        # A loop, not all() over a generator: the scheduler asks every host at every request.
+        data, mask = self.data, self.bits - 1
+        for word in _words(entry)[:self.hashes]:
+            position = word & mask
+            if not data[position >> 3] >> (position & 7) & 1:
+                return False
+        return True
 
     def encode(self):
         return '%s:%d:%s' % (VERSION, self.hashes, base64.b64encode(bytes(self.data)).decode())
@@ -123,6 +128,14 @@ class BloomFilter:
 # A filter that answers "maybe" to more than this share of what it does not hold says little
 # and would bias every prediction (one of all ones, a host's error or a lie): no report.
 MAX_FALSE_POSITIVE_RATE = 0.1
+
+
+# The scheduler asks every host's filter for the same few entries at a request: each entry's
+# hash once.
+@functools.lru_cache(maxsize=4096)
+def _words(entry):
+    """The 16 little-endian 16-bit words of the entry's SHA-256."""
+    return struct.unpack('<16H', hashlib.sha256(entry.encode()).digest())
 
 
 def false_positive_rate(bits, hashes, entries):

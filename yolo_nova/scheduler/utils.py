@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import weakref
 
 from oslo_log import log as logging
 
@@ -38,18 +39,46 @@ def requested_image(spec_obj):
                                      disk_format=known('disk_format'))
 
 
+# Per request spec (Nova passes the same one to the filters and the weighers of a request): the
+# image as the filter saw it and each host's prediction, which the weigher then reuses. Keyed by
+# the host as it is: its report and the boots under way, which Nova counts up between the
+# instances of one request.
+_PER_REQUEST = weakref.WeakKeyDictionary()
+
+
+def request_predictions(spec_obj, host_states):
+    """:func:`predictions` for request ``spec_obj``, made once per host and request."""
+    try:
+        memo = _PER_REQUEST.setdefault(spec_obj, {})
+    except TypeError:
+        memo = {}
+    return _predictions(host_states, requested_image(spec_obj), memo)
+
+
 def predictions(host_states, image):
     """For each host, (its host_stats.Prediction or None, its state or None) for a VM of
     ``image`` (see :func:`requested_image`; none for a volume-backed server, which boots from
     its volume, not from an image YOLO serves). The scheduler asks Glance nothing: the image
     has a boot image if more hosts hold one than their filters' false positives explain
     (:func:`has_boot_image`)."""
+    return _predictions(host_states, image, {})
+
+
+def _predictions(host_states, image, memo):
     if image is None:
         return [(None, None)] * len(host_states)
-    states = [state_of(host) for host in host_states]
-    image = dataclasses.replace(image, boot_image=has_boot_image(
-        [state for state in states if state is not None], image.id))
-    return [(_predict(host, state, image), state) for host, state in zip(host_states, states)]
+
+    def key(host):
+        return host.host, host.nodename, host.num_io_ops, id(host.stats)
+    missing = [host for host in host_states if key(host) not in memo]
+    if missing:
+        states = [state_of(host) for host in missing]
+        if 'image' not in memo:
+            memo['image'] = dataclasses.replace(image, boot_image=has_boot_image(
+                [state for state in states if state is not None], image.id))
+        memo.update((key(host), (_predict(host, state, memo['image']), state))
+                    for host, state in zip(missing, states))
+    return [memo[key(host)] for host in host_states]
 
 
 def has_boot_image(states, image_id):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import time
+from unittest import mock
 
 from nova import objects
 from nova.scheduler import weights
@@ -240,3 +241,22 @@ def test_an_image_has_a_boot_image_once_more_hosts_hold_one_than_false_positives
     # Two hosts: one is enough.
     assert utils.has_boot_image([host(False), host(True)], image)
     assert not utils.has_boot_image([host(False), host(False)], image)
+
+
+def test_the_weigher_reuses_the_filters_predictions_of_a_request():
+    hosts = [host('with', stats(io=0.8, boot_images=[IMAGE])), host('without', stats(io=0.8))]
+    request = spec()
+    first = utils.request_predictions(request, hosts)
+    with mock.patch.object(utils, 'state_of', side_effect=AssertionError('predicted again')):
+        assert utils.request_predictions(request, hosts[1:]) == first[1:]
+    # The filter saw the host that holds the boot image; the weigher, given only the other,
+    # predicts it as the filter did (the image has a boot image).
+    assert utils.predictions(hosts[1:], utils.requested_image(request))[0][0].held \
+        > first[1][0].held
+    # A host that Nova gave one more boot under way (the next instance of the request) is
+    # predicted again, slower.
+    hosts[1].num_io_ops += 1
+    [(again, _)] = utils.request_predictions(request, hosts[1:])
+    assert again.held > first[1][0].held
+    # Another request predicts afresh.
+    assert utils.request_predictions(spec(), hosts[:1])[0][0] == first[0][0]

@@ -29,7 +29,7 @@ class YoloBootFilter(filters.BaseHostFilter):
         # A volume-backed server boots from its volume: no host's prediction says anything.
         if scheduler_utils.request_is_rebuild(spec_obj) or image is None:
             return hosts
-        predictions = utils.predictions(hosts, image)
+        predictions = utils.request_predictions(spec_obj, hosts)
         known = [p.held for p, _ in predictions if p is not None]
         best = min(known) if known else None
         return [host for host, (predicted, state) in zip(hosts, predictions)
@@ -39,7 +39,7 @@ class YoloBootFilter(filters.BaseHostFilter):
         image = utils.requested_image(spec_obj)
         if image is None:
             return True
-        [(predicted, state)] = utils.predictions([host_state], image)
+        [(predicted, state)] = utils.request_predictions(spec_obj, [host_state])
         return self._passes(host_state, predicted, state,
                             predicted.held if predicted is not None else None)
 

@@ -25,14 +25,12 @@ class YoloBootTimeWeigher(weights.BaseHostWeigher):
     def weigh_objects(self, weighed_obj_list, weight_properties):
         if not any(self.weight_multiplier(w.obj) for w in weighed_obj_list):
             return [0.0] * len(weighed_obj_list)
-        image = utils.requested_image(weight_properties)
-        predicted = [p.total if p is not None else None for p, _ in utils.predictions(
-            [w.obj for w in weighed_obj_list], image)]
+        predicted = [p.total if p is not None else None for p, _ in utils.request_predictions(
+            weight_properties, [w.obj for w in weighed_obj_list])]
         slowest = max((t for t in predicted if t is not None), default=0.0)
         # Higher weights win: the negated boot time, which Nova then normalises to 0..1.
         return [-(t if t is not None else slowest) for t in predicted]
 
     def _weigh_object(self, host_state, weight_properties):
-        [(predicted, _)] = utils.predictions([host_state],
-                                             utils.requested_image(weight_properties))
+        [(predicted, _)] = utils.request_predictions(weight_properties, [host_state])
         return -predicted.total if predicted is not None else 0.0
