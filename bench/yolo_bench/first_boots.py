@@ -120,7 +120,7 @@ class Host:
         self.client.prune()
 
     def set_yolofs(self, on):
-        subprocess.run([str(cloud.AIO), 'start-yolofs-2' if on else 'stop-yolofs-2'],
+        subprocess.run([str(aio.AIO), 'start-yolofs-2' if on else 'stop-yolofs-2'],
                        check=True, stdout=subprocess.DEVNULL)
 
     def make_cached(self, admin, image, flavor, timeout):

@@ -127,7 +127,7 @@ def set_scheduler(setting):
             conf.remove_option('yolo', key)
     with open(SCHEDULER_CONF, 'w') as f:   # in place: its owner and mode stay
         conf.write(f)
-    subprocess.run([str(cloud.AIO), 'restart-scheduler'], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([str(aio.AIO), 'restart-scheduler'], check=True, stdout=subprocess.DEVNULL)
 
 
 def request(conn, admin, image, flavor, name, timeout, **placement):
