@@ -184,3 +184,16 @@ def test_a_hosts_stressors_join_the_throttle_its_libvirt_hook_names(tmp_path, mo
     cgroup.joinpath('cgroup.procs').unlink()
     cgroup.rmdir()
     assert scheduling.aio.instance_storage('aio-compute').name == 'local'
+
+
+def test_setting_the_scheduler_writes_its_yolo_options_and_restarts_it(tmp_path, monkeypatch):
+    conf = tmp_path / 'nova-scheduler.conf'
+    conf.write_text('[yolo]\nmax_boot_time_ratio = 1.5\n')
+    monkeypatch.setattr(scheduling, 'SCHEDULER_CONF', conf)
+    ran = []
+    monkeypatch.setattr(scheduling.subprocess, 'run', lambda args, **kw: ran.append(args))
+    scheduling.set_scheduler('off')
+    assert 'boot_time_weight_multiplier = 0' in conf.read_text()
+    scheduling.set_scheduler('on')
+    assert 'boot_time_weight_multiplier' not in conf.read_text()
+    assert ran == [[str(aio.AIO), 'restart-scheduler']] * 2
