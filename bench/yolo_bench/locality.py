@@ -102,8 +102,16 @@ class Aggregates:
 
 
 def openstack_cli(*args):
-    subprocess.run([str(aio.VENV / 'bin' / 'openstack'), '--os-cloud', 'aio-admin', *args],
-                   check=True, stdout=subprocess.DEVNULL)
+    """An admin's ``openstack`` command; tried again a few times: an aggregate's change tells
+    the scheduler, whose exchange is not there yet for a few seconds after its restart
+    (scheduling.set_scheduler)."""
+    for attempt in range(5):
+        proc = subprocess.run([str(aio.VENV / 'bin' / 'openstack'), '--os-cloud', 'aio-admin',
+                               *args], capture_output=True, text=True)
+        if proc.returncode == 0:
+            return
+        time.sleep(5)
+    raise RuntimeError('openstack %s: %s' % (' '.join(args), proc.stderr.strip()))
 
 
 def cache(aggregates, host, image):
