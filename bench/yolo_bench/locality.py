@@ -97,8 +97,8 @@ class Aggregates:
 
     def close(self):
         for host, aggregate in self.of.items():
-            self.admin.compute.remove_host_from_aggregate(aggregate, host)
-            self.admin.compute.delete_aggregate(aggregate)
+            openstack_cli('aggregate', 'remove', 'host', aggregate.id, host)
+            openstack_cli('aggregate', 'delete', aggregate.id)
 
 
 def openstack_cli(*args):
@@ -107,7 +107,7 @@ def openstack_cli(*args):
     (scheduling.set_scheduler)."""
     for attempt in range(5):
         proc = subprocess.run([str(aio.VENV / 'bin' / 'openstack'), '--os-cloud', 'aio-admin',
-                               *args], capture_output=True, text=True)
+                               *map(str, args)], capture_output=True, text=True)
         if proc.returncode == 0:
             return
         time.sleep(5)
