@@ -75,10 +75,11 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             signing_keys=CONF.yolo.boot_image_signing_keys)
         self.yolo_backing.boot_images = self.yolo_boot_images
         self.yolo_warmer = None
+        warming_on = CONF.yolo.warm_budget_mb and CONF.yolo.fetch_boot_images
         # Beside the downloads, on their file system: a first boot links its boot image.
         warm_store = warming.WarmStore(os.path.join(self.yolo_boot_images.download_dir, 'warm'),
-                                       CONF.yolo.warm_budget_mb << 20)
-        if not (CONF.yolo.warm_budget_mb and CONF.yolo.fetch_boot_images):
+                                       CONF.yolo.warm_budget_mb << 20 if warming_on else 0)
+        if not warming_on:
             # Warming turned off: what an earlier configuration held goes.
             warm_store.evict(frozenset())
         else:

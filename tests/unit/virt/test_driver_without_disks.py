@@ -5,6 +5,7 @@ is tested in tests/functional/test_nova_driver_fakelibvirt.py.
 """
 
 import dataclasses
+import os
 import time
 from unittest import mock
 
@@ -44,6 +45,23 @@ class TestLoading(nova_base.NoDBTestCase):
         self.assertEqual('YoloQcow2', drvr.image_backend.backend('qcow2').__name__)
         self.assertEqual('YoloQcow2', drvr.image_backend.backend('default').__name__)
         self.assertNotIn('ironic', type(drvr).__name__.lower())
+
+    def test_with_warming_off_the_warm_store_is_emptied(self):
+        self.useFixture(nova_fixtures.LibvirtFixture())
+        for flags in ({'warm_budget_mb': 0}, {'fetch_boot_images': False}):
+            downloads = self.useFixture(fixtures.TempDir()).path
+            store = os.path.join(downloads, 'warm')
+            os.makedirs(store)
+            held = os.path.join(store, 'image.boot-image.yolo')
+            with open(held, 'wb') as f:
+                f.write(b'x' * 4096)
+            self.flags(download_dir=downloads, warm_budget_mb=4096, fetch_boot_images=True,
+                       group='yolo')
+            self.flags(group='yolo', **flags)
+            drvr = virt_driver.load_compute_driver(fake_virt.FakeVirtAPI(),
+                                                   'yolo.YoloLibvirtDriver')
+            self.assertIsNone(drvr.yolo_warmer)
+            self.assertFalse(os.path.exists(held), flags)
 
     def test_base_files_kept_as_downloaded_are_refused_at_start(self):
         self.flags(force_raw_images=False)
