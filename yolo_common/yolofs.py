@@ -88,6 +88,11 @@ class Status:
         return {entry.image_id for entry in self.boot_images.values()
                 if entry.verified and entry.usable and entry.image_id}
 
+    def published_image_ids(self):
+        """Those of :meth:`served_image_ids` installed from Glance, not learned here."""
+        return {entry.image_id for entry in self.boot_images.values()
+                if entry.verified and entry.usable and not entry.learned and entry.image_id}
+
     def usable(self, name):
         """Whether base file ``name`` has a boot image yolofs has not refused."""
         entry = self.boot_images.get(name)

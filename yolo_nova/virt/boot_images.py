@@ -169,8 +169,10 @@ class BootImages:
     def client(self):
         return self.backing_files.client
 
-    def ensure(self, context, image_id, base_path, later=False):
+    def ensure(self, context, image_id, base_path, later=False, image=None):
         """Makes sure yolofs has the base file's boot image if Glance publishes one.
+        ``image``: the image as Nova's image API gives it, if the caller has it already (it is
+        then not asked for again).
 
         Returns what happened: 'unavailable' (yolofs is not healthy: nothing attempted),
         'present' (a boot image Glance published, or one learned here while Glance publishes
@@ -202,7 +204,8 @@ class BootImages:
                 return 'none'
             if self.fetching(name) is not None:
                 return 'fetching'
-            image = self.image_api.get(context, image_id)
+            if image is None:
+                image = self.image_api.get(context, image_id)
             boot_image = self.trusted_boot_image(context, image_id, image)
             if boot_image is None:
                 if usable:
@@ -211,7 +214,7 @@ class BootImages:
                 return 'rejected' if published else 'none'
             if later and not usable:
                 return self._install_later(context, name, image_id, boot_image)
-            return self.install(context, name, image_id, boot_image)
+            return self._install(context, name, image_id, boot_image)
         except Untrusted:
             return 'rejected'
         except Exception:
@@ -307,7 +310,7 @@ class BootImages:
         self.refuse(image_id, boot_image['id'])
         raise Untrusted(reason)
 
-    def install(self, context, name, image_id, boot_image):
+    def _install(self, context, name, image_id, boot_image):
         path = self.download(context, name, boot_image, image_id)
         try:
             return self.install_file(name, path, image_id, boot_image['id'])
@@ -330,7 +333,7 @@ class BootImages:
 
     def _fetch(self, context, name, image_id, boot_image):
         try:
-            self.install(context, name, image_id, boot_image)
+            self._install(context, name, image_id, boot_image)
         except Untrusted:
             pass
         except Exception:

@@ -113,8 +113,7 @@ class HostReport:
         warm store."""
         # Published boot images only: one learned here says nothing of what Glance publishes,
         # from which the scheduler infers what other hosts' first boots fetch.
-        image_ids = {entry.image_id for entry in status.boot_images.values()
-                     if entry.verified and entry.usable and not entry.learned and entry.image_id}
+        image_ids = status.published_image_ids()
         if self.boot_images.warm_store is not None and self.first_boots is not None:
             # Held for a first boot before the download, which only then uses it.
             image_ids |= self.boot_images.warm_store.held_image_ids()

@@ -90,10 +90,13 @@ class WarmStore:
         held = self._entries().get(image_id)
         return held[0] if held else None
 
+    def _path(self, image_id, boot_image_id):
+        return os.path.join(self.directory, '%s.%s%s' % (image_id, boot_image_id, SUFFIX))
+
     def link_for(self, image_id, boot_image_id, dest_path):
         """Links the boot image held for ``image_id``, if it is ``boot_image_id``, at
         ``dest_path`` (replacing it), marking it used; whether it did."""
-        path = os.path.join(self.directory, '%s.%s%s' % (image_id, boot_image_id, SUFFIX))
+        path = self._path(image_id, boot_image_id)
         try:
             os.utime(path)
             fileutils.delete_if_exists(dest_path)
@@ -108,8 +111,7 @@ class WarmStore:
         with self._lock:
             fileutils.ensure_tree(self.directory)
             self.drop(image_id)
-            os.replace(downloaded_path, os.path.join(
-                self.directory, '%s.%s%s' % (image_id, boot_image_id, SUFFIX)))
+            os.replace(downloaded_path, self._path(image_id, boot_image_id))
 
     def make_room(self, size, warm_image_ids):
         """Whether ``size`` more bytes fit the budget once the boot images of images not in
@@ -236,23 +238,19 @@ class Warmer:
             LOG.exception('Could not keep the warm store within its budget')
 
     def _hold(self, image_id, image):
-        status = self.backing_files.status()
-        if status is None:
+        if self.backing_files.status() is None:
             return
         name = locality.base_file_name(image_id)
-        properties = {k: v for k, v in image.items() if k.startswith('yolo_')}
-        boot_image = self.boot_images.trusted_boot_image(
-            None, image_id, dict(image, properties=properties))
-        if boot_image is None:
-            return
-        if os.path.exists(self.backing_files.base_path(name)):
+        # As Nova's image API gives it, which BootImages reads.
+        image = dict(image, properties={k: v for k, v in image.items() if k.startswith('yolo_')})
+        base_path = self.backing_files.base_path(name)
+        if os.path.exists(base_path):
             # Cached: the boot image belongs in yolofs, which verifies it against the file.
             self.store.drop(image_id)
-            held = status.boot_images.get(name)
-            if not (held is not None and held.usable and not held.learned) \
-                    and self.boot_images.fetching(name) is None:
-                self.boot_images.client.remember(name, image_id)
-                self.boot_images.install(None, name, image_id, boot_image)
+            self.boot_images.ensure(None, image_id, base_path, image=image)
+            return
+        boot_image = self.boot_images.trusted_boot_image(None, image_id, image)
+        if boot_image is None:
             return
         # Served before the download only if signed by the worker (first_boot.py).
         if not self.before_download or self.boot_images.verifier is None or \
