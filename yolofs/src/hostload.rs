@@ -260,7 +260,12 @@ impl HostLoadSampler {
         if let Some((utilisation, runnable, idlest)) = cpu {
             smooth(&mut current.cpu_utilisation, utilisation);
             smooth(&mut current.runnable_per_cpu, runnable);
-            smooth(&mut current.idlest_cpu_utilisation, idlest.unwrap_or(utilisation));
+            // The least busy CPU is never busier than their mean; the kernel's per-CPU and total
+            // counters are read a few ticks apart, so a reading can say otherwise.
+            smooth(
+                &mut current.idlest_cpu_utilisation,
+                idlest.unwrap_or(utilisation).min(utilisation),
+            );
         }
         if let Some(pressure) = pressure {
             let mut smoothed = current.cpu_pressure.unwrap_or(pressure);
@@ -382,5 +387,31 @@ mod tests {
         );
         let pressure = sampler.current().cpu_pressure.unwrap();
         assert!(pressure < 0.4 && pressure > 0.35, "{pressure}");
+    }
+
+    #[test]
+    fn the_idlest_cpu_is_never_reported_busier_than_the_mean() {
+        let sampler = HostLoadSampler {
+            current: Mutex::new(HostLoad::default()),
+        };
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(1);
+        // Per-CPU lines a tick ahead of the total line: both CPUs 30% busy, the total 20%.
+        let cpu = |busy_jiffies, total_jiffies, per_cpu_busy| {
+            Some(CpuCounters {
+                busy_jiffies,
+                total_jiffies,
+                runnable_per_cpu: 0.0,
+                per_cpu: vec![(per_cpu_busy, total_jiffies / 2); 2],
+            })
+        };
+        sampler.update(
+            &(t0, None, cpu(0, 100, 0), None),
+            &(t1, None, cpu(20, 200, 15), None),
+            Duration::from_secs(1),
+        );
+        let load = sampler.current();
+        assert_eq!(load.cpu_utilisation, 0.2);
+        assert_eq!(load.idlest_cpu_utilisation, 0.2);
     }
 }
