@@ -5,11 +5,12 @@ then the one without I/O contention.
 directory on a block device of its own, yolofs and boot image store). Nova's image pre-caching
 (``openstack aggregate cache image``, the driver's ``cache_image``) puts an image's base file
 and boot image on one host: a new server of it must land there, not on the host that would
-download it first. Then both hosts hold the Debian image; two fio stressors load one host's
+download it first. Then both hosts hold another image; two fio stressors load one host's
 instance storage, and once both hosts have reported their load (nova-compute's resource update,
 every 20 s here), a new server must land on the other host, and the scheduler's log must show why:
 YoloBootFilter's prediction for each host. The contention then moves to the other host, and the
-next server follows it. Both hosts forget the boots they timed before (those of the tests before
+next server follows it. The tiny image serves: hosts predict a boot by their parameters and load,
+not by the image. Both hosts forget the boots they timed before (those of the tests before
 these, some under loads of their own): they report the same parameters and differ only in what
 they hold and their load. These tests run after those that expect one compute host.
 """
@@ -130,17 +131,17 @@ def test_a_server_lands_on_the_host_that_holds_its_image(second_host, tiny_image
 
 
 @pytest.fixture(scope='module')
-def warm_hosts(second_host, published_debian_boot_image):
-    """Both compute hosts with the Debian image cached and its boot image installed (by Nova's
+def warm_hosts(second_host, published_boot_image):
+    """Both compute hosts with the tiny image cached and its boot image installed (by Nova's
     image pre-caching on the second), reporting the same parameters: they then differ only in
     their load."""
-    image, _ = published_debian_boot_image
+    image, _ = published_boot_image
     forget_timed_boots()
     cache_image([FIRST_HOST, SECOND_HOST], image['id'])
 
 
-def test_servers_land_on_the_host_without_contention(warm_hosts, published_debian_boot_image):
-    image, _ = published_debian_boot_image
+def test_servers_land_on_the_host_without_contention(warm_hosts, published_boot_image):
+    image, _ = published_boot_image
     for busy, idle in ((FIRST_HOST, SECOND_HOST), (SECOND_HOST, FIRST_HOST)):
         # As many stressors as the scheduling benchmark, whose placements with YOLO on were 4 of 4
         # in every run as built.

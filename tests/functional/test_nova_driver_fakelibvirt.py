@@ -1016,12 +1016,23 @@ class TestBootTiming(DriverTestCase):
         self.watch.assert_called_once_with(self.instance, {
             'io_utilisation': 0.25, 'cpu_utilisation': 0.5, 'runnable': 0.75,
             'idlest_cpu_utilisation': None, 'cpu_pressure': 0.125, 'concurrent_boots': 0,
-            'boot_image': True})
+            'boot_image': True, 'streamed': False})
 
     def test_a_boot_without_one_is_timed_as_a_normal_boot(self):
         self.cache_base()
         self.spawn()
         self.assertFalse(self.watch.call_args.args[1]['boot_image'])
+        self.assertFalse(self.watch.call_args.args[1]['streamed'])
+
+    def test_a_first_boot_before_the_download_is_timed_as_streamed(self):
+        # Served from its boot image while the fill runs: it measures streamed_boot_factor.
+        self.cache_base()
+        self.drvr.yolo_report.first_boots = mock.Mock(
+            running=lambda name: mock.Mock() if name == self.name else None)
+        self.spawn()
+        conditions = self.watch.call_args.args[1]
+        self.assertTrue(conditions['boot_image'])
+        self.assertTrue(conditions['streamed'])
 
     def test_a_boot_right_after_novas_download_is_not_timed(self):
         # The image is in the page cache, its boot image fetched meanwhile: says nothing of
@@ -1073,7 +1084,7 @@ class TestBootTiming(DriverTestCase):
         with self.assertLogs(host_report.LOG.logger, 'WARNING'):
             self.spawn()
         self.client.load(io_utilisation=0.1, cpu_utilisation=0.1)
-        with mock.patch.object(self.drvr.yolo_report, '_served_from_boot_image',
+        with mock.patch.object(self.drvr.yolo_report, '_served_from',
                                side_effect=OSError):
             self.spawn()
         self.watch.assert_not_called()

@@ -22,6 +22,9 @@ from yolo_nova.model import prediction
 # The boots nova-compute keeps and learns from: the last ones, so that a host's parameters follow
 # its guests and its hardware as they change.
 OBSERVED_BOOTS_KEPT = 20
+# First boots before the download come once per image and host: the last ones are kept apart, so
+# that the host's other boots do not push them out.
+STREAMED_BOOTS_KEPT = 10
 # Boots on a CPU less busy than this measure a boot's share of an idle CPU (cpu_contention_from).
 MIN_FITTED_CPU_LOAD = 0.1
 # The thesis' c = 1 counts in the fit of c as much as one boot at a CPU load of 0.5
@@ -101,6 +104,9 @@ class ObservedBoot:
     disk_seconds: float = None
     # Of those, what its writes and flushes took (None: not known).
     disk_write_seconds: float = None
+    # A first boot before the download (served from the boot image while the fill runs): it
+    # measures streamed_boot_factor only.
+    streamed: bool = False
 
 
 def load_observed(path):
@@ -115,8 +121,11 @@ def load_observed(path):
 
 
 def save_observed(boots, path):
-    """Keeps the last OBSERVED_BOOTS_KEPT of ``boots`` in ``path``."""
-    calibration.write_json([dataclasses.asdict(boot) for boot in boots[-OBSERVED_BOOTS_KEPT:]],
+    """Keeps the last OBSERVED_BOOTS_KEPT of ``boots`` in ``path``, and of those before the
+    download, the last STREAMED_BOOTS_KEPT."""
+    kept = set(map(id, [b for b in boots if not b.streamed][-OBSERVED_BOOTS_KEPT:]
+                   + [b for b in boots if b.streamed][-STREAMED_BOOTS_KEPT:]))
+    calibration.write_json([dataclasses.asdict(boot) for boot in boots if id(boot) in kept],
                            path, indent=1)
 
 
@@ -301,9 +310,12 @@ def with_observed_boots(known, boots, min_boots, beta_half_life=BETA_HALF_LIFE_B
     """``known`` with the parameters the host's own ``boots`` (of its accelerator) give, each
     where at least ``min_boots`` boots measure it: beta and beta_growth from the boots served
     from a boot image (beta_from); alpha_yolo and alpha, with the pole of each, from those and
-    the normal boots (io_term_from); cpu_contention (cpu_contention_from)."""
+    the normal boots (io_term_from); cpu_contention (cpu_contention_from); and from the first
+    boots before the download, streamed_boot_factor (streamed_boot_factor_from)."""
     if min_boots <= 0:
         return known
+    streamed = [b for b in boots if b.streamed]
+    boots = [b for b in boots if not b.streamed]
     served = [b for b in boots if b.boot_image]
     normal = [b for b in boots if not b.boot_image]
     fields = {}
@@ -323,12 +335,33 @@ def with_observed_boots(known, boots, min_boots, beta_half_life=BETA_HALF_LIFE_B
     contention = cpu_contention_from(boots, known.cpus, min_boots)
     if contention is not None:
         fields['cpu_contention'] = contention
+    if len(streamed) >= min_boots:
+        fields['streamed_boot_factor'] = streamed_boot_factor_from(
+            streamed, dataclasses.replace(learned, **fields))
     if not fields:
         return known
     details = dict(known.details, observed_boots={'boot_image': len(served),
                                                   'normal': len(normal),
+                                                  'streamed': len(streamed),
                                                   'learned': sorted(fields)})
     return dataclasses.replace(known, details=details, **fields)
+
+
+def streamed_boot_factor_from(streamed, known):
+    """The median of the ``streamed`` boots' times against what ``known`` predicts of the same
+    boots with their base files held (served from their boot images), within the parameter's
+    bounds."""
+    ratios = []
+    for boot in streamed:
+        held = prediction.predict(known, boot.io_utilisation, boot.cpu_utilisation,
+                                  boot_image=True, concurrent_boots=boot.concurrent_boots,
+                                  runnable=boot.runnable, idlest_cpu=boot.idlest_cpu_utilisation,
+                                  cpu_pressure=boot.cpu_pressure)
+        if held > 0:
+            ratios.append(boot.seconds / held)
+    low, high = parameters.BY_NAME['streamed_boot_factor'].bounds
+    return round(min(max(statistics.median(ratios), low), high), 3) if ratios else \
+        known.streamed_boot_factor
 
 
 def host_calibration(known, boots, min_boots, settings):

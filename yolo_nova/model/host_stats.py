@@ -112,6 +112,9 @@ class HostBootState:
         held = self._boot(served, concurrent_boots)
         after_fetch = held if fetch.boot_image == served else self._boot(
             fetch.boot_image, concurrent_boots)
+        if fetch.path == 'streamed':
+            # The image's download runs beside its first boot.
+            after_fetch *= self.params.streamed_boot_factor
         return Prediction(held, fetch.seconds + after_fetch, fetch)
 
 

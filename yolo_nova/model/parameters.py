@@ -106,6 +106,16 @@ host's own downloads and first-boot fills, else {default:g}.
 The rate, in bytes of the download a second, at which Nova converts a downloaded image to raw on
 this host. Unset: measured from the host's own conversions, else {default:g}.
 """),
+    Parameter(
+        'streamed_boot_factor', 'a first boot before the download against the same boot with '
+        'the base file held: the download beside it shares the CPU, the disk and the link',
+        (1.0, 10.0), 1.25, 'yolo_streamed_boot_factor', learned=True,
+        option='streamed_boot_factor', aggregate_key='yolo_streamed_boot_factor',
+        option_help="""
+How many times longer a first boot before the download (``first_boots``) takes on this host than
+the same boot with its base file held: the download beside it takes CPU, disk and link. Unset:
+learned from the host's own first boots (``learn_from_boots`` of them), else {default:g}.
+"""),
 )
 BY_NAME = {parameter.name: parameter for parameter in PARAMETERS}
 

@@ -118,7 +118,8 @@ def fetch(params, image, holds_base, holds_boot_image, streams_first_boots,
     * no base file, but the image has a boot image and the host boots images before their
       download (``streams_first_boots``): the boot image, unless it holds it (``ratio`` of the
       image's size: the host's boot images against their base files' data), at the host's
-      rate from Glance; the boot is then served from it (the download runs beside the boot);
+      rate from Glance; the boot is then served from it, and takes streamed_boot_factor times
+      as long (the download runs beside the boot);
     * nothing: Nova's download of the image at that rate and, for an image that is not raw,
       its conversion to raw (at the host's rate of conversion, in bytes of the download a
       second: qemu-img's time follows the data, not the raw size); the boot is then a normal

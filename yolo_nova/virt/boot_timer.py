@@ -150,6 +150,7 @@ class BootTimer:
                  'for its disks %s s, of which writes %s s, %s)', boot.seconds,
                  boot.cpu_seconds, boot.cpu_delay_seconds, boot.disk_seconds,
                  boot.disk_write_seconds,
+                 'before its download' if boot.streamed else
                  'from its boot image' if boot.boot_image else 'normal',
                  instance=timing.instance)
         try:

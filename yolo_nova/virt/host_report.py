@@ -177,8 +177,9 @@ class HostReport:
     def _time_boot(self, instance, conditions):
         # Timing a boot never fails a spawn.
         try:
-            conditions['boot_image'] = self._served_from_boot_image(instance)
-            if conditions['boot_image'] is not None:
+            served = self._served_from(instance)
+            if served is not None:
+                conditions.update(boot_image=served != 'disk', streamed=served == 'streamed')
                 self.boot_timer.watch(instance, conditions)
         except Exception:
             LOG.exception('Not timing the boot', instance=instance)
@@ -220,21 +221,23 @@ class HostReport:
         measured, before = self._load_before_boots
         return before if now - measured < window + settling else load
 
-    def _served_from_boot_image(self, instance):
-        """Whether the new guest's root disk is served from a verified boot image; None if
-        its boot says nothing of this host's boots: a first boot before the download (the fill
-        shares the link and the disk) or just after Nova's (the page cache holds the image, its
-        boot image is fetched meanwhile), or a root disk yolofs does not back."""
+    def _served_from(self, instance):
+        """How the new guest's root disk is served: 'boot_image' (from a verified boot image),
+        'streamed' (from its boot image while the image's fill runs: a first boot before the
+        download), 'disk'; None if its boot says nothing of this host's boots: just after
+        Nova's download (the page cache holds the image, its boot image is fetched meanwhile),
+        or a root disk yolofs does not back."""
         root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
         info = backing.backing_info(root) if os.path.exists(root) else None
         if info is None or self.backing_files.take_made_after_download(root):
             return None
         name = os.path.basename(info[0])
         if self.first_boots is not None and self.first_boots.running(name):
-            return None
+            return 'streamed'
         if self.backing_files.directory_of(info[0]) != 'mount':
-            return False
-        return self.boot_images.has_boot_image(name, self.backing_files.status())
+            return 'disk'
+        return ('boot_image' if self.boot_images.has_boot_image(name, self.backing_files.status())
+                else 'disk')
 
     def _vcpu_times(self, instance):
         """The busiest vCPU's running time and the time it waited for a host CPU (libvirt's

@@ -42,9 +42,30 @@ def test_observed_boots_are_brought_back_to_an_idle_host_through_the_model():
              observed(30.0 + 2 * 8.0, 40.0, False, others=1)]
     learned = estimators.with_observed_boots(known, boots, min_boots=3)
     assert (learned.alpha, learned.beta, learned.alpha_yolo) == (8.0, 30.0, 1.0)
-    assert learned.details['observed_boots'] == {'boot_image': 3, 'normal': 3,
+    assert learned.details['observed_boots'] == {'boot_image': 3, 'normal': 3, 'streamed': 0,
                                                  'learned': ['alpha', 'alpha_yolo', 'beta']}
     assert (learned.cpus, learned.io_exponent) == (2, 0.0)
+
+
+def test_first_boots_before_the_download_give_the_streamed_boot_factor_alone():
+    known = calibration.Calibration(alpha=5.0, beta=20.0, alpha_yolo=0.5, cpus=2,
+                                    io_exponent=0.0)
+    # Served from their boot images, the same boots with their base files held would take
+    # 20.5 s idle and 20.5 + 0.5 / 0.5 s at an I/O load of 0.5: these took 1.6, 1.5 and 2
+    # times that.
+    streamed = [dataclasses.replace(boot, streamed=True) for boot in (
+        observed(32.8, 20.0, True), observed(21.5 * 1.5, 20.0, True, io=0.5),
+        observed(41.0, 20.0, True))]
+    learned = estimators.with_observed_boots(known, streamed, min_boots=3)
+    assert learned.streamed_boot_factor == 1.6
+    # They teach nothing else: not beta, nor alpha_yolo, from boots the download slowed.
+    assert (learned.alpha, learned.beta, learned.alpha_yolo) == (5.0, 20.0, 0.5)
+    assert learned.details['observed_boots'] == {'boot_image': 0, 'normal': 0, 'streamed': 3,
+                                                 'learned': ['streamed_boot_factor']}
+    # Too few: the default; a boot faster than held counts as no slower.
+    assert estimators.with_observed_boots(known, streamed[:2], min_boots=3) == known
+    fast = [dataclasses.replace(observed(10.0, 10.0, True), streamed=True)]
+    assert estimators.with_observed_boots(known, fast, 1).streamed_boot_factor == 1.0
 
 
 def test_too_few_observed_boots_leave_the_parameters_as_they_were(tmp_path):
@@ -170,6 +191,12 @@ def test_observed_boots_file_keeps_the_last_ones(tmp_path):
     boots = [observed(float(i), 1.0, False) for i in range(30)]
     estimators.save_observed(boots, path)
     assert estimators.load_observed(path) == boots[-estimators.OBSERVED_BOOTS_KEPT:]
+    # First boots before the download are kept apart: the others do not push them out.
+    streamed = [dataclasses.replace(observed(float(i), 1.0, True), streamed=True)
+                for i in range(100, 115)]
+    estimators.save_observed(streamed[:3] + boots + streamed[3:], path)
+    assert estimators.load_observed(path) == (boots[-estimators.OBSERVED_BOOTS_KEPT:]
+                                              + streamed[-estimators.STREAMED_BOOTS_KEPT:])
     (tmp_path / 'state' / 'observed-boots.json').write_text('[{"seconds": 1}]')
     with pytest.raises(ValueError, match='not a list of observed boots'):
         estimators.load_observed(path)

@@ -75,6 +75,13 @@ def test_a_host_is_judged_as_if_it_held_the_image_and_weighed_with_its_fetch():
     # Nova's download (17.2 s) and conversion (10.7 s), then a normal boot (31 s).
     assert nothing.fetch.path == 'download'
     assert nothing.total == pytest.approx((2 << 30) / 125e6 + (2 << 30) / 200e6 + 31.0)
+    # A host that streams first boots fetches the boot image it lacks (5% of the image), then
+    # boots from it beside the download: 1.25 times as long as with the base file held.
+    streams = host_stats.from_stats(state(locality.BloomFilter.of([]),
+                                          streams_first_boots=True).to_stats(), max_age=60)
+    streamed = streams.predict(REQUESTED, 0)
+    assert streamed.fetch.path == 'streamed' and streamed.held == pytest.approx(23.5)
+    assert streamed.total == pytest.approx(0.05 * (2 << 30) / 125e6 + 1.25 * 23.5)
 
 
 @pytest.mark.parametrize('key, value', [

@@ -28,6 +28,8 @@ NAMES = {
                                 'yolo_glance_bytes_per_second'),
     'convert_bytes_per_second': ('yolo_convert_bytes_per_second', 'convert_bytes_per_second',
                                  'yolo_convert_bytes_per_second'),
+    'streamed_boot_factor': ('yolo_streamed_boot_factor', 'streamed_boot_factor',
+                             'yolo_streamed_boot_factor'),
 }
 
 
@@ -44,7 +46,7 @@ def test_the_parameters_dataclass_is_the_tables():
     # thesis' refinements.
     assert parameters.BootTimeParameters() == calibration.UNCALIBRATED.params
     assert dataclasses.astuple(calibration.UNCALIBRATED.params) == (
-        5.9, 22.7, 0.4, 1, 1.0, 1.0, 0.0, 1.0, 1.0, 125e6, 200e6)
+        5.9, 22.7, 0.4, 1, 1.0, 1.0, 0.0, 1.0, 1.0, 125e6, 200e6, 1.25)
 
 
 @pytest.mark.parametrize('parameter', parameters.PARAMETERS, ids=lambda p: p.name)
