@@ -72,8 +72,9 @@ def tc(*args, check=True):
 
 
 @contextlib.contextmanager
-def glance_link(device='lo', port=GLANCE_PORT):
-    """A link of settable rate for what glance-api sends (packets from ``port`` on ``device``);
+def glance_link(device='lo', port=GLANCE_PORT, address=None):
+    """A link of settable rate for what glance-api sends (packets from ``port`` on ``device``,
+    and from ``address`` alone if given: what it sends to the clients that reach it there);
     yields the function that sets its rate in Mbit/s. The device's root qdisc is restored (none)
     at the end."""
     # replace: a root qdisc a killed run left is replaced, not added to.
@@ -88,8 +89,9 @@ def glance_link(device='lo', port=GLANCE_PORT):
                'rate', '%dmbit' % mbit, 'ceil', '%dmbit' % mbit, 'burst', '256kb', 'cburst',
                '256kb')
         set_rate(100000)
+        source = ('match', 'ip', 'src', '%s/32' % address) if address else ()
         tc('filter', 'add', 'dev', device, 'parent', '1:', 'protocol', 'ip', 'prio', '1', 'u32',
-           'match', 'ip', 'sport', port, '0xffff', 'flowid', '1:10')
+           *source, 'match', 'ip', 'sport', port, '0xffff', 'flowid', '1:10')
         yield set_rate
     finally:
         tc('qdisc', 'del', 'dev', device, 'root', check=False)

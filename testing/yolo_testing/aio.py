@@ -58,6 +58,11 @@ COMPUTE2_LIBVIRT_URI = settings()['COMPUTE2_LIBVIRT_URI']
 # scheduler's predictions.
 # Where each host's nova-compute keeps the boots it timed ($state_path/yolo/observed-boots.json).
 OBSERVED_BOOTS = {host: STATE[host] / 'yolo' / 'observed-boots.json' for host in HOSTS}
+# And its transfers from Glance and conversions, which it measures its rates from
+# ($state_path/yolo/transfers.json).
+TRANSFERS = {host: STATE[host] / 'yolo' / 'transfers.json' for host in HOSTS}
+# Settings of the second host's nova-compute beside nova-compute-2.conf (aio restart-compute2).
+COMPUTE2_CONF_DIR = pathlib.Path('/etc/nova/nova-compute-2.conf.d')
 SCHEDULER_LOG = LOG_DIR / 'nova-scheduler.log'
 # YoloBootFilter's debug line; Nova's HostState prints as "(host, node) ram: ...".
 PREDICTION = re.compile(r'\((\S+), \S+\) ram: .*: predicted boot ([\d.]+)s \(io ([\d.]+), '

@@ -64,10 +64,13 @@ wait_for() {  # DESCRIPTION TIMEOUT COMMAND...
 
 http_up() { curl -s -o /dev/null --max-time 5 "$1"; }
 
-start_wsgi() {  # NAME USER PORT MODULE:APP
-    start_service "$1" "$2" "$AIO_VENV/bin/gunicorn" --config "$AIO_HOME/gunicorn.conf.py" \
-        --bind "$AIO_HOST:$3" --name "$1" "$4"
-    wait_for "$1" 120 http_up "http://$AIO_HOST:$3/"
+start_wsgi() {  # NAME USER PORT MODULE:APP [ADDRESS...]: also listening on each ADDRESS:PORT
+    local name=$1 user=$2 port=$3 app=$4 address binds=(--bind "$AIO_HOST:$3")
+    shift 4
+    for address; do binds+=(--bind "$address:$port"); done
+    start_service "$name" "$user" "$AIO_VENV/bin/gunicorn" --config "$AIO_HOME/gunicorn.conf.py" \
+        "${binds[@]}" --name "$name" "$app"
+    wait_for "$name" 120 http_up "http://$AIO_HOST:$port/"
 }
 
 # --- packages, users, venv -----------------------------------------------------------------
@@ -403,7 +406,7 @@ EOF
         --import-config-file /etc/glance/glance-image-import.conf \
         --property-protection-file /etc/glance/property-protections.conf
     as_user glance glance-manage db_sync >/dev/null
-    start_wsgi glance-api glance "$GLANCE_PORT" glance.wsgi.api:application
+    start_wsgi glance-api glance "$GLANCE_PORT" glance.wsgi.api:application "$GLANCE_SECOND_ADDRESS"
 }
 
 # --- neutron -------------------------------------------------------------------------------

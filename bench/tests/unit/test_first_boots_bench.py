@@ -63,6 +63,33 @@ def test_the_link_carries_what_leaves_glances_port_and_is_gone_afterwards():
         server.server_close()
 
 
+def sent_through(classid):
+    shown = subprocess.run(['tc', '-s', 'class', 'show', 'dev', 'lo', 'classid', classid],
+                           check=True, capture_output=True, text=True).stdout
+    return int(shown.split('Sent ', 1)[1].split()[0])
+
+
+@pytest.mark.skipif(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip()
+                    != '0', reason='tc needs root (CI runs as root)')
+def test_a_link_of_one_address_carries_only_what_its_clients_receive():
+    # The server answers on every loopback address; the clients of 127.0.0.2 alone are limited.
+    server = http.server.ThreadingHTTPServer(('0.0.0.0', 0), Data)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with first_boots.glance_link(port=port, address='127.0.0.2') as set_rate:
+            set_rate(800)
+            with urllib.request.urlopen('http://127.0.0.1:%d/' % port) as answer:
+                assert len(answer.read()) == 1 << 20
+            assert sent_through('1:10') < 1 << 16
+            with urllib.request.urlopen('http://127.0.0.2:%d/' % port) as answer:
+                assert len(answer.read()) == 1 << 20
+            assert sent_through('1:10') > 1 << 20
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_large_image_keeps_the_test_image_and_adds_data_beyond_it(tmp_path):
     raw = tmp_path / 'image.raw'
     original = bytes(range(256)) * 4096         # 1 MiB
