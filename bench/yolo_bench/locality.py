@@ -40,6 +40,8 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import openstack
 
@@ -151,7 +153,7 @@ SCENARIOS = {
     '3': ({FIRST_HOST: 'nothing', SECOND_HOST: 'nothing'}, None),
 }
 # Scenario 3's links: the second host's Nova reaches glance-api at its second address.
-OWN_LINK = aio.settings()['GLANCE_SECOND_ADDRESS']
+OWN_LINK = aio.settings()['AIO_GLANCE_SECOND_ADDRESS']
 OWN_LINK_CONF = aio.COMPUTE2_CONF_DIR / 'locality-own-link.conf'
 
 
@@ -159,6 +161,14 @@ OWN_LINK_CONF = aio.COMPUTE2_CONF_DIR / 'locality-own-link.conf'
 def own_link(mbit):
     """The second host reaches Glance through a link of ``mbit`` Mbit/s, on Nova's path; it
     forgets the transfers it measured its rate from over the loopback's (read as it starts)."""
+    url = 'http://%s:%s/' % (OWN_LINK, first_boots.GLANCE_PORT)
+    try:
+        urllib.request.urlopen(url, timeout=10).close()
+    except urllib.error.HTTPError:
+        pass                                    # it answers
+    except OSError as e:
+        raise SystemExit('glance-api does not answer at %s (%s): stand the all-in-one up again '
+                         '(tools/aio/aio clean, then bench/aio/locality)' % (url, e))
     OWN_LINK_CONF.write_text(
         '[glance]\nendpoint_override = http://%s:%s\n'
         '[yolo]\nfirst_boot_before_download = false\n' % (OWN_LINK, first_boots.GLANCE_PORT))
@@ -169,7 +179,9 @@ def own_link(mbit):
             set_rate(mbit)
             yield
     finally:
+        # Nor are the rates measured through this link kept.
         OWN_LINK_CONF.unlink(missing_ok=True)
+        aio.TRANSFERS[SECOND_HOST].unlink(missing_ok=True)
         subprocess.run([str(aio.AIO), 'restart-compute2'], check=True)
 
 

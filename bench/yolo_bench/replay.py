@@ -47,8 +47,10 @@ def predicted(known, boot):
         params=known.params, boot_images=frozenset([IMAGE] if boot.boot_image else []),
         updated_at=boot.started_at, runnable=boot.runnable,
         idlest_cpu_utilisation=boot.idlest_cpu_utilisation, cpu_pressure=boot.cpu_pressure)
-    # The image cached on the host, as it was for every boot timed.
-    return state.predict(prediction.RequestedImage(IMAGE), boot.concurrent_boots).held
+    # The image cached on the host, as it was for every boot timed but the first boots before
+    # the download, which take streamed_boot_factor times as long.
+    held = state.predict(prediction.RequestedImage(IMAGE), boot.concurrent_boots).held
+    return held * known.streamed_boot_factor if boot.streamed else held
 
 
 def replay(base, boots, min_boots, beta_half_life):
@@ -57,7 +59,7 @@ def replay(base, boots, min_boots, beta_half_life):
     replayed = []
     for boot in sorted(boots, key=lambda b: b.started_at):
         over = [b for b in boots if b.started_at + b.seconds <= boot.started_at]
-        if sum(b.boot_image for b in over) < max(1, min_boots):
+        if sum(b.boot_image and not b.streamed for b in over) < max(1, min_boots):
             continue
         known = estimators.with_observed_boots(base, over, min_boots, beta_half_life)
         replayed.append((boot, predicted(known, boot)))

@@ -784,6 +784,8 @@ def test_a_first_boot_reaches_ready_before_the_download_ends_and_leaves_the_usua
         assert not (base_dir / name).exists()
         fill = drvr.yolo_first_boots.running(name)
         assert fill is not None
+        # Its boot is timed as a first boot before the download (streamed_boot_factor).
+        assert drvr.yolo_report._served_from(instance) == 'streamed'
 
         driver_tests.start_with_driver(drvr, context, instance, disk)
         assert images.info(disk)['backing-filename'] == str(mount.mountpoint / name)

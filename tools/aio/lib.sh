@@ -406,7 +406,7 @@ EOF
         --import-config-file /etc/glance/glance-image-import.conf \
         --property-protection-file /etc/glance/property-protections.conf
     as_user glance glance-manage db_sync >/dev/null
-    start_wsgi glance-api glance "$GLANCE_PORT" glance.wsgi.api:application "$GLANCE_SECOND_ADDRESS"
+    start_wsgi glance-api glance "$GLANCE_PORT" glance.wsgi.api:application "$AIO_GLANCE_SECOND_ADDRESS"
 }
 
 # --- neutron -------------------------------------------------------------------------------

@@ -144,11 +144,18 @@ def _parse(raw):
             params=parameters.BootTimeParameters(**{
                 p.name: _parameter(p, value[p.stats_key]) for p in parameters.PARAMETERS}),
             boot_images=frozenset(i for i in value[PREFIX + 'boot_images'].split(',') if i),
-            updated_at=float(value[PREFIX + 'updated_at']),
+            updated_at=_finite(float(value[PREFIX + 'updated_at'])),
             **{name: _optional_float(value[PREFIX + name]) for name, _ in OPTIONAL_LOAD},
             **_locality(value))
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _finite(number):
+    # A report of nan or inf would never be too old.
+    if not math.isfinite(number):
+        raise ValueError('not a finite number: %r' % number)
+    return number
 
 
 def _locality(value):

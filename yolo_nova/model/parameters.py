@@ -38,6 +38,8 @@ class Parameter:
     option_max: float = None    # its maximum value, if it has one
     aggregate_key: str = None   # the aggregate metadata key that sets it at the scheduler
     pole: str = None            # for an I/O part: the parameter that is its pole
+    # A rate: the larger, the faster a boot (the others: the larger, the slower).
+    rate: bool = False
 
     @property
     def type(self):
@@ -92,7 +94,7 @@ for a disk that shares its rate without seeking. Unset: from ``calibration_file`
     Parameter(
         'glance_bytes_per_second', "the rate of the host's downloads from Glance, in bytes a "
         'second', (1.0, MAX_BYTES_PER_SECOND), 125e6, 'yolo_glance_bytes_per_second',
-        option='glance_bytes_per_second', aggregate_key='yolo_glance_bytes_per_second',
+        option='glance_bytes_per_second', aggregate_key='yolo_glance_bytes_per_second', rate=True,
         option_help="""
 The rate, in bytes a second, of this host's downloads from Glance (1 Gbit/s is 125e6): with what
 the host holds of an image, it predicts what a boot must fetch first. Unset: measured from the
@@ -101,7 +103,7 @@ host's own downloads and first-boot fills, else {default:g}.
     Parameter(
         'convert_bytes_per_second', "the rate of Nova's conversion of a download to raw, in "
         'bytes of the download a second', (1.0, MAX_BYTES_PER_SECOND), 200e6,
-        'yolo_convert_bytes_per_second', option='convert_bytes_per_second',
+        'yolo_convert_bytes_per_second', option='convert_bytes_per_second', rate=True,
         aggregate_key='yolo_convert_bytes_per_second', option_help="""
 The rate, in bytes of the download a second, at which Nova converts a downloaded image to raw on
 this host. Unset: measured from the host's own conversions, else {default:g}.
@@ -110,7 +112,7 @@ this host. Unset: measured from the host's own conversions, else {default:g}.
         'streamed_boot_factor', 'a first boot before the download against the same boot with '
         'the base file held: the download beside it shares the CPU, the disk and the link',
         (1.0, 10.0), 1.25, 'yolo_streamed_boot_factor', learned=True,
-        option='streamed_boot_factor', aggregate_key='yolo_streamed_boot_factor',
+        option='streamed_boot_factor', option_max=10.0, aggregate_key='yolo_streamed_boot_factor',
         option_help="""
 How many times longer a first boot before the download (``first_boots``) takes on this host than
 the same boot with its base file held: the download beside it takes CPU, disk and link. Unset:

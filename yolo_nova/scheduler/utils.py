@@ -111,8 +111,9 @@ def _predict(host_state, state, image):
 
 
 def with_aggregate_parameters(host_state, state):
-    """``state`` with the parameters its host's aggregates set; the largest value if several
-    aggregates disagree (a cautious prediction)."""
+    """``state`` with the parameters its host's aggregates set; if several aggregates disagree,
+    the value that predicts the slowest boot (a cautious prediction): the largest, or the
+    smallest rate."""
     if not host_state.aggregates:
         return state
     overrides = {}
@@ -125,7 +126,7 @@ def with_aggregate_parameters(host_state, state):
                         host_state, key, sorted(values))
             continue
         if numbers:
-            overrides[field] = max(numbers)
+            overrides[field] = (min if parameters.BY_NAME[field].rate else max)(numbers)
     if not overrides:
         return state
     try:

@@ -18,6 +18,8 @@ LOG = logging.getLogger(__name__)
 # Base files Nova creates itself (blank, formatted locally): a boot reads little of them and no
 # boot image can exist for them, so ephemeral and swap disks stay on _base.
 LOCAL_BASE_PREFIXES = ('ephemeral_', 'swap_')
+# How a disk was made (BackingFiles.made).
+AFTER_DOWNLOAD, OVER_FILL = 'after download', 'over fill'
 
 
 class BackingFiles:
@@ -30,9 +32,9 @@ class BackingFiles:
         self.enabled = enabled
         # Disks inside on_base(): any placement Nova's nested calls make keeps them on _base.
         self._held_on_base = set()
-        # Disks made right after Nova downloaded their base file, until their guest's boot is
-        # (not) timed.
-        self._made_after_download = set()
+        # Disks made right after Nova downloaded their base file or over one being filled, until
+        # their guest's boot is timed or not (host_report): {disk: AFTER_DOWNLOAD or OVER_FILL}.
+        self._made = {}
         # This host's fills of base files (first_boot.FirstBoots), if first boots before the
         # download are on: a base file being filled is in _base only once complete.
         self.first_boots = None
@@ -123,17 +125,15 @@ class BackingFiles:
             self._held_on_base.discard(held)
         self.place(disk_path)
 
-    def made_after_download(self, disk_path):
-        """Disk ``disk_path`` was just made over a base file Nova had just downloaded."""
-        self._made_after_download.add(os.path.realpath(disk_path))
+    def made(self, disk_path, how):
+        """Disk ``disk_path`` was just made ``how``: AFTER_DOWNLOAD (over a base file Nova had
+        just downloaded) or OVER_FILL (over a base file being filled)."""
+        self._made[os.path.realpath(disk_path)] = how
 
-    def take_made_after_download(self, disk_path):
-        """Whether disk ``disk_path`` was made right after Nova downloaded its base file
-        (forgotten once asked)."""
-        disk = os.path.realpath(disk_path)
-        answer = disk in self._made_after_download
-        self._made_after_download.discard(disk)
-        return answer
+    def take_how_made(self, disk_path):
+        """How disk ``disk_path`` was made, if it was made AFTER_DOWNLOAD or OVER_FILL (forgotten
+        once asked), else None."""
+        return self._made.pop(os.path.realpath(disk_path), None)
 
     def wait_for_fill(self, name):
         """Waits for base file ``name`` to be in _base if it is being filled: what a guest

@@ -229,11 +229,13 @@ class HostReport:
         or a root disk yolofs does not back."""
         root = os.path.join(libvirt_utils.get_instance_path(instance), 'disk')
         info = backing.backing_info(root) if os.path.exists(root) else None
-        if info is None or self.backing_files.take_made_after_download(root):
+        # Asked as the disk was made: a fill may have ended since.
+        how = self.backing_files.take_how_made(root)
+        if info is None or how == backing.AFTER_DOWNLOAD:
             return None
-        name = os.path.basename(info[0])
-        if self.first_boots is not None and self.first_boots.running(name):
+        if how == backing.OVER_FILL:
             return 'streamed'
+        name = os.path.basename(info[0])
         if self.backing_files.directory_of(info[0]) != 'mount':
             return 'disk'
         return ('boot_image' if self.boot_images.has_boot_image(name, self.backing_files.status())

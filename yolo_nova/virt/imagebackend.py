@@ -9,6 +9,7 @@ from nova.virt.libvirt import imagebackend
 from oslo_utils import fileutils
 
 from yolo_common import images
+from yolo_nova.virt import backing
 
 
 class YoloQcow2(imagebackend.Qcow2):
@@ -38,7 +39,7 @@ class YoloQcow2(imagebackend.Qcow2):
             # After Nova's download, the boot image is for the boots that follow.
             self.boot_images.ensure(context, image_id, base, later=downloaded_now)
         if downloaded_now:
-            self.backing_files.made_after_download(self.path)
+            self.backing_files.made(self.path, backing.AFTER_DOWNLOAD)
         self.backing_files.place(self.path)
 
     def _yolo_create_over_fill(self, base, size, kwargs):
@@ -60,6 +61,7 @@ class YoloQcow2(imagebackend.Qcow2):
                 images.create_overlay(self.backing_files.mount_path(name), self.path,
                                       size=max(size or 0, fill.size), open_backing=False)
         fill.add_disk(self.path)
+        self.backing_files.made(self.path, backing.OVER_FILL)
         return True
 
     def get_disk_size(self, name):

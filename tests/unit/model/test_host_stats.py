@@ -86,7 +86,9 @@ def test_a_host_is_judged_as_if_it_held_the_image_and_weighed_with_its_fetch():
 
 @pytest.mark.parametrize('key, value', [
     ('yolo_held', 'bloom1:3:not base64!'), ('yolo_held', 'a list,of,ids'),
-    ('yolo_glance_bytes_per_second', '0'), ('yolo_glance_bytes_per_second', 'nan')])
+    ('yolo_glance_bytes_per_second', '0'), ('yolo_glance_bytes_per_second', 'nan'),
+    ('yolo_streamed_boot_factor', '0.5'), ('yolo_updated_at', 'nan'),
+    ('yolo_updated_at', 'inf')])
 def test_a_wrong_locality_report_is_no_report(key, value):
     stats = state(locality.BloomFilter.of([])).to_stats()
     assert host_stats.from_stats(dict(stats, **{key: value}), max_age=60) is None

@@ -187,6 +187,12 @@ class TestAggregateParameters(NoDBTestCase):
         garbage = host('b', stats(), aggregates=[{'yolo_boot_time_alpha': 'fast'},
                                                  {'yolo_boot_time_beta': '-3'}])
         self.assertTrue(self.filt.host_passes(garbage, spec()))  # reported 31 s stands
+        # For a rate, the cautious value is the smallest: the slower link.
+        links = host('c', stats(), aggregates=[{'yolo_glance_bytes_per_second': '1e9'},
+                                               {'yolo_glance_bytes_per_second': '12.5e6'}])
+        state = host_stats.from_stats(links.stats, max_age=300)
+        self.assertEqual(12.5e6, utils.with_aggregate_parameters(
+            links, state).params.glance_bytes_per_second)
 
 
 class TestYoloBootTimeWeigher(NoDBTestCase):
