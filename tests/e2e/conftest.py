@@ -243,6 +243,16 @@ def published_debian_boot_image(debian_public_image):
 
 
 @pytest.fixture(scope='session')
+def machine_to_itself():
+    """No other tests run beside: the hosts' loads are the machine's. tools/run-tests runs the
+    unit and functional tests beside the e2e tests, and says where they write their status when
+    they end (YOLO_TESTS_BESIDE_DONE)."""
+    done = os.environ.get('YOLO_TESTS_BESIDE_DONE')
+    if done:
+        wait_until('the tests beside these to end', 3600, lambda: os.path.exists(done), 10.0)
+
+
+@pytest.fixture(scope='session')
 def second_host(cloud):
     """The second compute host (``aio add-compute``): its own libvirtd, instances directory on a
     block device of its own, yolofs and boot image store, and first boots before the download

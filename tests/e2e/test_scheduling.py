@@ -45,7 +45,8 @@ from yolo_testing.aio import SECOND_HOST
 from yolo_testing.aio import wait_for_reports
 from yolo_testing.aio import YOLOFS_BIN
 
-pytestmark = pytest.mark.two_hosts
+# They read the hosts' load: no other tests beside them.
+pytestmark = [pytest.mark.two_hosts, pytest.mark.usefixtures('machine_to_itself')]
 
 
 def serves_boot_image(host, image_id):

@@ -12,6 +12,14 @@ import psutil
 import pytest
 
 
+def pytest_collection_modifyitems(items):
+    # The machine's libvirtd is the all-in-one's first compute host's: tools/run-tests runs these
+    # after the end-to-end tests, not beside them.
+    for item in items:
+        if 'libvirtd' in getattr(item, 'fixturenames', ()):
+            item.add_marker('libvirt')
+
+
 @pytest.fixture
 def libvirtd():
     """A libvirtd (and virtlogd) started for the test, unless one already runs."""
