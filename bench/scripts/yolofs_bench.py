@@ -28,6 +28,7 @@ import uuid
 
 from checkout import REPO  # noqa: E402 (makes the checkout importable)
 
+from yolo_bench import io_replay  # noqa: E402
 from yolo_common import images  # noqa: E402
 from yolo_common import learning  # noqa: E402
 from yolo_common import qemu  # noqa: E402
@@ -96,12 +97,7 @@ def compare(targets, repeats, runtime, log):
 
 
 def read_trace(path):
-    reads = []
-    for line in path.read_text().splitlines():
-        if line and not line.startswith('#'):
-            offset, length = map(int, line.split())
-            reads.append((offset, length))
-    return reads
+    return [(read.offset, read.length) for read in io_replay.load_trace(path)]
 
 
 def coverage(boot_image, reads):

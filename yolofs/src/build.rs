@@ -53,9 +53,17 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceRead>, BuildError> {
             line: number + 1,
             reason: format!("{reason}: {line:?}"),
         };
-        let mut fields = line.split_whitespace();
-        let (Some(offset), Some(length), None) = (fields.next(), fields.next(), fields.next()) else {
-            return Err(bad("expected `OFFSET LENGTH`"));
+        // v2 adds when each read arrived and was answered, which builds do not need.
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (offset, length) = match fields[..] {
+            [offset, length] => (offset, length),
+            [offset, length, start, end] => {
+                for time in [start, end] {
+                    time.parse::<u64>().map_err(|_| bad("a time is not a number"))?;
+                }
+                (offset, length)
+            }
+            _ => return Err(bad("expected `OFFSET LENGTH [START_US END_US]`")),
         };
         let offset = offset.parse().map_err(|_| bad("offset is not a number"))?;
         let length = length.parse().map_err(|_| bad("length is not a number"))?;
@@ -64,13 +72,17 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceRead>, BuildError> {
     Ok(reads)
 }
 
-/// Writes a trace file (the format [`read_trace`] reads).
-pub fn write_trace<W: Write>(out: &mut W, header: &str, reads: &[TraceRead]) -> io::Result<()> {
+/// Writes a trace file (the format [`read_trace`] reads); `times`, if not empty: when each read
+/// arrived and was answered, in microseconds from the first's arrival (v2).
+pub fn write_trace<W: Write>(out: &mut W, header: &str, reads: &[TraceRead], times: &[(u64, u64)]) -> io::Result<()> {
     for line in header.lines() {
         writeln!(out, "# {line}")?;
     }
-    for read in reads {
-        writeln!(out, "{} {}", read.offset, read.length)?;
+    for (index, read) in reads.iter().enumerate() {
+        match times.get(index) {
+            Some((start, end)) => writeln!(out, "{} {} {start} {end}", read.offset, read.length)?,
+            None => writeln!(out, "{} {}", read.offset, read.length)?,
+        }
     }
     Ok(())
 }
@@ -233,5 +245,22 @@ mod tests {
         std::fs::write(&path, "# header\n0 4096\n12 x\n").unwrap();
         let err = read_trace(&path).err().unwrap();
         assert!(err.to_string().contains("line 3"), "{err}");
+        std::fs::write(&path, "0 4096 10\n").unwrap();
+        assert!(read_trace(&path).is_err());
+    }
+
+    #[test]
+    fn a_trace_with_times_reads_back_as_its_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let reads = [read(0, 4096), read(65536, 512)];
+        let mut out = Vec::new();
+        write_trace(&mut out, "yolofs trace v2\nfile f", &reads, &[(0, 120), (900, 1000)]).unwrap();
+        assert_eq!(
+            String::from_utf8(out.clone()).unwrap(),
+            "# yolofs trace v2\n# file f\n0 4096 0 120\n65536 512 900 1000\n"
+        );
+        std::fs::write(&path, out).unwrap();
+        assert_eq!(read_trace(&path).unwrap(), reads);
     }
 }

@@ -752,7 +752,7 @@ impl MirrorFs {
         };
         if let Some(recording) = &handle.recording {
             let (memory, passthrough) = result.as_ref().map_or((0, 0), |(_, m, p)| (*m, *p));
-            recording.record(offset, size as u64, memory, passthrough);
+            recording.record(offset, size as u64, memory, passthrough, started);
         }
         let source = match &result {
             Err(_) => ReadSource::Error,

@@ -79,6 +79,8 @@ pub struct Recording {
 #[derive(Default)]
 struct RecordingState {
     reads: Vec<TraceRead>,
+    /// When each of `reads` arrived and was answered, since the window's first read (µs).
+    times: Vec<(u64, u64)>,
     first_read: Option<Instant>,
     last_read: Option<Instant>,
     bytes_memory: u64,
@@ -86,20 +88,24 @@ struct RecordingState {
 }
 
 impl Recording {
-    /// A read of the boot; `memory` and `passthrough`: where its bytes came from.
-    pub fn record(&self, offset: u64, length: u64, memory: u64, passthrough: u64) {
+    /// A read of the boot, which arrived at `arrived`; `memory` and `passthrough`: where its
+    /// bytes came from.
+    pub fn record(&self, offset: u64, length: u64, memory: u64, passthrough: u64, arrived: Instant) {
         if self.finished.load(Ordering::Relaxed) {
             return;
         }
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
+        let first = *state.first_read.get_or_insert(arrived.min(now));
         // An observed boot keeps only what it read outside its boot image.
         if self.boot_image.is_none() || passthrough > 0 {
             state.reads.push(TraceRead { offset, length });
+            let micros = |at: Instant| at.saturating_duration_since(first).as_micros() as u64;
+            let time = (micros(arrived), micros(now));
+            state.times.push(time);
         }
         state.bytes_memory += memory;
         state.bytes_passthrough += passthrough;
-        state.first_read.get_or_insert(now);
         state.last_read = Some(now);
     }
 
@@ -333,7 +339,10 @@ impl Recorder {
 
     /// Builds the boot image of a finished learning window; false if there was nothing to learn.
     fn build_from(&self, recording: &Recording) -> Result<bool, LearnError> {
-        let reads = std::mem::take(&mut recording.state.lock().unwrap().reads);
+        let (reads, times) = {
+            let mut state = recording.state.lock().unwrap();
+            (std::mem::take(&mut state.reads), std::mem::take(&mut state.times))
+        };
         if reads.is_empty() {
             info!("{}: recording ended with no reads; nothing to learn", recording.name);
             return Ok(false);
@@ -342,8 +351,8 @@ impl Recorder {
         std::fs::create_dir_all(&self.store.config().dir)?;
         let trace_path = self.store.trace_path(&recording.name);
         let mut trace = std::io::BufWriter::new(File::create(&trace_path)?);
-        let header = format!("yolofs trace v1\nfile {}\nreads {}", recording.name, reads.len());
-        build::write_trace(&mut trace, &header, &reads)?;
+        let header = format!("yolofs trace v2\nfile {}\nreads {}", recording.name, reads.len());
+        build::write_trace(&mut trace, &header, &reads, &times)?;
         drop(trace);
         let identity = SourceIdentity {
             image_id: self.store.image_id(&recording.name).unwrap_or_default(),
@@ -567,12 +576,28 @@ mod tests {
     #[test]
     fn reads_after_the_window_are_not_recorded() {
         let r = recording(Instant::now(), None, None);
-        r.record(0, 512, 0, 512);
+        r.record(0, 512, 0, 512, Instant::now());
         r.finished.store(true, Ordering::Relaxed);
-        r.record(4096, 512, 0, 512);
+        r.record(4096, 512, 0, 512, Instant::now());
         assert_eq!(
             r.state.lock().unwrap().reads,
             vec![TraceRead { offset: 0, length: 512 }]
         );
+    }
+
+    #[test]
+    fn each_read_is_timed_from_the_first_reads_arrival() {
+        let r = recording(Instant::now(), None, None);
+        let t0 = Instant::now() - Duration::from_millis(50);
+        r.record(0, 512, 0, 512, t0);
+        r.record(4096, 512, 0, 512, t0 + Duration::from_millis(20));
+        let state = r.state.lock().unwrap();
+        assert_eq!(state.first_read, Some(t0));
+        let [(start0, end0), (start1, end1)] = state.times[..] else {
+            panic!("{:?}", state.times)
+        };
+        assert_eq!((start0, start1), (0, 20_000));
+        // Answered once recorded: after their arrival.
+        assert!(end0 >= 50_000 && end1 >= end0, "{:?}", state.times);
     }
 }

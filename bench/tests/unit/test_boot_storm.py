@@ -1,0 +1,81 @@
+"""The boot storm benchmark's synthetic base files, report and goal (not timings)."""
+
+import argparse
+import json
+import os
+
+import pytest
+
+from yolo_bench import boot_storm
+from yolo_bench import io_replay
+
+
+def test_traced_runs_merge_overlapping_and_touching_reads():
+    reads = [io_replay.Read(8192, 4096, 0.0), io_replay.Read(0, 4096, 0.0),
+             io_replay.Read(4096, 100, 0.0), io_replay.Read(10000, 5000, 0.0)]
+    assert boot_storm.traced_runs(reads) == [(0, 4196), (8192, 15000)]
+
+
+def test_a_synthetic_base_holds_bytes_of_its_own_where_the_boot_reads(tmp_path):
+    runs = [(0, 4096), (3 << 20, (3 << 20) + 100)]
+    one, other = tmp_path / 'one', tmp_path / 'other'
+    boot_storm.write_synthetic_base(one, runs, 8 << 20, seed=1)
+    boot_storm.write_synthetic_base(other, runs, 8 << 20, seed=2)
+    assert os.path.getsize(one) == 8 << 20
+    data, data_other = one.read_bytes(), other.read_bytes()
+    assert data[:4096] != bytes(4096) and data[:4096] != data_other[:4096]
+    assert data[4096:3 << 20] == bytes((3 << 20) - 4096)          # sparse: never read
+    # Only the runs are written: the file holds little more than them.
+    assert os.stat(one).st_blocks * 512 < 1 << 20
+
+
+def test_a_run_past_the_end_is_clipped(tmp_path):
+    path = tmp_path / 'base'
+    boot_storm.write_synthetic_base(path, [(4096, 1 << 20)], 8192, seed=0)
+    assert os.path.getsize(path) == 8192
+
+
+def test_blkio_read_bytes_sums_every_devices_reads(tmp_path):
+    (tmp_path / 'blkio.throttle.io_service_bytes').write_text(
+        '7:0 Read 4096\n7:0 Write 512\n7:0 Total 4608\n8:0 Read 100\nTotal 4708\n')
+    assert boot_storm.blkio_read_bytes(tmp_path) == 4196
+
+
+def test_this_processes_cpu_and_memory_are_read():
+    assert boot_storm.process_cpu_seconds(os.getpid()) > 0
+    assert boot_storm.resident_mib(os.getpid()) > 1
+
+
+def point(kind, boots, base_p50, yolofs_p50, yolofs_p99):
+    base = {'io_p50': base_p50, 'io_p99': base_p50, 'io_max': base_p50, 'disk_bytes': 1 << 30}
+    mine = {'io_p50': yolofs_p50, 'io_p99': yolofs_p99, 'io_max': yolofs_p99,
+            'disk_bytes': 0, 'yolofs_cpu_seconds_per_gib': 0.5, 'yolofs_rss_mib': 900}
+    return {'stressors': 8, 'kind': kind, 'boots': boots, 'base': base, 'yolofs': mine}
+
+
+def test_the_goal_is_judged_at_16_distinct_images():
+    points = [point('distinct', 16, 30.0, 2.0, 2.5), point('same', 16, 30.0, 10.0, 10.0),
+              point('distinct', 8, 30.0, 10.0, 10.0)]
+    [line] = boot_storm.goal(points)
+    assert '15.0x' in line and line.endswith('met')
+    # A long tail misses it, however fast the median.
+    [line] = boot_storm.goal([point('distinct', 16, 30.0, 2.0, 3.5)])
+    assert line.endswith('missed')
+    table = boot_storm.table(points)
+    assert len(table) == 4 and '15.0x' in table[1] and '1024' in table[1]
+
+
+@pytest.mark.parametrize('text', ['', 'a,2', '-1'])
+def test_counts_are_checked(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        boot_storm.numbers(text)
+
+
+def test_the_replay_worker_prints_each_boots_replay(tmp_path, capsys):
+    (tmp_path / 'trace').write_text('# yolofs trace v2\n0 4096 0 10\n8192 4096 20 30\n')
+    base = tmp_path / 'base'
+    base.write_bytes(os.urandom(16384))
+    assert io_replay.main(['--trace', str(tmp_path / 'trace'), '--factor', '0',
+                           str(base), str(base)]) == 0
+    replays = [io_replay.BootReplay(**boot) for boot in json.loads(capsys.readouterr().out)]
+    assert [r.bytes for r in replays] == [8192, 8192]

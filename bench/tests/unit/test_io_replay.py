@@ -1,0 +1,89 @@
+"""The boot I/O replay: traces, think times, and boots replayed at once (not timings)."""
+
+import os
+
+import pytest
+
+from yolo_bench import io_replay
+
+TRACE = """# yolofs trace v2
+# file 0123
+0 4096 0 100
+65536 8192 1100 1300
+4096 512 1200 1250
+1048576 4096 5250 5260
+"""
+
+
+def test_think_time_is_the_wait_after_the_last_answer():
+    reads = io_replay.parse_trace(TRACE)
+    assert [(r.offset, r.length) for r in reads] == [
+        (0, 4096), (65536, 8192), (4096, 512), (1048576, 4096)]
+    # 1 ms after the first answer; in flight beside the second (none); 4 ms after the second's
+    # answer, the later of the two.
+    assert [r.think for r in reads] == [0.0, 0.001, 0.0, 0.00395]
+
+
+def test_a_trace_without_times_replays_without_think_time():
+    reads = io_replay.parse_trace('# yolofs trace v1\n0 4096\n8192 4096\n')
+    assert [r.think for r in reads] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize('line', ['0', '0 4096 12', 'a 4096', '0 0', '-1 10 0 1'])
+def test_a_bad_trace_line_is_named(line):
+    with pytest.raises(ValueError, match='trace line 2'):
+        io_replay.parse_trace('# header\n%s\n' % line)
+
+
+@pytest.fixture
+def disk_file(tmp_path):
+    path = tmp_path / 'base'
+    path.write_bytes(os.urandom(2 << 20))
+    return path
+
+
+def test_a_replayed_boot_reads_what_the_trace_says_after_its_think_times(
+        disk_file, monkeypatch):
+    slept = []
+    monkeypatch.setattr(io_replay.time, 'sleep', slept.append)
+    reads = io_replay.parse_trace(TRACE)
+    replayed = io_replay.replay_boot(disk_file, reads, factor=2.0)
+    assert replayed.bytes == 4096 + 8192 + 512 + 4096
+    assert len(replayed.latencies) == 4
+    assert slept == [0.002, 0.0079]
+    assert replayed.seconds >= replayed.io_seconds
+    # At factor 0, no think time at all.
+    slept.clear()
+    io_replay.replay_boot(disk_file, reads, factor=0)
+    assert slept == []
+
+
+def test_direct_reads_are_widened_to_whole_pages(disk_file):
+    reads = [io_replay.Read(4096 + 100, 512, 0.0), io_replay.Read(0, 10, 0.0)]
+    replayed = io_replay.replay_boot(disk_file, reads, direct=True)
+    assert replayed.bytes == 2 * io_replay.PAGE
+
+
+def test_boots_replayed_at_once_each_read_their_own_file(tmp_path, disk_file):
+    other = tmp_path / 'other'
+    other.write_bytes(bytes(4096))
+    reads = io_replay.parse_trace(TRACE)
+    results = io_replay.storm([(disk_file, reads), (disk_file, reads),
+                               (other, reads[:1])], factor=0)
+    assert [r.bytes for r in results] == [16896, 16896, 4096]
+    summary = io_replay.summary(results)
+    assert summary['boots'] == 3 and summary['bytes'] == 16896 * 2 + 4096
+    assert summary['io_p50'] <= summary['io_p99'] <= summary['io_max']
+
+
+def test_a_boot_that_fails_fails_the_storm_once_the_others_end(tmp_path, disk_file):
+    reads = io_replay.parse_trace(TRACE)
+    with pytest.raises(FileNotFoundError):
+        io_replay.storm([(disk_file, reads), (tmp_path / 'missing', reads)], factor=0)
+
+
+def test_percentiles_interpolate_between_ranks():
+    values = list(range(1, 101))
+    assert io_replay.percentile(values, 50) == 50.5
+    assert io_replay.percentile(values, 99) == pytest.approx(99.01)
+    assert io_replay.percentile([7.0], 99) == 7.0

@@ -1,0 +1,283 @@
+"""Boot storms, their I/O side: N boots' reads replayed at once (yolo_bench.io_replay) on the
+emulated HDD, from the base files and through a yolofs mount that serves their boot images.
+
+    python -m yolo_bench.boot_storm [--trace T | --image QCOW2] [--boots 1,2,4,8,16,32,64]
+                                    [--stressors 0,8] [--kinds same,distinct] [--factor 1.0]
+                                    [--json FILE]
+
+The trace is a real boot's (learned from ``--image`` on the machine's own disk, as the boot
+benchmark learns it: ``yolofs trace v2``, with each read's arrival and answer). The base files
+are synthetic: files of the image's size holding random bytes where the boot reads (sparse
+elsewhere, which no replayed boot reads), one per distinct image, each with its boot image built
+from the trace (``yolofs build --mark``) in a store on the same disk. Every process that touches
+the disk (the replays, yolofs, the fio stressors) shares the HDD's one throttle.
+
+Per point (stressors, same image or distinct images, N): the page cache is dropped; yolofs
+evicts and preloads the boot images the point uses (they are kept in memory on every compute
+host, which is YOLO's premise); the N boots are replayed at once from ``_base``, then through
+the mount, both with O_DIRECT (QEMU's ``cache=none``, Nova's default for a disk that supports
+it). Reported: each boot's I/O time (p50, p99, max) and replay time, the ratio of ``_base``'s
+I/O time to the mount's at p50, the bytes the disk served (the cgroup's blkio count), and
+yolofs' CPU seconds per GiB it served and its resident memory.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from yolo_bench import cloud
+from yolo_bench import io_replay
+from yolo_bench import runner
+from yolo_common import images
+from yolo_common import qemu
+from yolo_common import yolofs
+from yolo_testing import storage
+from yolo_testing import stressors
+
+# The goal (docs/evaluation/benchmarks.md, "Boot storms"): at 16 boots of distinct images at
+# once on the HDD, the mount's boot I/O time at least this many times shorter than _base's...
+GOAL_SPEEDUP = 10.0
+GOAL_BOOTS = 16
+# ... and its p99 within this factor of its p50.
+GOAL_TAIL = 1.5
+POLICIES = ('base', 'yolofs')
+
+
+def traced_runs(reads):
+    """The byte ranges a trace reads, merged: [(offset, end)], in offset order."""
+    runs = []
+    for offset, end in sorted((r.offset, r.offset + r.length) for r in reads):
+        if runs and offset <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([offset, end])
+    return [tuple(run) for run in runs]
+
+
+def write_synthetic_base(path, runs, size, seed):
+    """A base file of ``size`` bytes holding bytes of its own (from ``seed``) where ``runs``
+    are, sparse elsewhere."""
+    generator = random.Random(seed)
+    with open(path, 'wb') as f:
+        f.truncate(size)
+        for offset, end in runs:
+            end = min(end, size)
+            f.seek(offset)
+            while offset < end:
+                chunk = min(end - offset, 1 << 20)
+                f.write(generator.randbytes(chunk))
+                offset += chunk
+
+
+def blkio_read_bytes(cgroup):
+    """What the disks served the cgroup's processes, in bytes (cgroup v1's throttle count)."""
+    total = 0
+    for line in (pathlib.Path(cgroup) / 'blkio.throttle.io_service_bytes').read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[1] == 'Read':
+            total += int(fields[2])
+    return total
+
+
+def process_cpu_seconds(pid):
+    """User and system CPU seconds of process ``pid`` and its threads."""
+    fields = pathlib.Path('/proc/%d/stat' % pid).read_text().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def resident_mib(pid):
+    for line in pathlib.Path('/proc/%d/status' % pid).read_text().splitlines():
+        if line.startswith('VmRSS:'):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def replay_in(disk, paths, trace, factor):
+    """The BootReplays of ``paths`` replayed at once by a process in the disk's cgroup."""
+    proc = subprocess.run(
+        [sys.executable, '-m', 'yolo_bench.io_replay', '--trace', str(trace),
+         '--factor', str(factor), '--direct', *map(str, paths)],
+        capture_output=True, text=True, preexec_fn=disk.join_cgroup, check=True)
+    return [io_replay.BootReplay(**boot) for boot in json.loads(proc.stdout)]
+
+
+class Storm:
+    """The HDD, its base files and boot images, and the yolofs mount serving them."""
+
+    def __init__(self, work, trace, image_size, count, stressor_count):
+        # ``count`` base files; the files of up to ``stressor_count`` fio stressors.
+        self.work = pathlib.Path(work)
+        self.trace = trace
+        self.reads = io_replay.load_trace(trace)
+        self.image_size = image_size
+        self.count = count
+        self.stressor_count = stressor_count
+        self.disk = storage.ThrottledDisk(self.work / 'hdd')
+        self.bases = []
+        self.mount = None
+
+    def __enter__(self):
+        self.disk.setup()
+        base_dir = self.disk.root / '_base'
+        store = self.disk.root / 'boot-images'
+        base_dir.mkdir()
+        store.mkdir()
+        runs = traced_runs(self.reads)
+        runner.log('%d base files, %d MiB read by each boot' % (
+            self.count, sum(end - offset for offset, end in runs) >> 20))
+        for index in range(self.count):
+            base = base_dir / images.base_file_name(str(uuid.uuid4()))
+            write_synthetic_base(base, runs, self.image_size, seed=index)
+            yolofs.run('build', '--trace', self.trace, '--source', base,
+                       '--output', store / (base.name + '.yolo'), '--mark')
+            self.bases.append(base)
+        for index in range(self.stressor_count):
+            storage.write_random(stressors.stressor_file(self.disk, index),
+                                 stressors.STRESSOR_FILE_MIB)
+        self.mount = yolofs.Mount(
+            source=base_dir, mountpoint=self.work / 'mnt', boot_images=store,
+            control_socket=self.work / 'yolofs.sock', log_path=self.work / 'yolofs.log',
+            preexec_fn=self.disk.join_cgroup, mlock=True, no_kernel_passthrough=True,
+            memory_budget_mib=max(4096, self.count * 256)).start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.mount is not None:
+            self.mount.stop()
+        self.disk.teardown()
+
+    def point(self, kind, boots, factor):
+        """Both policies' replays of ``boots`` boots (``kind``: 'same' image or 'distinct')."""
+        bases = [self.bases[0]] * boots if kind == 'same' else self.bases[:boots]
+        rows = []
+        for policy in POLICIES:
+            qemu.drop_caches()
+            for name in {base.name for base in bases}:
+                self.mount.client.evict(name)
+                self.mount.client.preload(name)
+            paths = bases if policy == 'base' else [self.mount.mountpoint / b.name for b in bases]
+            pid = self.mount.process.pid
+            read_before, cpu_before = blkio_read_bytes(self.disk.cgroup), process_cpu_seconds(pid)
+            results = replay_in(self.disk, paths, self.trace, factor)
+            served = sum(r.bytes for r in results)
+            row = dict(io_replay.summary(results), policy=policy, kind=kind,
+                       disk_bytes=blkio_read_bytes(self.disk.cgroup) - read_before)
+            if policy == 'yolofs':
+                row.update(yolofs_cpu_seconds_per_gib=(process_cpu_seconds(pid) - cpu_before)
+                           / max(served / (1 << 30), 1e-9),
+                           yolofs_rss_mib=resident_mib(pid))
+            rows.append(row)
+        return rows
+
+
+ROW = ('{stressors:>9}  {kind:<8} {boots:>3}  {b[io_p50]:6.2f} {b[io_p99]:6.2f} {b[io_max]:6.2f}'
+       '   {y[io_p50]:6.3f} {y[io_p99]:6.3f} {y[io_max]:6.3f}  {ratio:6.1f}x'
+       '  {base_mib:8.0f} {yolofs_mib:8.0f}  {y[yolofs_cpu_seconds_per_gib]:10.2f}'
+       '  {y[yolofs_rss_mib]:7.0f}')
+
+
+def table(points):
+    """Lines: per point, _base's and the mount's I/O times, their ratio, the disk's bytes."""
+    lines = ['stressors  images     N  base io p50 p99 max (s)  yolofs io p50 p99 max (s)   '
+             'ratio  disk MiB: base yolofs  CPU s/GiB  RSS MiB']
+    for point in points:
+        lines.append(ROW.format(
+            stressors=point['stressors'], kind=point['kind'], boots=point['boots'],
+            b=point['base'], y=point['yolofs'], ratio=ratio(point),
+            base_mib=point['base']['disk_bytes'] / (1 << 20),
+            yolofs_mib=point['yolofs']['disk_bytes'] / (1 << 20)))
+    return lines
+
+
+def ratio(point):
+    return point['base']['io_p50'] / max(point['yolofs']['io_p50'], 1e-9)
+
+
+def goal(points):
+    """Lines saying whether each point at GOAL_BOOTS distinct images meets the goal."""
+    lines = []
+    for point in points:
+        if point['kind'] == 'distinct' and point['boots'] == GOAL_BOOTS:
+            mine = point['yolofs']
+            tail = mine['io_p99'] / max(mine['io_p50'], 1e-9)
+            met = ratio(point) >= GOAL_SPEEDUP and tail <= GOAL_TAIL
+            lines.append('goal at %d distinct images, %d stressors: %.1fx (>= %gx), p99/p50 '
+                         '%.2f (<= %g): %s' % (
+                             GOAL_BOOTS, point['stressors'], ratio(point), GOAL_SPEEDUP, tail,
+                             GOAL_TAIL, 'met' if met else 'missed'))
+    return lines
+
+
+def numbers(text):
+    try:
+        values = [int(item) for item in text.split(',') if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError('not comma-separated numbers: %r' % text)
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError('not counts: %r' % text)
+    return values
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog='python -m yolo_bench.boot_storm',
+                                     description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument('--trace', type=pathlib.Path, help='a learned yolofs trace (v2)')
+    source.add_argument('--image', type=pathlib.Path,
+                        help='a bootable qcow2 image whose boot is learned first')
+    parser.add_argument('--image-size', type=int,
+                        help='bytes of each base file (default: the image\'s virtual size, '
+                             'else the end of the last read)')
+    parser.add_argument('--boots', type=numbers, default=[1, 2, 4, 8, 16, 32, 64],
+                        help='boots at once, comma-separated (default: 1,2,4,...,64)')
+    parser.add_argument('--stressors', type=numbers, default=[0, 8],
+                        help='fio stressors on the HDD, comma-separated (default: 0,8)')
+    parser.add_argument('--kinds', type=cloud.comma_separated(('same', 'distinct'), 'kind'),
+                        default=['same', 'distinct'], help='same image, distinct images')
+    parser.add_argument('--factor', type=float, default=1.0,
+                        help='think time scale: 1.0 is the learned boot\'s (default)')
+    parser.add_argument('--work', type=pathlib.Path, help='default: a temporary directory')
+    parser.add_argument('--json', type=pathlib.Path, help='write every point to this file')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    work = args.work or pathlib.Path(tempfile.mkdtemp(prefix='yolo-boot-storm-'))
+    trace, size = args.trace, args.image_size
+    if args.image:
+        runner.log('learning the boot of %s' % args.image)
+        trace = runner.learn_boot_image(args.image, work)
+        size = size or images.info(args.image)['virtual-size']
+    reads = io_replay.load_trace(trace)
+    size = size or max(r.offset + r.length for r in reads)
+    points = []
+    try:
+        with Storm(work / 'storm', trace, size, max(args.boots), max(args.stressors)) as storm:
+            for count in args.stressors:
+                with stressors.io_stressors(storm.disk, count):
+                    for kind in args.kinds:
+                        for boots in args.boots:
+                            started = time.monotonic()
+                            base, mine = storm.point(kind, boots, args.factor)
+                            points.append({'stressors': count, 'kind': kind, 'boots': boots,
+                                           'base': base, 'yolofs': mine})
+                            runner.log('%d stressors, %s, %d boots: %.1fx (%.0f s)' % (
+                                count, kind, boots, ratio(points[-1]),
+                                time.monotonic() - started))
+    finally:
+        if args.json:
+            args.json.write_text(json.dumps(points, indent=1) + '\n')
+    print('\n'.join(table(points) + goal(points)))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

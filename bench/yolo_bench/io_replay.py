@@ -1,0 +1,175 @@
+"""A boot's reads, replayed: the I/O side of a boot storm at a scale this machine's CPUs cannot
+boot.
+
+A yolofs learning window records each read a boot makes of its base file, in order, with when
+it arrived and when it was answered (a trace, ``yolofs trace v2``: ``OFFSET LENGTH START_US
+END_US``, microseconds from the window's first read). A replayed boot issues the same reads of a
+file, one after another, each once the one before it was answered and the boot's *think time*
+has passed: the time the guest spent between the previous answer and its next read (0 where
+the guest had reads in flight at once), scaled by a factor (1.0: this machine's TCG boot, whose
+think time is mostly emulated CPU). Overlapping reads are replayed one at a time: a replayed
+boot never has more than one read in flight, which a guest's readahead sometimes has.
+
+N boots replayed at once are N threads, started together; reads release the GIL. Each boot's
+I/O time is the sum of its reads' latencies; its replay time, I/O plus think time.
+
+    python -m yolo_bench.io_replay --trace T [--factor 1.0] [--direct] FILE [FILE ...]
+
+replays one boot of each FILE at once and prints their BootReplays as JSON
+(yolo_bench.boot_storm runs it inside the emulated HDD's cgroup).
+"""
+
+import argparse
+import dataclasses
+import json
+import mmap
+import os
+import statistics
+import sys
+import threading
+import time
+
+PAGE = mmap.PAGESIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    offset: int
+    length: int
+    think: float        # seconds the guest spent before this read, after the previous answer
+
+
+def parse_trace(text):
+    """The reads of a yolofs trace (its comment lines are skipped). A trace without times (v1:
+    ``OFFSET LENGTH``) replays without think time."""
+    reads = []
+    previous_end = None
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith('#'):
+            continue
+        fields = line.split()
+        try:
+            if len(fields) == 2:
+                offset, length = map(int, fields)
+                think = 0.0
+            elif len(fields) == 4:
+                offset, length, start, end = map(int, fields)
+                think = 0.0 if previous_end is None else max(0, start - previous_end) / 1e6
+                previous_end = end if previous_end is None else max(previous_end, end)
+            else:
+                raise ValueError('expected OFFSET LENGTH [START_US END_US]')
+        except ValueError as e:
+            raise ValueError('trace line %d: %s: %r' % (number, e, line))
+        if offset < 0 or length <= 0:
+            raise ValueError('trace line %d: a read of nothing: %r' % (number, line))
+        reads.append(Read(offset, length, think))
+    return reads
+
+
+def load_trace(path):
+    with open(path) as f:
+        return parse_trace(f.read())
+
+
+@dataclasses.dataclass
+class BootReplay:
+    """One replayed boot: its reads' latencies (seconds), its bytes, from start to last answer."""
+    latencies: list
+    bytes: int
+    seconds: float
+
+    @property
+    def io_seconds(self):
+        return sum(self.latencies)
+
+
+def _aligned(read):
+    """(offset, length) covering ``read`` on page boundaries, as O_DIRECT needs."""
+    start = read.offset - read.offset % PAGE
+    end = -(-(read.offset + read.length) // PAGE) * PAGE
+    return start, end - start
+
+
+def replay_boot(path, reads, factor=1.0, direct=False, start=None):
+    """Replays ``reads`` of the file at ``path`` (once ``start``, a threading.Barrier, lets it);
+    with ``direct``, O_DIRECT, as QEMU opens a disk with cache=none: no page cache between the
+    boot and what serves the file."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    try:
+        buffer = mmap.mmap(-1, max(_aligned(r)[1] for r in reads) if reads else PAGE)
+        latencies, nbytes = [], 0
+        if start is not None:
+            start.wait()
+        began = time.monotonic()
+        for read in reads:
+            if read.think and factor:
+                time.sleep(read.think * factor)
+            offset, length = _aligned(read) if direct else (read.offset, read.length)
+            issued = time.monotonic()
+            got = os.preadv(fd, [memoryview(buffer)[:length]], offset)
+            latencies.append(time.monotonic() - issued)
+            nbytes += got
+        return BootReplay(latencies, nbytes, time.monotonic() - began)
+    finally:
+        os.close(fd)
+
+
+def storm(boots, factor=1.0, direct=False):
+    """Replays every (path, reads) of ``boots`` at once, each in its thread; their BootReplays,
+    in order. A boot whose replay fails raises here, after the others have ended."""
+    results = [None] * len(boots)
+    errors = []
+    start = threading.Barrier(len(boots))
+
+    def run(index, path, reads):
+        try:
+            results[index] = replay_boot(path, reads, factor, direct, start)
+        except BaseException as e:          # noqa: B902 - handed to the caller
+            errors.append(e)
+            start.abort()
+
+    threads = [threading.Thread(target=run, args=(i, path, reads), daemon=True)
+               for i, (path, reads) in enumerate(boots)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def percentile(values, q):
+    """The q-th percentile (1-99) of ``values``, interpolated between the closest ranks."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method='inclusive')[q - 1]
+
+
+def summary(results):
+    """p50, p99 and max of the boots' I/O times and replay times, and the bytes they read."""
+    io = [r.io_seconds for r in results]
+    wall = [r.seconds for r in results]
+    return {'boots': len(results), 'bytes': sum(r.bytes for r in results),
+            'io_p50': percentile(io, 50), 'io_p99': percentile(io, 99), 'io_max': max(io),
+            'replay_p50': percentile(wall, 50), 'replay_p99': percentile(wall, 99),
+            'replay_max': max(wall)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m yolo_bench.io_replay',
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument('--trace', required=True)
+    parser.add_argument('--factor', type=float, default=1.0)
+    parser.add_argument('--direct', action='store_true', help='O_DIRECT, as cache=none')
+    parser.add_argument('files', nargs='+')
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    reads = load_trace(args.trace)
+    results = storm([(path, reads) for path in args.files], args.factor, args.direct)
+    json.dump([dataclasses.asdict(r) for r in results], sys.stdout)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
