@@ -33,6 +33,7 @@ import csv
 import dataclasses
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -43,14 +44,20 @@ import xml.etree.ElementTree as ET
 import openstack
 
 from yolo_bench import results
+from yolo_common import contract
 from yolo_common import images
 from yolo_common import yolofs
+from yolo_glance import conf as glance_conf
 from yolo_testing import aio
 from yolo_testing import REPO
 from yolo_testing import stressors as stressors_mod
 from yolo_testing.wait import wait
 
-READY_MARKER = 'YOLO-GUEST-READY'
+# A guest's ready line, by default: what ends the Glance worker's profiling boots by default.
+# An image's yolo_ready_pattern (the worker's too) wins, and a benchmark's --ready-pattern wins
+# over both.
+READY_PATTERN = re.compile(next(opt.default for opt in glance_conf.profiling_opts
+                                if opt.name == 'ready_pattern'))
 POLICIES = ('off', 'on', 'warm')
 IMAGE_KINDS = ('same', 'distinct')
 INSTANCES = aio.INSTANCES[aio.FIRST_HOST]
@@ -195,6 +202,35 @@ class GuestFailed(Exception):
     """A guest that will never be ready."""
 
 
+def ready_pattern_option(parser):
+    """Adds --ready-pattern to a benchmark's arguments; main() hands it to set_ready_pattern."""
+    parser.add_argument('--ready-pattern', type=re.compile,
+                        help="regular expression of a guest's ready line on its console "
+                             "(default: the image's %s, else the Glance worker's default, %r)"
+                             % (contract.READY_PATTERN, READY_PATTERN.pattern))
+
+
+_chosen_pattern = None
+
+
+def set_ready_pattern(pattern):
+    """The ready line of every guest this benchmark boots (None: by image)."""
+    global _chosen_pattern
+    _chosen_pattern = pattern
+
+
+def ready_pattern(admin, image_id):
+    """The regular expression of the ready line of a guest of ``image_id``."""
+    if _chosen_pattern is not None:
+        return _chosen_pattern
+    own = (admin.image.get_image(image_id).properties or {}).get(contract.READY_PATTERN)
+    return re.compile(own) if own else READY_PATTERN
+
+
+def states_of(conn, servers):
+    return [conn.compute.get_server(s.id) for s in servers]
+
+
 def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=None,
                  keep_seconds=0.0, on_ready=None, **placement):
     """Creates ``count`` servers at once (one request, ``--min``/``--max``), or with a list of
@@ -220,7 +256,7 @@ def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=Non
         assert len(servers) == count, (name, [s.name for s in servers])
 
         def active():
-            states = [conn.compute.get_server(s.id) for s in servers]
+            states = states_of(conn, servers)
             failed = [s for s in states if s.status == 'ERROR']
             if failed:
                 raise RuntimeError('server %s went to ERROR: %s' % (failed[0].id,
@@ -231,13 +267,15 @@ def boot_servers(conn, admin, image, flavor, name, count, timeout, on_active=Non
         if on_active is not None:
             on_active(servers)
         cache = cache_mode(admin, servers[0].id)
-        pending = {s.id for s in servers}
+        requested = image if isinstance(image, list) else [image] * len(servers)
+        patterns = {one.id: ready_pattern(admin, one.id) for one in requested}
+        pending = {s.id: patterns[one.id] for s, one in zip(servers, requested)}
 
         def ready():
-            for server_id in list(pending):
+            for server_id, pattern in list(pending.items()):
                 output = conn.compute.get_server_console_output(server_id).get('output', '')
-                if READY_MARKER in output:
-                    pending.discard(server_id)
+                if pattern.search(output):
+                    del pending[server_id]
                 elif 'Kernel panic' in output:
                     raise GuestFailed('the guest of %s panicked: %s' % (
                         server_id, output[output.index('Kernel panic'):].splitlines()[0]))
@@ -427,6 +465,7 @@ def parse_args(argv):
                         help='PNG of the times to ready (default: none)')
     parser.add_argument('--report', type=pathlib.Path, nargs='+', metavar='CSV',
                         help='boot nothing: the summary (and --plot) of these files')
+    ready_pattern_option(parser)
     args = parser.parse_args(argv)
     if args.storage == 'local' and any(args.stressors):
         parser.error('--stressors needs --storage hdd (they share its throttle)')
@@ -441,6 +480,7 @@ def report(boots, plot_path):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    set_ready_pattern(args.ready_pattern)
     if args.report:
         report([boot for path in args.report for boot in read_csv(path)], args.plot)
         return 0

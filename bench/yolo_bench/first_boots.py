@@ -187,6 +187,7 @@ def parse_args(argv):
                              "then Nova's); the image is uploaded as IMAGE-STORE")
     parser.add_argument('--output', help='a CSV file each boot is appended to')
     parser.add_argument('--timeout', type=float, default=1800.0)
+    cloud.ready_pattern_option(parser)
     return parser.parse_args(argv)
 
 
@@ -232,6 +233,7 @@ def boot_flavor(admin, name, large):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    cloud.set_ready_pattern(args.ready_pattern)
     admin = openstack.connect(cloud=args.admin_cloud)
 
     def second_host_up():

@@ -325,11 +325,13 @@ def parse_args(argv):
     parser.add_argument('--timeout', type=float, default=1800.0,
                         help='seconds one boot may take (default: %(default)s)')
     parser.add_argument('--json', help='write every request to this file')
+    cloud.ready_pattern_option(parser)
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    cloud.set_ready_pattern(args.ready_pattern)
     admin = openstack.connect(cloud='aio-admin')
     user = openstack.connect(cloud='aio-demo')
     image = cloud.public_image(admin, args.image)

@@ -209,6 +209,7 @@ def parse_args(argv):
     parser.add_argument('--flavor', default='m1.yolo', help='(default: %(default)s)')
     parser.add_argument('--timeout', type=float, default=1800.0,
                         help='seconds one boot may take (default: %(default)s)')
+    cloud.ready_pattern_option(parser)
     args = parser.parse_args(argv)
     if args.requests < 0 or args.on_contended < 0:
         parser.error('--requests and --on-contended take a number of servers (0 or more)')
@@ -217,6 +218,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    cloud.set_ready_pattern(args.ready_pattern)
     admin = openstack.connect(cloud=args.admin_cloud)
     user = openstack.connect(cloud=args.cloud)
     image = cloud.public_image(admin, args.image)

@@ -2,6 +2,7 @@
 bench/aio/boot-times)."""
 
 import dataclasses
+import re
 from unittest import mock
 
 import pytest
@@ -45,6 +46,44 @@ def test_unknown_policies_are_refused(capsys):
     assert 'unknown policy fast' in capsys.readouterr().err
 
 
+def admin_of(properties):
+    """An admin connection to whom every image has ``properties``."""
+    admin = mock.Mock()
+    admin.image.get_image.return_value.properties = properties
+    return admin
+
+
+def test_a_guest_is_ready_at_its_images_ready_line_or_the_benchmarks(monkeypatch):
+    conn = mock.MagicMock()
+    conn.compute.get_server.return_value.status = 'ACTIVE'
+    consoles = iter(['booting\n', 'booting\nmy image is up\n'])
+    conn.compute.get_server_console_output.side_effect = lambda server_id: {
+        'output': next(consoles)}
+    monkeypatch.setattr(cloud, 'cache_mode', lambda admin, server_id: 'none')
+
+    def wait(what, timeout, done, *args, **kwargs):
+        for _ in range(2):
+            if done():
+                return True
+        raise AssertionError('never %s' % what)
+    monkeypatch.setattr(cloud, 'wait', wait)
+    # The image's own pattern (the Glance worker's property), not the test image's marker.
+    image = mock.Mock(id='image-a')
+    cloud.boot_servers(conn, admin_of({'yolo_ready_pattern': 'image is up$'}), image,
+                       mock.Mock(id='f'), 'b', 1, timeout=600)
+    assert not cloud.READY_PATTERN.search('booting\nmy image is up\n')
+    assert cloud.ready_pattern(admin_of({}), 'image-a') is cloud.READY_PATTERN
+    assert cloud.READY_PATTERN.search('vm login: ') and cloud.READY_PATTERN.search(
+        'YOLO-GUEST-READY')
+    # The benchmark's --ready-pattern wins.
+    try:
+        cloud.set_ready_pattern(re.compile('ready!'))
+        assert cloud.ready_pattern(admin_of({'yolo_ready_pattern': 'x'}), 'i').pattern == \
+            'ready!'
+    finally:
+        cloud.set_ready_pattern(None)
+
+
 def test_a_guest_that_panics_fails_its_boot_at_once_and_is_deleted(monkeypatch):
     conn = mock.MagicMock()
     server = conn.compute.create_server.return_value
@@ -55,7 +94,7 @@ def test_a_guest_that_panics_fails_its_boot_at_once_and_is_deleted(monkeypatch):
     monkeypatch.setattr(cloud, 'cache_mode', lambda admin, server_id: 'none')
     with pytest.raises(cloud.GuestFailed, match='panicked: Kernel panic - not syncing: '
                                                 'Attempted to kill init!$'):
-        cloud.boot_servers(conn, mock.Mock(), mock.Mock(), mock.Mock(), 'b', 1, timeout=600)
+        cloud.boot_servers(conn, admin_of({}), mock.Mock(), mock.Mock(), 'b', 1, timeout=600)
     conn.compute.delete_server.assert_called_once_with(server.id)
 
 
@@ -78,7 +117,7 @@ def test_distinct_images_are_a_server_each(monkeypatch):
     conn.compute.get_server_console_output.return_value = {'output': 'YOLO-GUEST-READY\n'}
     monkeypatch.setattr(cloud, 'cache_mode', lambda admin, server_id: 'none')
     images = [mock.Mock(id='image-a'), mock.Mock(id='image-b')]
-    cloud.boot_servers(conn, mock.Mock(), images, mock.Mock(id='f'), 'b', 2, timeout=600)
+    cloud.boot_servers(conn, admin_of({}), images, mock.Mock(id='f'), 'b', 2, timeout=600)
     created = conn.compute.create_server.call_args_list
     assert [(c.kwargs['name'], c.kwargs['image_id']) for c in created] == [
         ('b-1', 'image-a'), ('b-2', 'image-b')]
