@@ -81,6 +81,7 @@ install_packages() {
         python3-venv python3-dev build-essential pkg-config libvirt-dev
         libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
         qemu-system-x86 qemu-utils fuse3 bubblewrap "${CEPH_PACKAGES[@]}"
+        fio     # the benchmarks' and the scheduling test's I/O stressors
     ) missing=() pkg
     for pkg in "${packages[@]}"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||

@@ -32,8 +32,12 @@ def test_summary_compares_each_policy_with_yolo_in_the_same_condition():
 
 
 def test_stressors_need_the_emulated_hdd(capsys):
+    # By default, the emulated HDD idle and under 8 stressors: where YOLO matters.
+    args = cloud.parse_args([])
+    assert (args.storage, args.stressors) == ('hdd', [0, 8])
+    assert cloud.parse_args(['--storage', 'local']).stressors == [0]
     with pytest.raises(SystemExit):
-        cloud.parse_args(['--stressors', '0,8'])
+        cloud.parse_args(['--storage', 'local', '--stressors', '0,8'])
     assert '--stressors needs --storage hdd' in capsys.readouterr().err
     args = cloud.parse_args(['--storage', 'hdd', '--stressors', '0,8', '--servers', '1,3',
                              '--policies', 'off,on'])
