@@ -166,3 +166,14 @@ def test_the_plot_is_written(tmp_path):
                 boots('off', 8, 1, [300, 330, 320]) + boots('on', 8, 1, [50, 52, 49]))
     path = cloud.plot(measured, tmp_path / 'nova.png')
     assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_another_compute_host_is_disabled_while_the_benchmark_runs_and_enabled_after():
+    admin, service = mock.Mock(), mock.Mock(host='aio-compute-2')
+    with pytest.raises(RuntimeError):
+        with cloud.disabled(admin, service):
+            admin.compute.disable_service.assert_called_once()
+            assert admin.compute.disable_service.call_args.args == (service,)
+            admin.compute.enable_service.assert_not_called()
+            raise RuntimeError('a boot failed')
+    admin.compute.enable_service.assert_called_once_with(service)
