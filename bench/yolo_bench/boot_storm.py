@@ -4,6 +4,8 @@ emulated HDD, from the base files and through a yolofs mount that serves their b
     python -m yolo_bench.boot_storm [--trace T | --image QCOW2] [--boots 1,2,4,8,16,32,64]
                                     [--stressors 0,8] [--kinds same,distinct] [--factor 1.0]
                                     [--json FILE]
+    python -m yolo_bench.boot_storm --catalogue 200 [--arrivals 400] [--at-once 4] [--zipf 1.0]
+                                    [--no-mlock] (--trace T | --image QCOW2) [--json FILE]
 
 The trace is a real boot's (learned from ``--image`` on the machine's own disk, as the boot
 benchmark learns it: ``yolofs trace v2``, with each read's arrival and answer). The base files
@@ -19,6 +21,13 @@ the mount, both with O_DIRECT (QEMU's ``cache=none``, Nova's default for a disk 
 it). Reported: each boot's I/O time (p50, p99, max) and replay time, the ratio of ``_base``'s
 I/O time to the mount's at p50, the bytes the disk served (the cgroup's blkio count), and
 yolofs' CPU seconds per GiB it served and its resident memory.
+
+``--catalogue N``: N images' boot images in the store and a memory budget that holds a quarter
+of them; boots arrive ``--at-once`` at a time, each of an image drawn from a Zipf distribution
+(exponent ``--zipf``) over the catalogue, through the mount only, with the disk idle. Reported:
+the hit rate (a boot whose boot image was in memory), a boot's first read on a hit and on a
+miss (a miss loads the boot image from the store on the HDD), evictions, and yolofs' memory per
+boot image beyond its data: what an operator sizes the budget from.
 """
 
 import argparse
@@ -26,11 +35,15 @@ import json
 import os
 import pathlib
 import random
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
+
+from prometheus_client.openmetrics import parser as openmetrics
 
 from yolo_bench import cloud
 from yolo_bench import io_replay
@@ -108,10 +121,37 @@ def replay_in(disk, paths, trace, factor):
     return [io_replay.BootReplay(**boot) for boot in json.loads(proc.stdout)]
 
 
+def zipf_draws(count, draws, exponent, seed=0):
+    """``draws`` indexes of ``count`` items, the k-th most popular drawn in proportion to
+    1 / k^exponent; which item is k-th is shuffled (by ``seed``)."""
+    generator = random.Random(seed)
+    ranked = list(range(count))
+    generator.shuffle(ranked)
+    weights = [1 / (k ** exponent) for k in range(1, count + 1)]
+    return generator.choices(ranked, weights=weights, k=draws)
+
+
+def scrape(port):
+    """yolofs' metrics (OpenMetrics text): {family name: the sum of its samples}."""
+    with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % port, timeout=10) as answer:
+        text = answer.read().decode()
+    # A counter's value is its _total (not its _created); a gauge's, its own.
+    return {family.name: sum(sample.value for sample in family.samples
+                             if sample.name in (family.name, family.name + '_total'))
+            for family in openmetrics.text_string_to_metric_families(text)}
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
 class Storm:
     """The HDD, its base files and boot images, and the yolofs mount serving them."""
 
-    def __init__(self, work, trace, image_size, count, stressor_count):
+    def __init__(self, work, trace, image_size, count, stressor_count, memory_budget_mib=None,
+                 mlock=True):
         # ``count`` base files; the files of up to ``stressor_count`` fio stressors.
         self.work = pathlib.Path(work)
         self.trace = trace
@@ -122,6 +162,9 @@ class Storm:
         self.disk = storage.ThrottledDisk(self.work / 'hdd')
         self.bases = []
         self.mount = None
+        self.memory_budget_mib = memory_budget_mib or max(4096, count * 256)
+        self.mlock = mlock
+        self.metrics_port = free_port()
 
     def __enter__(self):
         self.disk.setup()
@@ -144,8 +187,9 @@ class Storm:
         self.mount = yolofs.Mount(
             source=base_dir, mountpoint=self.work / 'mnt', boot_images=store,
             control_socket=self.work / 'yolofs.sock', log_path=self.work / 'yolofs.log',
-            preexec_fn=self.disk.join_cgroup, mlock=True, no_kernel_passthrough=True,
-            memory_budget_mib=max(4096, self.count * 256)).start()
+            preexec_fn=self.disk.join_cgroup, mlock=self.mlock, no_kernel_passthrough=True,
+            memory_budget_mib=self.memory_budget_mib,
+            metrics_address='127.0.0.1:%d' % self.metrics_port).start()
         return self
 
     def __exit__(self, *exc):
@@ -181,6 +225,55 @@ ROW = ('{stressors:>9}  {kind:<8} {boots:>3}  {b[io_p50]:6.2f} {b[io_p99]:6.2f} 
        '   {y[io_p50]:6.3f} {y[io_p99]:6.3f} {y[io_max]:6.3f}  {ratio:6.1f}x'
        '  {base_mib:8.0f} {yolofs_mib:8.0f}  {y[yolofs_cpu_seconds_per_gib]:10.2f}'
        '  {y[yolofs_rss_mib]:7.0f}')
+
+
+def catalogue(storm, arrivals, at_once, exponent, factor):
+    """Boots of a Zipf mix of the storm's images, ``at_once`` at a time, through the mount:
+    each boot's image, whether its boot image was in memory, its first read and its I/O time;
+    and the evictions."""
+    qemu.drop_caches()
+    draws = zipf_draws(len(storm.bases), arrivals, exponent)
+    before = scrape(storm.metrics_port)
+    boots = []
+    for start in range(0, len(draws), at_once):
+        batch = draws[start:start + at_once]
+        # A hit: the boot image was in memory as the boot started.
+        loaded = {entry['name'] for entry in storm.mount.client.status().answer['loaded']}
+        results = replay_in(storm.disk, [storm.mount.mountpoint / storm.bases[i].name
+                                         for i in batch], storm.trace, factor)
+        for index, result in zip(batch, results):
+            boots.append({'image': index, 'hit': storm.bases[index].name in loaded,
+                          'first_read': result.latencies[0], 'io_seconds': result.io_seconds})
+    after = scrape(storm.metrics_port)
+    loaded = max(after['yolofs_boot_images_loaded'], 1)
+    return {'boots': boots, 'images': len(storm.bases), 'at_once': at_once, 'zipf': exponent,
+            'mlock': storm.mlock, 'memory_budget_mib': storm.memory_budget_mib,
+            'loads': after['yolofs_boot_image_loads'] - before['yolofs_boot_image_loads'],
+            'evictions': after['yolofs_boot_image_evictions']
+            - before['yolofs_boot_image_evictions'],
+            'memory_used_bytes': after['yolofs_memory_used_bytes'],
+            'rss_beyond_data_per_image_bytes':
+                (resident_mib(storm.mount.process.pid) * (1 << 20)
+                 - after['yolofs_memory_used_bytes']) / loaded}
+
+
+def catalogue_lines(result):
+    boots = result['boots']
+    hits = [b['first_read'] for b in boots if b['hit']]
+    misses = [b['first_read'] for b in boots if not b['hit']]
+
+    def p50(values):
+        return '%.3f s' % io_replay.percentile(values, 50) if values else '-'
+    return [
+        '%d images, a budget of %d MiB, %d boots %d at a time (Zipf %g), mlock %s:' % (
+            result['images'], result['memory_budget_mib'], len(boots), result['at_once'],
+            result['zipf'], 'on' if result['mlock'] else 'off'),
+        '  boots whose boot images were in memory: %d of %d (%.0f %%)' % (
+            len(hits), len(boots), 100 * len(hits) / max(len(boots), 1)),
+        '  first read, p50: %s in memory, %s loaded from the store' % (p50(hits), p50(misses)),
+        '  loads %d, evictions %d; memory beyond boot image data: %.1f MiB per boot image' % (
+            result['loads'], result['evictions'],
+            result['rss_beyond_data_per_image_bytes'] / (1 << 20))]
 
 
 def table(points):
@@ -225,6 +318,19 @@ def numbers(text):
     return values
 
 
+def run_catalogue(args, work, trace, size, reads):
+    # A boot image holds what its boot reads, rounded to its blocks: about the traced bytes.
+    image_mib = sum(end - offset for offset, end in traced_runs(reads)) / (1 << 20)
+    budget = max(1, int(args.catalogue * image_mib / 4))
+    with Storm(work / 'catalogue', trace, size, args.catalogue, 0, memory_budget_mib=budget,
+               mlock=args.mlock) as storm:
+        result = catalogue(storm, args.arrivals, args.at_once, args.zipf, args.factor)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + '\n')
+    print('\n'.join(catalogue_lines(result)))
+    return 0
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.boot_storm',
                                      description=__doc__.splitlines()[0])
@@ -243,6 +349,15 @@ def parse_args(argv):
                         default=['same', 'distinct'], help='same image, distinct images')
     parser.add_argument('--factor', type=float, default=1.0,
                         help='think time scale: 1.0 is the learned boot\'s (default)')
+    parser.add_argument('--catalogue', type=int,
+                        help='this many images, a memory budget for a quarter of them, boots of '
+                             'a Zipf mix (instead of the storms)')
+    parser.add_argument('--arrivals', type=int, default=400, help='(default: %(default)s)')
+    parser.add_argument('--at-once', type=int, default=4, help='(default: %(default)s)')
+    parser.add_argument('--zipf', type=float, default=1.0,
+                        help='the Zipf exponent of the images\' popularity (default: 1.0)')
+    parser.add_argument('--no-mlock', dest='mlock', action='store_false',
+                        help='boot images in memory not locked')
     parser.add_argument('--work', type=pathlib.Path, help='default: a temporary directory')
     parser.add_argument('--json', type=pathlib.Path, help='write every point to this file')
     return parser.parse_args(argv)
@@ -258,6 +373,8 @@ def main(argv=None):
         size = size or images.info(args.image)['virtual-size']
     reads = io_replay.load_trace(trace)
     size = size or max(r.offset + r.length for r in reads)
+    if args.catalogue:
+        return run_catalogue(args, work, trace, size, reads)
     points = []
     try:
         with Storm(work / 'storm', trace, size, max(args.boots), max(args.stressors)) as storm:

@@ -79,3 +79,47 @@ def test_the_replay_worker_prints_each_boots_replay(tmp_path, capsys):
                            str(base), str(base)]) == 0
     replays = [io_replay.BootReplay(**boot) for boot in json.loads(capsys.readouterr().out)]
     assert [r.bytes for r in replays] == [8192, 8192]
+
+
+def test_zipf_draws_favour_a_few_images_in_proportion_to_their_rank():
+    draws = boot_storm.zipf_draws(200, 20000, 1.0, seed=3)
+    counts = sorted((draws.count(i) for i in set(draws)), reverse=True)
+    assert set(draws) <= set(range(200))
+    # The most popular is drawn about twice as often as the second, 1/H(200) of the time.
+    assert 1.6 < counts[0] / counts[1] < 2.5
+    assert 0.15 < counts[0] / 20000 < 0.22
+    # Which image is the most popular depends on the seed, not on its index.
+    assert boot_storm.zipf_draws(200, 1000, 1.0, seed=4) != draws[:1000]
+
+
+def test_the_catalogue_report_says_hits_misses_and_memory_per_image():
+    boots = [{'image': 1, 'hit': True, 'first_read': 0.001, 'io_seconds': 0.1}] * 3 + [
+        {'image': 2, 'hit': False, 'first_read': 0.5, 'io_seconds': 2.0}]
+    lines = boot_storm.catalogue_lines({
+        'boots': boots, 'images': 200, 'at_once': 4, 'zipf': 1.0, 'mlock': True,
+        'memory_budget_mib': 4000, 'loads': 1, 'evictions': 0,
+        'rss_beyond_data_per_image_bytes': 3 << 19})
+    assert '3 of 4 (75 %)' in lines[1]
+    assert '0.001 s in memory, 0.500 s loaded from the store' in lines[2]
+    assert lines[3].endswith('1.5 MiB per boot image')
+
+
+def test_metrics_are_summed_per_family(monkeypatch):
+    text = ('# TYPE yolofs_boot_image_loads counter\nyolofs_boot_image_loads_total 7\n'
+            'yolofs_boot_image_loads_created 1.7e9\n'
+            '# TYPE yolofs_read_bytes counter\nyolofs_read_bytes_total{source="memory"} 10\n'
+            'yolofs_read_bytes_total{source="passthrough"} 5\n# EOF\n')
+
+    class Answer:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def read(self):
+            return text.encode()
+    monkeypatch.setattr(boot_storm.urllib.request, 'urlopen', lambda url, timeout: Answer())
+    scraped = boot_storm.scrape(1234)
+    assert scraped['yolofs_boot_image_loads'] == 7
+    assert scraped['yolofs_read_bytes'] == 15
