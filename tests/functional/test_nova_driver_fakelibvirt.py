@@ -1028,9 +1028,13 @@ class TestBootTiming(DriverTestCase):
         # Served from its boot image while the fill runs: it measures streamed_boot_factor,
         # even if the fill ended before the guest started (a small image, a fast link).
         self.cache_base()
-        self.useFixture(nova_fixtures.fixtures.MockPatchObject(
-            libvirt_driver.LibvirtDriver, 'spawn', side_effect=lambda *args, **kwargs:
-            self.drvr.yolo_backing.made(self.create_root_disk().path, backing.OVER_FILL)))
+        make_disk = self.create_root_disk
+
+        def over_fill():
+            disk = make_disk()
+            self.drvr.yolo_backing.made(disk.path, backing.OVER_FILL)
+            return disk
+        self.create_root_disk = over_fill       # what Nova's spawn makes (setUp)
         self.spawn()
         conditions = self.watch.call_args.args[1]
         self.assertTrue(conditions['boot_image'])

@@ -52,6 +52,10 @@ pub fn mount(args: MountArgs) -> Result<()> {
     let pinned = args.pin_qemu.then(|| pin::pin(&pin::files_to_pin(&[])));
 
     let mount = start_session(&args, &fs, &source, inherited)?;
+    // From the moment the mount exists, SIGTERM unmounts it cleanly: a service manager or a
+    // client that stops yolofs as soon as it answers must not kill it mid-setup (a signal that
+    // comes meanwhile waits in signal-hook's queue for wait_for_stop).
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     watch_source(&fs, &mount.session, &source);
     let daemon = Arc::new(Daemon {
         source: source.clone(),
@@ -69,7 +73,6 @@ pub fn mount(args: MountArgs) -> Result<()> {
         serve_metrics(address, daemon.clone())?;
     }
     serve_control(&args, socket_access, daemon)?;
-    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     info!(
         "mounted {} on {} (boot images in {}, control socket {}, learning {})",
         source.display(),
