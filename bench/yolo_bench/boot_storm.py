@@ -19,7 +19,8 @@ evicts and preloads the boot images the point uses (they are kept in memory on e
 host, which is YOLO's premise); the N boots are replayed at once from ``_base``, then through
 the mount, both with O_DIRECT (QEMU's ``cache=none``, Nova's default for a disk that supports
 it). Reported: each boot's I/O time (p50, p99, max) and replay time, the ratio of ``_base``'s
-I/O time to the mount's at p50, the bytes the disk served (the cgroup's blkio count), and
+I/O time to the mount's at p50, the bytes the disk served the boots (the replay's and yolofs'
+reads from storage, /proc/PID/io: not the stressors'), and
 yolofs' CPU seconds per GiB it served and its resident memory.
 
 ``--catalogue N``: N images' boot images in the store and a memory budget that holds a quarter
@@ -32,6 +33,7 @@ boot image beyond its data: what an operator sizes the budget from.
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import random
@@ -89,16 +91,6 @@ def write_synthetic_base(path, runs, size, seed):
                 offset += chunk
 
 
-def blkio_read_bytes(cgroup):
-    """What the disks served the cgroup's processes, in bytes (cgroup v1's throttle count)."""
-    total = 0
-    for line in (pathlib.Path(cgroup) / 'blkio.throttle.io_service_bytes').read_text().splitlines():
-        fields = line.split()
-        if len(fields) == 3 and fields[1] == 'Read':
-            total += int(fields[2])
-    return total
-
-
 def process_cpu_seconds(pid):
     """User and system CPU seconds of process ``pid`` and its threads."""
     fields = pathlib.Path('/proc/%d/stat' % pid).read_text().rsplit(')', 1)[1].split()
@@ -117,7 +109,9 @@ def replay_in(disk, paths, trace, factor):
     proc = subprocess.run(
         [sys.executable, '-m', 'yolo_bench.io_replay', '--trace', str(trace),
          '--factor', str(factor), '--direct', *map(str, paths)],
-        capture_output=True, text=True, preexec_fn=disk.join_cgroup, check=True)
+        capture_output=True, text=True, preexec_fn=disk.join_cgroup)
+    if proc.returncode:
+        raise RuntimeError('the replay failed (%d): %s' % (proc.returncode, proc.stderr[-2000:]))
     return [io_replay.BootReplay(**boot) for boot in json.loads(proc.stdout)]
 
 
@@ -150,31 +144,46 @@ def free_port():
 class Storm:
     """The HDD, its base files and boot images, and the yolofs mount serving them."""
 
-    def __init__(self, work, trace, image_size, count, stressor_count, memory_budget_mib=None,
+    def __init__(self, work, trace, image_size, count, stressor_count, budget_share=None,
                  mlock=True):
-        # ``count`` base files; the files of up to ``stressor_count`` fio stressors.
+        # ``count`` base files; the files of up to ``stressor_count`` fio stressors;
+        # ``budget_share``: yolofs' memory budget as a share of the boot images' bytes (None:
+        # room for every one).
         self.work = pathlib.Path(work)
         self.trace = trace
         self.reads = io_replay.load_trace(trace)
         self.image_size = image_size
         self.count = count
         self.stressor_count = stressor_count
-        self.disk = storage.ThrottledDisk(self.work / 'hdd')
+        traced = sum(end - offset for offset, end in traced_runs(self.reads))
+        # Each base file's written bytes and its boot image, the stressors' files, and room.
+        needed = count * 2 * traced + stressor_count * (stressors.STRESSOR_FILE_MIB << 20)
+        self.disk = storage.ThrottledDisk(self.work / 'hdd',
+                                          size_gib=max(4, math.ceil(needed * 1.2 / (1 << 30))))
         self.bases = []
         self.mount = None
-        self.memory_budget_mib = memory_budget_mib or max(4096, count * 256)
+        self.budget_share = budget_share
+        self.memory_budget_mib = None
         self.mlock = mlock
         self.metrics_port = free_port()
+        self.resident_before_loads_mib = None
 
     def __enter__(self):
+        try:
+            return self._set_up()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _set_up(self):
         self.disk.setup()
         base_dir = self.disk.root / '_base'
         store = self.disk.root / 'boot-images'
         base_dir.mkdir()
         store.mkdir()
         runs = traced_runs(self.reads)
-        runner.log('%d base files, %d MiB read by each boot' % (
-            self.count, sum(end - offset for offset, end in runs) >> 20))
+        runner.log('%d base files, %d MiB read by each boot, on a disk of %d GiB' % (
+            self.count, sum(end - offset for offset, end in runs) >> 20, self.disk.size_gib))
         for index in range(self.count):
             base = base_dir / images.base_file_name(str(uuid.uuid4()))
             write_synthetic_base(base, runs, self.image_size, seed=index)
@@ -184,12 +193,16 @@ class Storm:
         for index in range(self.stressor_count):
             storage.write_random(stressors.stressor_file(self.disk, index),
                                  stressors.STRESSOR_FILE_MIB)
+        boot_images = sum(path.stat().st_size for path in store.glob('*.yolo'))
+        share = self.budget_share or 1.0
+        self.memory_budget_mib = max(1, math.ceil(boot_images * share / (1 << 20)))
         self.mount = yolofs.Mount(
             source=base_dir, mountpoint=self.work / 'mnt', boot_images=store,
             control_socket=self.work / 'yolofs.sock', log_path=self.work / 'yolofs.log',
             preexec_fn=self.disk.join_cgroup, mlock=self.mlock, no_kernel_passthrough=True,
             memory_budget_mib=self.memory_budget_mib,
             metrics_address='127.0.0.1:%d' % self.metrics_port).start()
+        self.resident_before_loads_mib = resident_mib(self.mount.process.pid)
         return self
 
     def __exit__(self, *exc):
@@ -197,53 +210,54 @@ class Storm:
             self.mount.stop()
         self.disk.teardown()
 
-    def point(self, kind, boots, factor):
-        """Both policies' replays of ``boots`` boots (``kind``: 'same' image or 'distinct')."""
+    def point(self, kind, boots, factor, stressor_count):
+        """Both policies' replays of ``boots`` boots (``kind``: 'same' image or 'distinct'),
+        beside ``stressor_count`` fio stressors."""
         bases = [self.bases[0]] * boots if kind == 'same' else self.bases[:boots]
         rows = []
         for policy in POLICIES:
             qemu.drop_caches()
+            # Loaded before the stressors start: in memory, as on every compute host.
             for name in {base.name for base in bases}:
                 self.mount.client.evict(name)
-                self.mount.client.preload(name)
+                self.mount.client.request('preload', file=name, timeout=600)
             paths = bases if policy == 'base' else [self.mount.mountpoint / b.name for b in bases]
             pid = self.mount.process.pid
-            read_before, cpu_before = blkio_read_bytes(self.disk.cgroup), process_cpu_seconds(pid)
-            results = replay_in(self.disk, paths, self.trace, factor)
+            with stressors.io_stressors(self.disk, stressor_count):
+                yolofs_before = io_replay.storage_read_bytes(pid)
+                cpu_before = process_cpu_seconds(pid)
+                results = replay_in(self.disk, paths, self.trace, factor)
+                yolofs_read = io_replay.storage_read_bytes(pid) - yolofs_before
+                cpu = process_cpu_seconds(pid) - cpu_before
             served = sum(r.bytes for r in results)
+            # What the disk served the boots: the replay's own reads, and yolofs' for them.
             row = dict(io_replay.summary(results), policy=policy, kind=kind,
-                       disk_bytes=blkio_read_bytes(self.disk.cgroup) - read_before)
+                       disk_bytes=results[0].storage_bytes + yolofs_read)
             if policy == 'yolofs':
-                row.update(yolofs_cpu_seconds_per_gib=(process_cpu_seconds(pid) - cpu_before)
-                           / max(served / (1 << 30), 1e-9),
+                row.update(yolofs_cpu_seconds_per_gib=cpu / max(served / (1 << 30), 1e-9),
                            yolofs_rss_mib=resident_mib(pid))
             rows.append(row)
         return rows
-
-
-ROW = ('{stressors:>9}  {kind:<8} {boots:>3}  {b[io_p50]:6.2f} {b[io_p99]:6.2f} {b[io_max]:6.2f}'
-       '   {y[io_p50]:6.3f} {y[io_p99]:6.3f} {y[io_max]:6.3f}  {ratio:6.1f}x'
-       '  {base_mib:8.0f} {yolofs_mib:8.0f}  {y[yolofs_cpu_seconds_per_gib]:10.2f}'
-       '  {y[yolofs_rss_mib]:7.0f}')
 
 
 def catalogue(storm, arrivals, at_once, exponent, factor):
     """Boots of a Zipf mix of the storm's images, ``at_once`` at a time, through the mount:
     each boot's image, whether its boot image was in memory, its first read and its I/O time;
     and the evictions."""
-    qemu.drop_caches()
     draws = zipf_draws(len(storm.bases), arrivals, exponent)
     before = scrape(storm.metrics_port)
     boots = []
     for start in range(0, len(draws), at_once):
         batch = draws[start:start + at_once]
+        # A miss loads its boot image from the HDD, not from the page cache.
+        qemu.drop_caches()
         # A hit: the boot image was in memory as the boot started.
         loaded = {entry['name'] for entry in storm.mount.client.status().answer['loaded']}
         results = replay_in(storm.disk, [storm.mount.mountpoint / storm.bases[i].name
                                          for i in batch], storm.trace, factor)
         for index, result in zip(batch, results):
             boots.append({'image': index, 'hit': storm.bases[index].name in loaded,
-                          'first_read': result.latencies[0], 'io_seconds': result.io_seconds})
+                          'first_read': result.first_read, 'io_seconds': result.io_seconds})
     after = scrape(storm.metrics_port)
     loaded = max(after['yolofs_boot_images_loaded'], 1)
     return {'boots': boots, 'images': len(storm.bases), 'at_once': at_once, 'zipf': exponent,
@@ -252,9 +266,10 @@ def catalogue(storm, arrivals, at_once, exponent, factor):
             'evictions': after['yolofs_boot_image_evictions']
             - before['yolofs_boot_image_evictions'],
             'memory_used_bytes': after['yolofs_memory_used_bytes'],
+            # Beyond what it held before any load: index and bookkeeping per boot image.
             'rss_beyond_data_per_image_bytes':
-                (resident_mib(storm.mount.process.pid) * (1 << 20)
-                 - after['yolofs_memory_used_bytes']) / loaded}
+                ((resident_mib(storm.mount.process.pid) - storm.resident_before_loads_mib)
+                 * (1 << 20) - after['yolofs_memory_used_bytes']) / loaded}
 
 
 def catalogue_lines(result):
@@ -274,6 +289,12 @@ def catalogue_lines(result):
         '  loads %d, evictions %d; memory beyond boot image data: %.1f MiB per boot image' % (
             result['loads'], result['evictions'],
             result['rss_beyond_data_per_image_bytes'] / (1 << 20))]
+
+
+ROW = ('{stressors:>9}  {kind:<8} {boots:>3}  {b[io_p50]:6.2f} {b[io_p99]:6.2f} {b[io_max]:6.2f}'
+       '   {y[io_p50]:6.3f} {y[io_p99]:6.3f} {y[io_max]:6.3f}  {ratio:6.1f}x'
+       '  {base_mib:8.0f} {yolofs_mib:8.0f}  {y[yolofs_cpu_seconds_per_gib]:10.2f}'
+       '  {y[yolofs_rss_mib]:7.0f}')
 
 
 def table(points):
@@ -308,21 +329,29 @@ def goal(points):
     return lines
 
 
-def numbers(text):
+def numbers(text, least=0):
     try:
         values = [int(item) for item in text.split(',') if item]
     except ValueError:
         raise argparse.ArgumentTypeError('not comma-separated numbers: %r' % text)
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError('not counts: %r' % text)
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError('not counts of at least %d: %r' % (least, text))
     return values
 
 
-def run_catalogue(args, work, trace, size, reads):
-    # A boot image holds what its boot reads, rounded to its blocks: about the traced bytes.
-    image_mib = sum(end - offset for offset, end in traced_runs(reads)) / (1 << 20)
-    budget = max(1, int(args.catalogue * image_mib / 4))
-    with Storm(work / 'catalogue', trace, size, args.catalogue, 0, memory_budget_mib=budget,
+def positive(text):
+    return numbers(text, least=1)
+
+
+def one_positive(text):
+    values = positive(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError('one count, not %r' % text)
+    return values[0]
+
+
+def run_catalogue(args, work, trace, size):
+    with Storm(work / 'catalogue', trace, size, args.catalogue, 0, budget_share=0.25,
                mlock=args.mlock) as storm:
         result = catalogue(storm, args.arrivals, args.at_once, args.zipf, args.factor)
     if args.json:
@@ -341,7 +370,7 @@ def parse_args(argv):
     parser.add_argument('--image-size', type=int,
                         help='bytes of each base file (default: the image\'s virtual size, '
                              'else the end of the last read)')
-    parser.add_argument('--boots', type=numbers, default=[1, 2, 4, 8, 16, 32, 64],
+    parser.add_argument('--boots', type=positive, default=[1, 2, 4, 8, 16, 32, 64],
                         help='boots at once, comma-separated (default: 1,2,4,...,64)')
     parser.add_argument('--stressors', type=numbers, default=[0, 8],
                         help='fio stressors on the HDD, comma-separated (default: 0,8)')
@@ -349,11 +378,12 @@ def parse_args(argv):
                         default=['same', 'distinct'], help='same image, distinct images')
     parser.add_argument('--factor', type=float, default=1.0,
                         help='think time scale: 1.0 is the learned boot\'s (default)')
-    parser.add_argument('--catalogue', type=int,
+    parser.add_argument('--catalogue', type=one_positive,
                         help='this many images, a memory budget for a quarter of them, boots of '
                              'a Zipf mix (instead of the storms)')
-    parser.add_argument('--arrivals', type=int, default=400, help='(default: %(default)s)')
-    parser.add_argument('--at-once', type=int, default=4, help='(default: %(default)s)')
+    parser.add_argument('--arrivals', type=one_positive, default=400,
+                        help='(default: %(default)s)')
+    parser.add_argument('--at-once', type=one_positive, default=4, help='(default: %(default)s)')
     parser.add_argument('--zipf', type=float, default=1.0,
                         help='the Zipf exponent of the images\' popularity (default: 1.0)')
     parser.add_argument('--no-mlock', dest='mlock', action='store_false',
@@ -373,22 +403,23 @@ def main(argv=None):
         size = size or images.info(args.image)['virtual-size']
     reads = io_replay.load_trace(trace)
     size = size or max(r.offset + r.length for r in reads)
-    if args.catalogue:
-        return run_catalogue(args, work, trace, size, reads)
+    if not io_replay.timed(pathlib.Path(trace).read_text()) and args.factor:
+        sys.exit('%s says nothing of when its reads came (a v1 trace): learn it again with '
+                 'this yolofs, or replay it without think time (--factor 0)' % trace)
+    if args.catalogue is not None:
+        return run_catalogue(args, work, trace, size)
     points = []
     try:
         with Storm(work / 'storm', trace, size, max(args.boots), max(args.stressors)) as storm:
             for count in args.stressors:
-                with stressors.io_stressors(storm.disk, count):
-                    for kind in args.kinds:
-                        for boots in args.boots:
-                            started = time.monotonic()
-                            base, mine = storm.point(kind, boots, args.factor)
-                            points.append({'stressors': count, 'kind': kind, 'boots': boots,
-                                           'base': base, 'yolofs': mine})
-                            runner.log('%d stressors, %s, %d boots: %.1fx (%.0f s)' % (
-                                count, kind, boots, ratio(points[-1]),
-                                time.monotonic() - started))
+                for kind in args.kinds:
+                    for boots in args.boots:
+                        started = time.monotonic()
+                        base, mine = storm.point(kind, boots, args.factor, count)
+                        points.append({'stressors': count, 'kind': kind, 'boots': boots,
+                                       'base': base, 'yolofs': mine})
+                        runner.log('%d stressors, %s, %d boots: %.1fx (%.0f s)' % (
+                            count, kind, boots, ratio(points[-1]), time.monotonic() - started))
     finally:
         if args.json:
             args.json.write_text(json.dumps(points, indent=1) + '\n')

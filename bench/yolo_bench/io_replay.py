@@ -7,8 +7,11 @@ END_US``, microseconds from the window's first read). A replayed boot issues the
 file, one after another, each once the one before it was answered and the boot's *think time*
 has passed: the time the guest spent between the previous answer and its next read (0 where
 the guest had reads in flight at once), scaled by a factor (1.0: this machine's TCG boot, whose
-think time is mostly emulated CPU). Overlapping reads are replayed one at a time: a replayed
-boot never has more than one read in flight, which a guest's readahead sometimes has.
+think time is mostly emulated CPU). The kernel splits a guest's large read into FUSE reads of
+at most 128 KiB, answered together: contiguous reads that were in flight at once are one read
+again. Other overlapping reads are replayed one at a time: a replayed boot never has more than
+one read in flight, which a guest's readahead sometimes has. A boot opens its file first, timed
+with its I/O (yolofs loads a boot image that is not in memory as the file is opened).
 
 N boots replayed at once are N threads, started together; reads release the GIL. Each boot's
 I/O time is the sum of its reads' latencies; its replay time, I/O plus think time.
@@ -39,11 +42,18 @@ class Read:
     think: float        # seconds the guest spent before this read, after the previous answer
 
 
+def timed(text):
+    """Whether a trace says when each read came (v2), which its think times come from."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith('#')]
+    return bool(lines) and len(lines[0].split()) == 4
+
+
 def parse_trace(text):
     """The reads of a yolofs trace (its comment lines are skipped). A trace without times (v1:
     ``OFFSET LENGTH``) replays without think time."""
     reads = []
     previous_end = None
+    previous_start = None
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith('#'):
@@ -56,7 +66,14 @@ def parse_trace(text):
             elif len(fields) == 4:
                 offset, length, start, end = map(int, fields)
                 think = 0.0 if previous_end is None else max(0, start - previous_end) / 1e6
+                split = (reads and start < previous_end and previous_start is not None
+                         and offset == reads[-1].offset + reads[-1].length)
                 previous_end = end if previous_end is None else max(previous_end, end)
+                previous_start = start
+                if split:
+                    last = reads[-1]
+                    reads[-1] = Read(last.offset, last.length + length, last.think)
+                    continue
             else:
                 raise ValueError('expected OFFSET LENGTH [START_US END_US]')
         except ValueError as e:
@@ -78,10 +95,18 @@ class BootReplay:
     latencies: list
     bytes: int
     seconds: float
+    open_seconds: float = 0.0
+    # What the process read from storage meanwhile (/proc/self/io), for every boot of a storm.
+    storage_bytes: int = 0
 
     @property
     def io_seconds(self):
-        return sum(self.latencies)
+        return self.open_seconds + sum(self.latencies)
+
+    @property
+    def first_read(self):
+        """From the open to the first read's answer: what a miss of the boot image costs."""
+        return self.open_seconds + (self.latencies[0] if self.latencies else 0.0)
 
 
 def _aligned(read):
@@ -95,13 +120,14 @@ def replay_boot(path, reads, factor=1.0, direct=False, start=None):
     """Replays ``reads`` of the file at ``path`` (once ``start``, a threading.Barrier, lets it);
     with ``direct``, O_DIRECT, as QEMU opens a disk with cache=none: no page cache between the
     boot and what serves the file."""
+    buffer = mmap.mmap(-1, max(_aligned(r)[1] for r in reads) if reads else PAGE)
+    if start is not None:
+        start.wait()
+    began = time.monotonic()
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    opened = time.monotonic() - began
     try:
-        buffer = mmap.mmap(-1, max(_aligned(r)[1] for r in reads) if reads else PAGE)
         latencies, nbytes = [], 0
-        if start is not None:
-            start.wait()
-        began = time.monotonic()
         for read in reads:
             if read.think and factor:
                 time.sleep(read.think * factor)
@@ -110,9 +136,19 @@ def replay_boot(path, reads, factor=1.0, direct=False, start=None):
             got = os.preadv(fd, [memoryview(buffer)[:length]], offset)
             latencies.append(time.monotonic() - issued)
             nbytes += got
-        return BootReplay(latencies, nbytes, time.monotonic() - began)
+        return BootReplay(latencies, nbytes, time.monotonic() - began, opened)
     finally:
         os.close(fd)
+
+
+def storage_read_bytes(pid='self'):
+    """Bytes process ``pid`` had read from storage (``read_bytes`` of /proc/PID/io; O_DIRECT
+    reads count)."""
+    with open('/proc/%s/io' % pid) as f:
+        for line in f:
+            if line.startswith('read_bytes:'):
+                return int(line.split()[1])
+    return 0
 
 
 def storm(boots, factor=1.0, direct=False):
@@ -166,7 +202,10 @@ def main(argv=None):
     parser.add_argument('files', nargs='+')
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     reads = load_trace(args.trace)
+    before = storage_read_bytes()
     results = storm([(path, reads) for path in args.files], args.factor, args.direct)
+    for result in results:
+        result.storage_bytes = storage_read_bytes() - before
     json.dump([dataclasses.asdict(r) for r in results], sys.stdout)
     return 0
 

@@ -35,10 +35,14 @@ def test_a_run_past_the_end_is_clipped(tmp_path):
     assert os.path.getsize(path) == 8192
 
 
-def test_blkio_read_bytes_sums_every_devices_reads(tmp_path):
-    (tmp_path / 'blkio.throttle.io_service_bytes').write_text(
-        '7:0 Read 4096\n7:0 Write 512\n7:0 Total 4608\n8:0 Read 100\nTotal 4708\n')
-    assert boot_storm.blkio_read_bytes(tmp_path) == 4196
+def test_storage_reads_are_counted_per_process(tmp_path):
+    before = io_replay.storage_read_bytes()
+    path = tmp_path / 'data'
+    path.write_bytes(os.urandom(1 << 20))
+    # Read with O_DIRECT: from the disk, whatever the page cache holds.
+    reads = [io_replay.Read(0, 1 << 20, 0.0)]
+    io_replay.replay_boot(path, reads, direct=True)
+    assert io_replay.storage_read_bytes() - before >= 1 << 20
 
 
 def test_this_processes_cpu_and_memory_are_read():
@@ -69,6 +73,18 @@ def test_the_goal_is_judged_at_16_distinct_images():
 def test_counts_are_checked(text):
     with pytest.raises(argparse.ArgumentTypeError):
         boot_storm.numbers(text)
+    assert boot_storm.numbers('0,8') == [0, 8]
+    with pytest.raises(argparse.ArgumentTypeError):
+        boot_storm.positive('0,8')
+    with pytest.raises(argparse.ArgumentTypeError):
+        boot_storm.one_positive('2,3')
+
+
+def test_a_trace_without_times_is_refused_unless_replayed_without_think_time(tmp_path, capsys):
+    trace = tmp_path / 'v1.trace'
+    trace.write_text('# yolofs trace v1\n0 4096\n')
+    with pytest.raises(SystemExit, match='v1 trace'):
+        boot_storm.main(['--trace', str(trace), '--work', str(tmp_path)])
 
 
 def test_the_replay_worker_prints_each_boots_replay(tmp_path, capsys):

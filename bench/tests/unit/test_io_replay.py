@@ -87,3 +87,25 @@ def test_percentiles_interpolate_between_ranks():
     assert io_replay.percentile(values, 50) == 50.5
     assert io_replay.percentile(values, 99) == pytest.approx(99.01)
     assert io_replay.percentile([7.0], 99) == 7.0
+
+
+def test_a_read_the_kernel_split_is_one_read_again():
+    # 256 KiB read by the guest: two FUSE reads of 128 KiB in flight at once, then a read that
+    # follows on, after the answers: a read of its own.
+    reads = io_replay.parse_trace('0 131072 0 500\n131072 131072 10 520\n'
+                                  '262144 4096 900 950\n')
+    assert [(r.offset, r.length) for r in reads] == [(0, 262144), (262144, 4096)]
+    assert reads[1].think == pytest.approx(0.00038)
+
+
+def test_only_a_trace_with_times_has_think_times():
+    assert io_replay.timed(TRACE)
+    assert not io_replay.timed('# yolofs trace v1\n0 4096\n')
+    assert not io_replay.timed('# empty\n')
+
+
+def test_the_open_is_timed_with_the_boots_io(disk_file):
+    replayed = io_replay.replay_boot(disk_file, io_replay.parse_trace(TRACE), factor=0)
+    assert replayed.open_seconds >= 0
+    assert replayed.io_seconds == pytest.approx(replayed.open_seconds + sum(replayed.latencies))
+    assert replayed.first_read == replayed.open_seconds + replayed.latencies[0]
