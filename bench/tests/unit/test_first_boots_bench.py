@@ -1,7 +1,9 @@
 """The cloud first-boot benchmark's report (its boots run on the all-in-one:
 bench/aio/first-boot-times) and its rate limit on Glance's link."""
 
+import contextlib
 import http.server
+import os
 import subprocess
 import threading
 from unittest import mock
@@ -40,54 +42,58 @@ class Data(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.skipif(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip()
-                    != '0', reason='tc needs root (CI runs as root)')
-def test_the_link_carries_what_leaves_glances_port_and_is_gone_afterwards():
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Data)
-    port = server.server_address[1]
+# tc needs root (CI runs as root).
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason='tc needs root (CI runs as root)')
+
+
+@contextlib.contextmanager
+def serving(address):
+    """An HTTP server on ``address`` that answers 1 MiB; yields its port."""
+    server = http.server.ThreadingHTTPServer((address, 0), Data)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with first_boots.glance_link(port=port) as set_rate:
-            set_rate(800)
-            assert 'htb' in tc_root()
-            with urllib.request.urlopen('http://127.0.0.1:%d/' % port) as answer:
-                assert len(answer.read()) == 1 << 20
-            shown = subprocess.run(['tc', '-s', 'class', 'show', 'dev', 'lo', 'classid', '1:10'],
-                                   check=True, capture_output=True, text=True).stdout
-            assert 'rate 800Mbit' in shown
-            sent = int(shown.split('Sent ', 1)[1].split()[0])
-            assert sent > 1 << 20
-        assert 'htb' not in tc_root()
+        yield server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()
+
+
+def fetch(address, port):
+    with urllib.request.urlopen('http://%s:%d/' % (address, port)) as answer:
+        assert len(answer.read()) == 1 << 20
+
+
+def tc_class(classid):
+    return subprocess.run(['tc', '-s', 'class', 'show', 'dev', 'lo', 'classid', classid],
+                          check=True, capture_output=True, text=True).stdout
 
 
 def sent_through(classid):
-    shown = subprocess.run(['tc', '-s', 'class', 'show', 'dev', 'lo', 'classid', classid],
-                           check=True, capture_output=True, text=True).stdout
-    return int(shown.split('Sent ', 1)[1].split()[0])
+    return int(tc_class(classid).split('Sent ', 1)[1].split()[0])
 
 
-@pytest.mark.skipif(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip()
-                    != '0', reason='tc needs root (CI runs as root)')
+@AS_ROOT
+def test_the_link_carries_what_leaves_glances_port_and_is_gone_afterwards():
+    with serving('127.0.0.1') as port:
+        with first_boots.glance_link(port=port) as set_rate:
+            set_rate(800)
+            assert 'htb' in tc_root()
+            fetch('127.0.0.1', port)
+            assert 'rate 800Mbit' in tc_class('1:10')
+            assert sent_through('1:10') > 1 << 20
+        assert 'htb' not in tc_root()
+
+
+@AS_ROOT
 def test_a_link_of_one_address_carries_only_what_its_clients_receive():
     # The server answers on every loopback address; the clients of 127.0.0.2 alone are limited.
-    server = http.server.ThreadingHTTPServer(('0.0.0.0', 0), Data)
-    port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving('0.0.0.0') as port:
         with first_boots.glance_link(port=port, address='127.0.0.2') as set_rate:
             set_rate(800)
-            with urllib.request.urlopen('http://127.0.0.1:%d/' % port) as answer:
-                assert len(answer.read()) == 1 << 20
+            fetch('127.0.0.1', port)
             assert sent_through('1:10') < 1 << 16
-            with urllib.request.urlopen('http://127.0.0.2:%d/' % port) as answer:
-                assert len(answer.read()) == 1 << 20
+            fetch('127.0.0.2', port)
             assert sent_through('1:10') > 1 << 20
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_large_image_keeps_the_test_image_and_adds_data_beyond_it(tmp_path):
