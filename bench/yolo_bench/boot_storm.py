@@ -34,10 +34,8 @@ boot image beyond its data: what an operator sizes the budget from.
 import argparse
 import json
 import math
-import os
 import pathlib
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,7 @@ import urllib.request
 import uuid
 
 from prometheus_client.openmetrics import parser as openmetrics
+import psutil
 
 from yolo_bench import cloud
 from yolo_bench import io_replay
@@ -53,6 +52,7 @@ from yolo_bench import runner
 from yolo_common import images
 from yolo_common import qemu
 from yolo_common import yolofs
+from yolo_testing import ports
 from yolo_testing import storage
 from yolo_testing import stressors
 
@@ -93,26 +93,26 @@ def write_synthetic_base(path, runs, size, seed):
 
 def process_cpu_seconds(pid):
     """User and system CPU seconds of process ``pid`` and its threads."""
-    fields = pathlib.Path('/proc/%d/stat' % pid).read_text().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def resident_mib(pid):
-    for line in pathlib.Path('/proc/%d/status' % pid).read_text().splitlines():
-        if line.startswith('VmRSS:'):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return psutil.Process(pid).memory_info().rss / (1 << 20)
 
 
 def replay_in(disk, paths, trace, factor):
-    """The BootReplays of ``paths`` replayed at once by a process in the disk's cgroup."""
+    """The BootReplays of ``paths`` replayed at once by a process in the disk's cgroup, and
+    the bytes that process read from storage."""
     proc = subprocess.run(
         [sys.executable, '-m', 'yolo_bench.io_replay', '--trace', str(trace),
          '--factor', str(factor), '--direct', *map(str, paths)],
         capture_output=True, text=True, preexec_fn=disk.join_cgroup)
     if proc.returncode:
         raise RuntimeError('the replay failed (%d): %s' % (proc.returncode, proc.stderr[-2000:]))
-    return [io_replay.BootReplay(**boot) for boot in json.loads(proc.stdout)]
+    replayed = json.loads(proc.stdout)
+    return ([io_replay.BootReplay(**boot) for boot in replayed['boots']],
+            replayed['storage_read_bytes'])
 
 
 def zipf_draws(count, draws, exponent, seed=0):
@@ -133,12 +133,6 @@ def scrape(port):
     return {family.name: sum(sample.value for sample in family.samples
                              if sample.name in (family.name, family.name + '_total'))
             for family in openmetrics.text_string_to_metric_families(text)}
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
 
 
 class Storm:
@@ -165,7 +159,7 @@ class Storm:
         self.budget_share = budget_share
         self.memory_budget_mib = None
         self.mlock = mlock
-        self.metrics_port = free_port()
+        self.metrics_port = ports.free_port()
         self.resident_before_loads_mib = None
 
     def __enter__(self):
@@ -226,13 +220,13 @@ class Storm:
             with stressors.io_stressors(self.disk, stressor_count):
                 yolofs_before = io_replay.storage_read_bytes(pid)
                 cpu_before = process_cpu_seconds(pid)
-                results = replay_in(self.disk, paths, self.trace, factor)
+                results, replay_read = replay_in(self.disk, paths, self.trace, factor)
                 yolofs_read = io_replay.storage_read_bytes(pid) - yolofs_before
                 cpu = process_cpu_seconds(pid) - cpu_before
             served = sum(r.bytes for r in results)
             # What the disk served the boots: the replay's own reads, and yolofs' for them.
             row = dict(io_replay.summary(results), policy=policy, kind=kind,
-                       disk_bytes=results[0].storage_bytes + yolofs_read)
+                       disk_bytes=replay_read + yolofs_read)
             if policy == 'yolofs':
                 row.update(yolofs_cpu_seconds_per_gib=cpu / max(served / (1 << 30), 1e-9),
                            yolofs_rss_mib=resident_mib(pid))
@@ -253,8 +247,8 @@ def catalogue(storm, arrivals, at_once, exponent, factor):
         qemu.drop_caches()
         # A hit: the boot image was in memory as the boot started.
         loaded = {entry['name'] for entry in storm.mount.client.status().answer['loaded']}
-        results = replay_in(storm.disk, [storm.mount.mountpoint / storm.bases[i].name
-                                         for i in batch], storm.trace, factor)
+        results, _ = replay_in(storm.disk, [storm.mount.mountpoint / storm.bases[i].name
+                                            for i in batch], storm.trace, factor)
         for index, result in zip(batch, results):
             boots.append({'image': index, 'hit': storm.bases[index].name in loaded,
                           'first_read': result.first_read, 'io_seconds': result.io_seconds})

@@ -18,8 +18,9 @@ I/O time is the sum of its reads' latencies; its replay time, I/O plus think tim
 
     python -m yolo_bench.io_replay --trace T [--factor 1.0] [--direct] FILE [FILE ...]
 
-replays one boot of each FILE at once and prints their BootReplays as JSON
-(yolo_bench.boot_storm runs it inside the emulated HDD's cgroup).
+replays one boot of each FILE at once and prints their BootReplays, and what the process read
+from storage meanwhile, as JSON (yolo_bench.boot_storm runs it inside the emulated HDD's
+cgroup).
 """
 
 import argparse
@@ -31,6 +32,8 @@ import statistics
 import sys
 import threading
 import time
+
+import psutil
 
 PAGE = mmap.PAGESIZE
 
@@ -96,8 +99,6 @@ class BootReplay:
     bytes: int
     seconds: float
     open_seconds: float = 0.0
-    # What the process read from storage meanwhile (/proc/self/io), for every boot of a storm.
-    storage_bytes: int = 0
 
     @property
     def io_seconds(self):
@@ -141,14 +142,10 @@ def replay_boot(path, reads, factor=1.0, direct=False, start=None):
         os.close(fd)
 
 
-def storage_read_bytes(pid='self'):
-    """Bytes process ``pid`` had read from storage (``read_bytes`` of /proc/PID/io; O_DIRECT
-    reads count)."""
-    with open('/proc/%s/io' % pid) as f:
-        for line in f:
-            if line.startswith('read_bytes:'):
-                return int(line.split()[1])
-    return 0
+def storage_read_bytes(pid=None):
+    """Bytes process ``pid`` (None: this one) had read from storage (its I/O counters'
+    ``read_bytes``; O_DIRECT reads count)."""
+    return psutil.Process(pid).io_counters().read_bytes
 
 
 def storm(boots, factor=1.0, direct=False):
@@ -204,9 +201,8 @@ def main(argv=None):
     reads = load_trace(args.trace)
     before = storage_read_bytes()
     results = storm([(path, reads) for path in args.files], args.factor, args.direct)
-    for result in results:
-        result.storage_bytes = storage_read_bytes() - before
-    json.dump([dataclasses.asdict(r) for r in results], sys.stdout)
+    json.dump({'boots': [dataclasses.asdict(r) for r in results],
+               'storage_read_bytes': storage_read_bytes() - before}, sys.stdout)
     return 0
 
 

@@ -101,8 +101,7 @@ impl Recording {
         if self.boot_image.is_none() || passthrough > 0 {
             state.reads.push(TraceRead { offset, length });
             let micros = |at: Instant| at.saturating_duration_since(first).as_micros() as u64;
-            let time = (micros(arrived), micros(now));
-            state.times.push(time);
+            state.times.push((micros(arrived), micros(now)));
         }
         state.bytes_memory += memory;
         state.bytes_passthrough += passthrough;

@@ -2,7 +2,6 @@
 and the HTTP endpoint that serves them. Builds run through the Dispatcher with test_worker.py's
 in-memory Glance and fixed profiling trace."""
 
-import socket
 import threading
 import urllib.request
 
@@ -16,6 +15,7 @@ from yolo_glance import conf as yolo_conf
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
 from yolo_glance import service
+from yolo_testing import ports
 from yolo_testing.wait import wait as wait_until
 
 
@@ -158,12 +158,6 @@ def test_the_metrics_are_served_over_http(make_worker):
     assert 'python_info' not in text
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def test_the_worker_serves_its_metrics_where_configured(make_worker):
     conf = cfg.ConfigOpts()
     yolo_conf.register_opts(conf)
@@ -173,7 +167,7 @@ def test_the_worker_serves_its_metrics_where_configured(make_worker):
     metrics = make_worker().metrics
     conf.set_override('metrics_port', 0, group='yolo_worker')
     assert service.serve_metrics(conf, metrics) is None
-    port = free_port()
+    port = ports.free_port()
     conf.set_override('metrics_port', port, group='yolo_worker')
     server = service.serve_metrics(conf, metrics)
     try:
