@@ -119,6 +119,11 @@ pub struct MountArgs {
     /// Lock loaded boot images in RAM (mlock).
     #[arg(long)]
     pub mlock: bool,
+    /// At start, load the store's boot images into memory, those of the base files Nova used
+    /// last first, until the memory budget is full (a host back from a reboot resumes its guests
+    /// all at once). Boot reads never wait for it; `yolofs ctl status` shows its progress.
+    #[arg(long)]
+    pub preload: bool,
     /// Learn a boot image for every base file opened without one, from its first boot, and
     /// extend boot images with what later boots read outside them.
     #[arg(long)]

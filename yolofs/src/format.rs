@@ -246,6 +246,8 @@ fn header_crc(header: &Header) -> u32 {
 pub struct HeaderSummary {
     pub image_id: String,
     pub source_size: u64,
+    /// Bytes of extent data: what the boot image takes in memory once loaded.
+    pub data_length: u64,
     pub header_crc32c: u32,
     pub index_crc32c: u32,
 }
@@ -272,6 +274,7 @@ pub fn read_header(path: &Path) -> Result<HeaderSummary, FormatError> {
     Ok(HeaderSummary {
         image_id: str_field("image_id", &header.image_id)?,
         source_size: header.source_size.get(),
+        data_length: header.data_length.get(),
         header_crc32c: stored,
         index_crc32c: header.index_crc32c.get(),
     })

@@ -72,6 +72,9 @@ pub fn mount(args: MountArgs) -> Result<()> {
     if let Some(address) = args.metrics_address {
         serve_metrics(address, daemon.clone())?;
     }
+    if args.preload {
+        preload(&daemon.store, &source)?;
+    }
     serve_control(&args, socket_access, daemon)?;
     info!(
         "mounted {} on {} (boot images in {}, control socket {}, learning {})",
@@ -93,6 +96,16 @@ pub fn mount(args: MountArgs) -> Result<()> {
     let _ = std::fs::remove_file(&args.control_socket);
     drop(pinned);
     info!("unmounted");
+    Ok(())
+}
+
+/// Loads the store's boot images in a thread of its own (`--preload`).
+fn preload(store: &Arc<BootImageStore>, source: &Path) -> Result<()> {
+    let (store, source) = (store.clone(), source.to_path_buf());
+    std::thread::Builder::new()
+        .name("preload".into())
+        .spawn(move || store.preload(&source))
+        .context("starting the preload thread")?;
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use super::Failure;
 use crate::hostload::HostLoad;
 use crate::recorder::RecordingInfo;
 use crate::stats::FileStatsSnapshot;
-use crate::store::{BootImageInfo, Installed, LoadedInfo, TouchSafety};
+use crate::store::{BootImageInfo, Installed, LoadedInfo, PreloadProgress, TouchSafety};
 
 /// The answer to a request that succeeded, one kind per request. On the wire, its fields follow
 /// `"ok": true` in one JSON object.
@@ -64,6 +64,9 @@ pub struct StatusAnswer {
     pub kernel_passthrough: bool,
     pub touch_safety: TouchSafety,
     pub fills: Vec<FillInfo>,
+    /// What preloading at start (`--preload`) has done; absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preload: Option<PreloadProgress>,
 }
 
 /// A boot image refused (until its file changes), for `status`.

@@ -424,6 +424,7 @@ impl Daemon {
                     filled_bytes,
                 })
                 .collect(),
+            preload: self.store.preload_progress(),
         }
     }
 

@@ -140,6 +140,14 @@ impl BootImageStore {
 
     /// Every boot image in the store, with the image it serves and whether it is usable.
     pub fn boot_images(&self, source_dir: &Path) -> Vec<BootImageInfo> {
+        self.names()
+            .into_iter()
+            .map(|name| self.boot_image_info(source_dir, name))
+            .collect()
+    }
+
+    /// The base files the store has a boot image for, sorted.
+    pub(super) fn names(&self) -> Vec<String> {
         let Ok(entries) = fs::read_dir(&self.config.dir) else {
             return Vec::new();
         };
@@ -151,9 +159,6 @@ impl BootImageStore {
             .collect();
         names.sort();
         names
-            .into_iter()
-            .map(|name| self.boot_image_info(source_dir, name))
-            .collect()
     }
 
     fn boot_image_info(&self, source_dir: &Path, name: String) -> BootImageInfo {

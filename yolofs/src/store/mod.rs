@@ -31,13 +31,14 @@ mod files;
 #[cfg(test)]
 mod fixture;
 mod install;
+mod preload;
 mod stamp;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use log::{debug, info, warn};
 use lru::LruCache;
@@ -50,6 +51,7 @@ pub use files::{
     MAX_IMAGE_ID_LEN, STAMP_SUFFIX, TRACE_SUFFIX,
 };
 pub use install::{InstallError, Installed};
+pub use preload::PreloadProgress;
 pub use stamp::{stamp_path, verify_and_stamp, write_stamp, BootImageKey, SourceKey, Stamp, StampError, SETTLE};
 
 use crate::format::{BootImage, FormatError, VerifyError};
@@ -57,6 +59,38 @@ use crate::lease::{Lease, LeaseError};
 use changes::ReverifyQueue;
 use files::boot_image_file_key;
 use stamp::{read_stamp, save_stamp, stamp_matches};
+
+/// The boot images being loaded, one load each at a time ([`BootImageStore::load`]).
+#[derive(Default)]
+struct Loading {
+    names: Mutex<HashSet<String>>,
+    done: Condvar,
+}
+
+/// Marks one boot image as being loaded until dropped.
+struct LoadingGuard<'a> {
+    loading: &'a Loading,
+    name: &'a str,
+}
+
+impl Loading {
+    /// Waits for a load of `name` under way to end, then marks `name` as loading.
+    fn begin<'a>(&'a self, name: &'a str) -> LoadingGuard<'a> {
+        let mut names = self.names.lock().unwrap();
+        while names.contains(name) {
+            names = self.done.wait(names).unwrap();
+        }
+        names.insert(name.to_string());
+        LoadingGuard { loading: self, name }
+    }
+}
+
+impl Drop for LoadingGuard<'_> {
+    fn drop(&mut self) {
+        self.loading.names.lock().unwrap().remove(self.name);
+        self.loading.done.notify_all();
+    }
+}
 
 /// A boot image verified for a base file, and what keeps that verification true.
 #[derive(Clone)]
@@ -180,6 +214,9 @@ pub struct BootImageStore {
     /// The outcome of the last attempt to lease a base file, and whether the filesystem has
     /// multigrain timestamps: what [`BootImageStore::touch_safety`] reports.
     lease_outcome: Mutex<Option<(Result<(), LeaseError>, bool)>>,
+    loading: Loading,
+    /// What preloading at start has done ([`BootImageStore::preload`]).
+    preload: Mutex<Option<PreloadProgress>>,
 }
 
 struct StoreState {
@@ -203,6 +240,8 @@ impl BootImageStore {
             reverified: Mutex::default(),
             reverify_queue: Mutex::default(),
             lease_outcome: Mutex::default(),
+            loading: Loading::default(),
+            preload: Mutex::default(),
         }
     }
 
@@ -247,6 +286,12 @@ impl BootImageStore {
         };
         // In memory and still verified for the file as it is: no wait for it to settle.
         let now = SourceKey::of(source).map_err(io)?;
+        if let Some(verified) = self.cached(name, &now) {
+            return Ok(verified);
+        }
+        // One load per boot image at a time: the guests of a boot storm open one image at once,
+        // and all but the first wait for its load instead of reading and verifying it again.
+        let _loading = self.loading.begin(name);
         if let Some(verified) = self.cached(name, &now) {
             return Ok(verified);
         }
