@@ -6,6 +6,7 @@ emulated HDD, from the base files and through a yolofs mount that serves their b
                                     [--json FILE]
     python -m yolo_bench.boot_storm --catalogue 200 [--arrivals 400] [--at-once 4] [--zipf 1.0]
                                     [--no-mlock] (--trace T | --image QCOW2) [--json FILE]
+    python -m yolo_bench.boot_storm --reboot 20 (--trace T | --image QCOW2) [--json FILE]
 
 The trace is a real boot's (learned from ``--image`` on the machine's own disk, as the boot
 benchmark learns it: ``yolofs trace v2``, with each read's arrival and answer). The base files
@@ -29,6 +30,12 @@ of them; boots arrive ``--at-once`` at a time, each of an image drawn from a Zip
 the hit rate (a boot whose boot image was in memory), a boot's first read on a hit and on a
 miss (a miss loads the boot image from the store on the HDD), evictions, and yolofs' memory per
 boot image beyond its data: what an operator sizes the budget from.
+
+``--reboot N``: a host back from a reboot. yolofs starts with nothing in memory (the page cache
+dropped too) and N guests of distinct images start at once as soon as it is up, as Nova's
+``resume_guests_state_on_host_boot`` starts them: without ``--preload``, each first open loads
+its boot image; with it, yolofs loads its store meanwhile. Then ``--preload`` alone, with no
+boot: its time, disk bytes, CPU and memory.
 """
 
 import argparse
@@ -190,14 +197,21 @@ class Storm:
         boot_images = sum(path.stat().st_size for path in store.glob('*.yolo'))
         share = self.budget_share or 1.0
         self.memory_budget_mib = max(1, math.ceil(boot_images * share / (1 << 20)))
-        self.mount = yolofs.Mount(
-            source=base_dir, mountpoint=self.work / 'mnt', boot_images=store,
-            control_socket=self.work / 'yolofs.sock', log_path=self.work / 'yolofs.log',
-            preexec_fn=self.disk.join_cgroup, mlock=self.mlock, no_kernel_passthrough=True,
-            memory_budget_mib=self.memory_budget_mib,
-            metrics_address='127.0.0.1:%d' % self.metrics_port).start()
+        self.start_mount()
         self.resident_before_loads_mib = resident_mib(self.mount.process.pid)
         return self
+
+    def start_mount(self, preload=False):
+        """yolofs, started afresh: nothing in its memory (``preload``: it loads its store)."""
+        if self.mount is not None:
+            self.mount.stop()
+        self.mount = yolofs.Mount(
+            source=self.disk.root / '_base', mountpoint=self.work / 'mnt',
+            boot_images=self.disk.root / 'boot-images', control_socket=self.work / 'yolofs.sock',
+            log_path=self.work / 'yolofs.log', preexec_fn=self.disk.join_cgroup,
+            mlock=self.mlock, no_kernel_passthrough=True, preload=preload,
+            memory_budget_mib=self.memory_budget_mib,
+            metrics_address='127.0.0.1:%d' % self.metrics_port).start()
 
     def __exit__(self, *exc):
         if self.mount is not None:
@@ -232,6 +246,64 @@ class Storm:
                            yolofs_rss_mib=resident_mib(pid))
             rows.append(row)
         return rows
+
+
+REBOOT_VARIANTS = ('cold', 'preload', 'preload-alone')
+
+
+def reboot(storm, guests, factor, timeout=600.0):
+    """A host back from a reboot: yolofs starts with nothing in memory and ``guests`` boots of
+    distinct images start as soon as it is up, without preloading ('cold') and with it
+    ('preload'); then preloading with no boot at all ('preload-alone'): what it costs."""
+    paths = [storm.mount.mountpoint / base.name for base in storm.bases[:guests]]
+    rows = []
+    for variant in REBOOT_VARIANTS:
+        qemu.drop_caches()
+        storm.start_mount(preload=variant != 'cold')
+        pid = storm.mount.process.pid
+        row = {'variant': variant, 'guests': guests}
+        if variant != 'preload-alone':
+            results, replay_read = replay_in(storm.disk, paths, storm.trace, factor)
+            first_reads = [r.first_read for r in results]
+            row.update(io_replay.summary(results), replay_disk_bytes=replay_read,
+                       first_read_p50=io_replay.percentile(first_reads, 50),
+                       first_read_max=max(first_reads))
+        progress = wait_for_preload(storm.mount, timeout) if variant != 'cold' else None
+        status = storm.mount.client.status().answer
+        row.update(preload=progress, loaded=len(status['loaded']),
+                   yolofs_disk_bytes=io_replay.storage_read_bytes(pid),
+                   yolofs_cpu_seconds=process_cpu_seconds(pid), yolofs_rss_mib=resident_mib(pid))
+        rows.append(row)
+    return rows
+
+
+def wait_for_preload(mount, timeout):
+    """The mount's preload progress once done (bounded by ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        progress = mount.client.status().answer.get('preload')
+        if progress and progress['done']:
+            return progress
+        if time.monotonic() > deadline:
+            raise RuntimeError('preloading did not end within %g s: %s' % (timeout, progress))
+        time.sleep(0.2)
+
+
+def reboot_lines(rows):
+    lines = ['variant          guests  io p50   io max  first read p50 max  replay max  '
+             'preload s  yolofs disk MiB  CPU s  RSS MiB']
+    for row in rows:
+        preload = row['preload']
+        lines.append('{:<15} {:>7}  {:>6}  {:>7}  {:>8} {:>8}  {:>10}  {:>9}  {:>15.0f}  {:>5.1f}'
+                     '  {:>7.0f}'.format(
+                         row['variant'], row['guests'] if 'io_p50' in row else '-',
+                         *(('%.3f' % row[key]) if key in row else '-' for key in (
+                             'io_p50', 'io_max', 'first_read_p50', 'first_read_max',
+                             'replay_max')),
+                         '%.1f' % preload['seconds'] if preload else '-',
+                         row['yolofs_disk_bytes'] / (1 << 20), row['yolofs_cpu_seconds'],
+                         row['yolofs_rss_mib']))
+    return lines
 
 
 def catalogue(storm, arrivals, at_once, exponent, factor):
@@ -354,6 +426,15 @@ def run_catalogue(args, work, trace, size):
     return 0
 
 
+def run_reboot(args, work, trace, size):
+    with Storm(work / 'reboot', trace, size, args.reboot, 0, mlock=args.mlock) as storm:
+        rows = reboot(storm, args.reboot, args.factor)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + '\n')
+    print('\n'.join(reboot_lines(rows)))
+    return 0
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.boot_storm',
                                      description=__doc__.splitlines()[0])
@@ -375,6 +456,10 @@ def parse_args(argv):
     parser.add_argument('--catalogue', type=one_positive,
                         help='this many images, a memory budget for a quarter of them, boots of '
                              'a Zipf mix (instead of the storms)')
+    parser.add_argument('--reboot', type=one_positive,
+                        help='a host back from a reboot: this many guests of distinct images '
+                             'start as yolofs starts, without and with --preload (instead of '
+                             'the storms)')
     parser.add_argument('--arrivals', type=one_positive, default=400,
                         help='(default: %(default)s)')
     parser.add_argument('--at-once', type=one_positive, default=4, help='(default: %(default)s)')
@@ -402,6 +487,8 @@ def main(argv=None):
                  'this yolofs, or replay it without think time (--factor 0)' % trace)
     if args.catalogue is not None:
         return run_catalogue(args, work, trace, size)
+    if args.reboot is not None:
+        return run_reboot(args, work, trace, size)
     points = []
     try:
         with Storm(work / 'storm', trace, size, max(args.boots), max(args.stressors)) as storm:

@@ -141,3 +141,20 @@ def test_metrics_are_summed_per_family(monkeypatch):
     scraped = boot_storm.scrape(1234)
     assert scraped['yolofs_boot_image_loads'] == 7
     assert scraped['yolofs_read_bytes'] == 15
+
+
+def test_the_reboot_report_has_a_line_per_variant_and_no_boot_figures_for_preload_alone():
+    booted = {'guests': 20, 'io_p50': 0.25, 'io_max': 1.5, 'first_read_p50': 0.2,
+              'first_read_max': 1.2, 'replay_max': 30.0, 'yolofs_disk_bytes': 300 << 20,
+              'yolofs_cpu_seconds': 2.0, 'yolofs_rss_mib': 700}
+    preloaded = {'done': True, 'loaded': 20, 'bytes': 300 << 20, 'skipped': 0, 'seconds': 12.5}
+    lines = boot_storm.reboot_lines([
+        dict(booted, variant='cold', preload=None),
+        dict(booted, variant='preload', preload=preloaded),
+        {'variant': 'preload-alone', 'guests': 20, 'preload': preloaded,
+         'yolofs_disk_bytes': 300 << 20, 'yolofs_cpu_seconds': 1.0, 'yolofs_rss_mib': 650}])
+    assert len(lines) == 4
+    assert lines[1].split()[:3] == ['cold', '20', '0.250'] and lines[1].split()[7] == '-'
+    assert lines[2].split()[7] == '12.5'
+    assert lines[3].split()[1:7] == ['-'] * 6 and lines[3].split()[7] == '12.5'
+    assert lines[3].split()[8:] == ['300', '1.0', '650']
