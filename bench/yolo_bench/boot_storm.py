@@ -261,7 +261,7 @@ def reboot(storm, guests, factor, timeout=600.0):
         qemu.drop_caches()
         storm.start_mount(preload=variant != 'cold')
         pid = storm.mount.process.pid
-        row = {'variant': variant, 'guests': guests}
+        row = {'variant': variant, 'guests': guests, 'factor': factor}
         if variant != 'preload-alone':
             results, replay_read = replay_in(storm.disk, paths, storm.trace, factor)
             first_reads = [r.first_read for r in results]
@@ -435,6 +435,18 @@ def run_reboot(args, work, trace, size):
     return 0
 
 
+def factor(text):
+    if text == 'kvm':
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError('not a factor or \'kvm\': %r' % text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError('not a factor of 0 or more: %r' % text)
+    return value
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.boot_storm',
                                      description=__doc__.splitlines()[0])
@@ -451,8 +463,10 @@ def parse_args(argv):
                         help='fio stressors on the HDD, comma-separated (default: 0,8)')
     parser.add_argument('--kinds', type=cloud.comma_separated(('same', 'distinct'), 'kind'),
                         default=['same', 'distinct'], help='same image, distinct images')
-    parser.add_argument('--factor', type=float, default=1.0,
-                        help='think time scale: 1.0 is the learned boot\'s (default)')
+    parser.add_argument('--factor', type=factor, default=1.0,
+                        help='think time scale: 1.0 is the learned boot\'s (default); \'kvm\' '
+                             'makes a boot\'s think time %g s, as an idle KVM boot\'s'
+                             % io_replay.KVM_BOOT_THINK_SECONDS)
     parser.add_argument('--catalogue', type=one_positive,
                         help='this many images, a memory budget for a quarter of them, boots of '
                              'a Zipf mix (instead of the storms)')
@@ -485,6 +499,9 @@ def main(argv=None):
     if not io_replay.timed(pathlib.Path(trace).read_text()) and args.factor:
         sys.exit('%s says nothing of when its reads came (a v1 trace): learn it again with '
                  'this yolofs, or replay it without think time (--factor 0)' % trace)
+    if args.factor == 'kvm':
+        args.factor = io_replay.kvm_factor(reads)
+        runner.log('the kvm factor of this boot: %.4f' % args.factor)
     if args.catalogue is not None:
         return run_catalogue(args, work, trace, size)
     if args.reboot is not None:
@@ -498,7 +515,7 @@ def main(argv=None):
                         started = time.monotonic()
                         base, mine = storm.point(kind, boots, args.factor, count)
                         points.append({'stressors': count, 'kind': kind, 'boots': boots,
-                                       'base': base, 'yolofs': mine})
+                                       'factor': args.factor, 'base': base, 'yolofs': mine})
                         runner.log('%d stressors, %s, %d boots: %.1fx (%.0f s)' % (
                             count, kind, boots, ratio(points[-1]), time.monotonic() - started))
     finally:

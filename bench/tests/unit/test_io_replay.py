@@ -109,3 +109,13 @@ def test_the_open_is_timed_with_the_boots_io(disk_file):
     assert replayed.open_seconds >= 0
     assert replayed.io_seconds == pytest.approx(replayed.open_seconds + sum(replayed.latencies))
     assert replayed.first_read == replayed.open_seconds + replayed.latencies[0]
+
+
+def test_the_kvm_factor_scales_a_boots_think_time_to_an_idle_kvm_boots():
+    reads = [io_replay.Read(0, 4096, 0.0), io_replay.Read(4096, 4096, 20.0),
+             io_replay.Read(8192, 4096, 15.0)]
+    factor = io_replay.kvm_factor(reads)
+    assert sum(r.think for r in reads) * factor == pytest.approx(io_replay.KVM_BOOT_THINK_SECONDS)
+    # Never slower than the boot learned (1 s of think time stays 1 s); none, nothing to scale.
+    assert io_replay.kvm_factor([io_replay.Read(0, 4096, 1.0)]) == 1.0
+    assert io_replay.kvm_factor(reads[:1]) == 0.0
