@@ -495,12 +495,24 @@ def disabled(admin, service):
         admin.compute.enable_service(service)
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    set_ready_pattern(args.ready_pattern)
-    if args.report:
-        report([boot for path in args.report for boot in read_csv(path)], args.plot)
-        return 0
+@dataclasses.dataclass
+class Bench:
+    """The cloud as a benchmark on its first host finds it: the connections, the compute node,
+    the image and its copies (distinct images), the flavor."""
+    admin: object
+    user: object
+    node: ComputeNode
+    image: object
+    copies: list
+    flavor: object
+
+
+@contextlib.contextmanager
+def first_host_bench(args, distinct):
+    """The cloud set for timed boots on its first host: the other hosts disabled, the instances
+    directory on the HDD (``--storage hdd``, with files for the most ``--stressors``), the image
+    and ``distinct - 1`` copies of it uploaded, each booted once (untimed) so that the host holds
+    its base file and boot image; yolofs on."""
     admin = openstack.connect(cloud=args.admin_cloud)
     user = openstack.connect(cloud=args.cloud)
     computes = {s.host: s for s in admin.compute.services(binary='nova-compute')
@@ -516,13 +528,12 @@ def main(argv=None):
     # Distinct images: copies of the image, each its own Glance image, base file, boot image and
     # page cache.
     copies = [public_image(admin, '%s-copy-%d' % (args.image, number), args.image_file)
-              for number in range(1, max(args.servers) if 'distinct' in args.images else 1)]
+              for number in range(1, distinct)]
     for one in [image] + copies:
         print('==> waiting for the boot image of %s' % one.name, flush=True)
         wait_for_boot_image(admin, one, args.timeout)
     flavor = user.compute.find_flavor(args.flavor)
     node = ComputeNode()
-    boots, failed = [], []
     with contextlib.ExitStack() as stack:
         for host, service in computes.items():
             if host != aio.FIRST_HOST:
@@ -536,24 +547,38 @@ def main(argv=None):
         print('==> warm-up boot (untimed)', flush=True)
         boot_servers(user, admin, [image] + copies, flavor, 'boot-times-warm-up',
                      1 + len(copies), args.timeout)
+        try:
+            yield Bench(admin, user, node, image, copies, flavor)
+        finally:
+            node.set_policy('on')
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    set_ready_pattern(args.ready_pattern)
+    if args.report:
+        report([boot for path in args.report for boot in read_csv(path)], args.plot)
+        return 0
+    boots, failed = [], []
+    distinct = max(args.servers) if 'distinct' in args.images else 1
+    with first_host_bench(args, distinct) as bench:
         conditions = [(stressors, servers, kind) for stressors in args.stressors
                       for servers in args.servers for kind in args.images
                       if servers > 1 or kind == 'same']
-        try:
-            for repetition in range(1, args.repetitions + 1):
-                for stressors, servers, kind in conditions:
-                    booted = image if kind == 'same' else [image] + copies[:servers - 1]
-                    for policy in args.policies:
-                        try:
-                            boots.append(measure(args, node, user, admin, booted, flavor,
-                                                 policy, stressors, servers, kind, repetition))
-                            append_csv(args.csv, boots[-1])
-                        except GuestFailed as e:
-                            failed.append('YOLO %s, %d stressors, %d servers (%s), boot %d: %s'
-                                          % (policy, stressors, servers, kind, repetition, e))
-                            print('==> %s' % failed[-1], flush=True)
-        finally:
-            node.set_policy('on')
+        for repetition in range(1, args.repetitions + 1):
+            for stressors, servers, kind in conditions:
+                booted = (bench.image if kind == 'same'
+                          else [bench.image] + bench.copies[:servers - 1])
+                for policy in args.policies:
+                    try:
+                        boots.append(measure(args, bench.node, bench.user, bench.admin, booted,
+                                             bench.flavor, policy, stressors, servers, kind,
+                                             repetition))
+                        append_csv(args.csv, boots[-1])
+                    except GuestFailed as e:
+                        failed.append('YOLO %s, %d stressors, %d servers (%s), boot %d: %s'
+                                      % (policy, stressors, servers, kind, repetition, e))
+                        print('==> %s' % failed[-1], flush=True)
     print()
     report(boots, args.plot)
     # Left out of the table, and said: a guest that failed is not a boot time.

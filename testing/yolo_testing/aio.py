@@ -109,6 +109,16 @@ def log_position():
     return SCHEDULER_LOG.stat().st_size
 
 
+def prediction_lines(since, log=SCHEDULER_LOG):
+    """Every prediction of YoloBootFilter's in the scheduler's log after byte ``since``, in
+    order: [(host, predicted seconds once it holds the image, io utilisation, verdict)]."""
+    with open(log, 'rb') as f:
+        f.seek(since)
+        text = f.read().decode(errors='replace')
+    return [(m.group(1), float(m.group(2)), float(m.group(3)), m.group(6))
+            for m in PREDICTION.finditer(text)]
+
+
 def predictions(since, log=SCHEDULER_LOG):
     """YoloBootFilter's last prediction per host in the scheduler's log after byte ``since``:
     {host: (predicted seconds once it holds the image, io utilisation, verdict, cpu pressure or
