@@ -98,7 +98,8 @@ class TestSchedulingWithYolo(NoDBTestCase):
             host('busy-booting', io=0.1, num_io_ops=3, held={'base'}),
             # held 0.5 + 23 = 23.5 s; total 8 + 23 = 31 s
             host('idle', io=0.0, held={'base'}),
-            # held 0.5 + 23 / 0.7 = 33.4 s; total with 5% of 2 GiB streamed first: 34.3 s
+            # held 0.5 + 23 / 0.7 = 33.4 s; total: 5% of 2 GiB fetched first (0.9 s), then a
+            # streamed boot of 1.25 times a held one (streamed_boot_factor): 42.6 s
             host('cpu-busy', io=0.0, cpu=0.3, held=set()),
             # held 23.5 s; total: Nova's download of 2 GiB at 100 Mbit/s (171.8 s), its
             # conversion (10.7 s) and a normal boot (31 s): 213.5 s
