@@ -15,9 +15,9 @@ elsewhere, which no replayed boot reads), one per distinct image, each with its 
 from the trace (``yolofs build --mark``) in a store on the same disk. Every process that touches
 the disk (the replays, yolofs, the fio stressors) shares the HDD's one throttle.
 
-Per point (stressors, same image or distinct images, N): the page cache is dropped; yolofs
-evicts and preloads the boot images the point uses (they are kept in memory on every compute
-host, which is YOLO's premise); the N boots are replayed at once from ``_base``, then through
+Per point (stressors, same image or distinct images, N): yolofs holds the boot images the point
+uses in memory (they are kept in memory on every compute host, which is YOLO's premise); the
+page cache is dropped; the N boots are replayed at once from ``_base``, then through
 the mount, both with O_DIRECT (QEMU's ``cache=none``, Nova's default for a disk that supports
 it). Reported: each boot's I/O time (p50, p99, max) and replay time, the ratio of ``_base``'s
 I/O time to the mount's at p50, the bytes the disk served the boots (the replay's and yolofs'
@@ -222,13 +222,13 @@ class Storm:
         """Both policies' replays of ``boots`` boots (``kind``: 'same' image or 'distinct'),
         beside ``stressor_count`` fio stressors."""
         bases = [self.bases[0]] * boots if kind == 'same' else self.bases[:boots]
+        # In memory before the stressors start, as on every compute host (the budget holds every
+        # boot image: loaded once, by the first point that uses it).
+        for name in {base.name for base in bases}:
+            self.mount.client.request('preload', file=name, timeout=600)
         rows = []
         for policy in POLICIES:
             qemu.drop_caches()
-            # Loaded before the stressors start: in memory, as on every compute host.
-            for name in {base.name for base in bases}:
-                self.mount.client.evict(name)
-                self.mount.client.request('preload', file=name, timeout=600)
             paths = bases if policy == 'base' else [self.mount.mountpoint / b.name for b in bases]
             pid = self.mount.process.pid
             with stressors.io_stressors(self.disk, stressor_count):
