@@ -562,6 +562,31 @@ def test_memory_budget_evicts_least_recently_used(mount_factory, base_dir, tmp_p
     assert loaded == ['img2'], loaded
 
 
+def test_preload_at_start_loads_the_newest_base_files_within_the_budget(
+        mount_factory, base_dir, tmp_path):
+    # Three boot images of 600 KiB, a budget of 1 MiB: the newest base file's is preloaded, the
+    # others are left out (preloading never evicts), and a boot image loaded on open stays.
+    store = tmp_path / 'store'
+    store.mkdir()
+    now = time.time()
+    for age, name in enumerate(('new', 'middle', 'old')):
+        shutil.copy(base_dir / NAME, base_dir / name)
+        os.utime(base_dir / name, (now - 60 * age, now - 60 * age))
+        trace = tmp_path / ('t-' + name)
+        trace.write_text('0 %d\n' % (600 << 10))
+        yolofs.run('build', '--trace', trace, '--source', base_dir / name,
+                   '--output', store / (name + '.yolo'))
+    time.sleep(1)   # the base files' ctimes settle, as long ago on a host back from a reboot
+    mount = mount_factory(base_dir, boot_images=store, memory_budget_mib=1, preload=True)
+    wait_for(lambda: (mount.client.status().answer.get('preload') or {}).get('done'))
+    progress = mount.client.status().answer['preload']
+    assert (progress['loaded'], progress['bytes'], progress['skipped']) == (1, 600 << 10, 2)
+    assert [e['name'] for e in mount.client.status().answer['loaded']] == ['new']
+    assert (mount.mountpoint / 'new').read_bytes() == (base_dir / 'new').read_bytes()
+    # Without --preload, status has no preload at all.
+    assert 'preload' not in mount_factory(base_dir, boot_images=store).client.status().answer
+
+
 def test_host_load_is_reported(mount_factory, base_dir):
     mount = mount_factory(base_dir, load_interval_secs=0.2, load_smoothing_secs=1)
     import time
