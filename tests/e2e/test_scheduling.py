@@ -97,9 +97,9 @@ def reports_holding(host, image_id, after):
 
 
 def test_a_server_lands_on_the_host_that_holds_its_image(second_host, tiny_image):
-    """Scenario 1 of docs/scheduling.md, "Where the bytes are": the second host holds the
-    image (cached by request), the first nothing: the first would download it and boot it
-    without a boot image."""
+    """Scenario 1 of docs/evaluation/benchmarks.md, "Where the bytes are": the second host
+    holds the image (cached by request), the first nothing: the first would download it and
+    boot it without a boot image."""
     image = upload_public('e2e-locality-%d' % os.getpid(), tiny_image)
     try:
         wait_for_boot_image(image)
