@@ -201,8 +201,9 @@ class Storm:
         self.resident_before_loads_mib = resident_mib(self.mount.process.pid)
         return self
 
-    def start_mount(self, preload=False):
-        """yolofs, started afresh: nothing in its memory (``preload``: it loads its store)."""
+    def start_mount(self, preload=False, loads_at_once=None):
+        """yolofs, started afresh: nothing in its memory (``preload``: it loads its store;
+        ``loads_at_once``: its --loads-at-once, None for its default)."""
         if self.mount is not None:
             self.mount.stop()
         self.mount = yolofs.Mount(
@@ -210,6 +211,7 @@ class Storm:
             boot_images=self.disk.root / 'boot-images', control_socket=self.work / 'yolofs.sock',
             log_path=self.work / 'yolofs.log', preexec_fn=self.disk.join_cgroup,
             mlock=self.mlock, no_kernel_passthrough=True, preload=preload,
+            loads_at_once=loads_at_once,
             memory_budget_mib=self.memory_budget_mib,
             metrics_address='127.0.0.1:%d' % self.metrics_port).start()
 
@@ -248,18 +250,21 @@ class Storm:
         return rows
 
 
-REBOOT_VARIANTS = ('cold', 'preload', 'preload-alone')
+# (name, --preload, every boot image loading at once rather than yolofs' default few)
+REBOOT_VARIANTS = (('cold, loads all at once', False, True), ('cold', False, False),
+                   ('preload', True, False), ('preload-alone', True, False))
 
 
 def reboot(storm, guests, factor, timeout=600.0):
     """A host back from a reboot: yolofs starts with nothing in memory and ``guests`` boots of
-    distinct images start as soon as it is up, without preloading ('cold') and with it
-    ('preload'); then preloading with no boot at all ('preload-alone'): what it costs."""
+    distinct images start as soon as it is up, without preloading ('cold': each load as its
+    first open asks, all at once or yolofs' few at a time) and with it ('preload'); then
+    preloading with no boot at all ('preload-alone'): what it costs."""
     paths = [storm.mount.mountpoint / base.name for base in storm.bases[:guests]]
     rows = []
-    for variant in REBOOT_VARIANTS:
+    for variant, preload, all_at_once in REBOOT_VARIANTS:
         qemu.drop_caches()
-        storm.start_mount(preload=variant != 'cold')
+        storm.start_mount(preload=preload, loads_at_once=guests if all_at_once else None)
         pid = storm.mount.process.pid
         row = {'variant': variant, 'guests': guests, 'factor': factor}
         if variant != 'preload-alone':
@@ -268,7 +273,7 @@ def reboot(storm, guests, factor, timeout=600.0):
             row.update(io_replay.summary(results), replay_disk_bytes=replay_read,
                        first_read_p50=io_replay.percentile(first_reads, 50),
                        first_read_max=max(first_reads))
-        progress = wait_for_preload(storm.mount, timeout) if variant != 'cold' else None
+        progress = wait_for_preload(storm.mount, timeout) if preload else None
         status = storm.mount.client.status().answer
         row.update(preload=progress, loaded=len(status['loaded']),
                    yolofs_disk_bytes=io_replay.storage_read_bytes(pid),
@@ -290,11 +295,11 @@ def wait_for_preload(mount, timeout):
 
 
 def reboot_lines(rows):
-    lines = ['variant          guests  io p50   io max  first read p50 max  replay max  '
+    lines = ['variant                  guests  io p50   io max  first read p50 max  replay max  '
              'preload s  yolofs disk MiB  CPU s  RSS MiB']
     for row in rows:
         preload = row['preload']
-        lines.append('{:<15} {:>7}  {:>6}  {:>7}  {:>8} {:>8}  {:>10}  {:>9}  {:>15.0f}  {:>5.1f}'
+        lines.append('{:<23} {:>7}  {:>6}  {:>7}  {:>8} {:>8}  {:>10}  {:>9}  {:>15.0f}  {:>5.1f}'
                      '  {:>7.0f}'.format(
                          row['variant'], row['guests'] if 'io_p50' in row else '-',
                          *(('%.3f' % row[key]) if key in row else '-' for key in (

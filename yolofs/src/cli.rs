@@ -116,6 +116,11 @@ pub struct MountArgs {
     /// Most MiB of boot image data kept in memory (least recently used evicted first).
     #[arg(long, default_value_t = 2048)]
     pub memory_budget_mib: u64,
+    /// Boot images loaded from the store at a time: loads share its disk, and a few at a time
+    /// make the first guests of a storm ready sooner than all at once, which end together.
+    #[arg(long, default_value_t = yolofs::store::DEFAULT_LOADS_AT_ONCE as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub loads_at_once: u32,
     /// Lock loaded boot images in RAM (mlock).
     #[arg(long)]
     pub mlock: bool,

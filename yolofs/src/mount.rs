@@ -159,6 +159,7 @@ fn open_store(args: &MountArgs) -> Result<Arc<BootImageStore>> {
         lock_in_memory: args.mlock,
         max_boot_image_bytes: args.max_boot_image_bytes,
     }));
+    store.set_loads_at_once(args.loads_at_once as usize);
     if let Err(e) = store.clear_incoming() {
         warn!("could not empty the store's staging directory: {e}");
     }

@@ -67,6 +67,50 @@ struct Loading {
     done: Condvar,
 }
 
+/// How many boot images load from the store at a time ([`BootImageStore::set_loads_at_once`]).
+/// Loads share the store's disk: a storm's loads all at once end together, with the last, where
+/// one or two at a time make the first ready in a fraction of that.
+pub const DEFAULT_LOADS_AT_ONCE: usize = 2;
+
+/// The loads under way, at most `limit`.
+struct LoadSlots {
+    busy: Mutex<(usize, usize)>,
+    freed: Condvar,
+}
+
+/// One load's slot, given back when dropped.
+struct LoadSlot<'a>(&'a LoadSlots);
+
+impl LoadSlots {
+    fn new(limit: usize) -> LoadSlots {
+        LoadSlots {
+            busy: Mutex::new((0, limit.max(1))),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn take(&self) -> LoadSlot<'_> {
+        let mut busy = self.busy.lock().unwrap();
+        while busy.0 >= busy.1 {
+            busy = self.freed.wait(busy).unwrap();
+        }
+        busy.0 += 1;
+        LoadSlot(self)
+    }
+
+    fn set_limit(&self, limit: usize) {
+        self.busy.lock().unwrap().1 = limit.max(1);
+        self.freed.notify_all();
+    }
+}
+
+impl Drop for LoadSlot<'_> {
+    fn drop(&mut self) {
+        self.0.busy.lock().unwrap().0 -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
 /// Marks one boot image as being loaded until dropped.
 struct LoadingGuard<'a> {
     loading: &'a Loading,
@@ -215,6 +259,7 @@ pub struct BootImageStore {
     /// multigrain timestamps: what [`BootImageStore::touch_safety`] reports.
     lease_outcome: Mutex<Option<(Result<(), LeaseError>, bool)>>,
     loading: Loading,
+    load_slots: LoadSlots,
     /// What preloading at start has done ([`BootImageStore::preload`]).
     preload: Mutex<Option<PreloadProgress>>,
 }
@@ -241,6 +286,7 @@ impl BootImageStore {
             reverify_queue: Mutex::default(),
             lease_outcome: Mutex::default(),
             loading: Loading::default(),
+            load_slots: LoadSlots::new(DEFAULT_LOADS_AT_ONCE),
             preload: Mutex::default(),
         }
     }
@@ -251,6 +297,11 @@ impl BootImageStore {
 
     pub fn counters(&self) -> &StoreCounters {
         &self.counters
+    }
+
+    /// How many boot images may load from the store at a time (at least one).
+    pub fn set_loads_at_once(&self, limit: usize) {
+        self.load_slots.set_limit(limit);
     }
 
     /// The store to oneself: what writes boot images holds it (installs, prunes, the recorder's
@@ -330,7 +381,10 @@ impl BootImageStore {
             .map_err(io)?
             .ok_or_else(|| StoreError::Changing(name.into()))?;
         // Load and verify without holding the lock: other files keep opening meanwhile.
-        match self.load_verified(name, &path, source, &source_key) {
+        let slot = self.load_slots.take();
+        let loaded = self.load_verified(name, &path, source, &source_key);
+        drop(slot);
+        match loaded {
             Ok(image) => {
                 self.counters.loads.fetch_add(1, Ordering::Relaxed);
                 let verified = Verified {

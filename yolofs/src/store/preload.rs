@@ -193,6 +193,27 @@ mod tests {
     }
 
     #[test]
+    fn loads_take_turns_beyond_their_limit() {
+        let slots = crate::store::LoadSlots::new(2);
+        let (first, second) = (slots.take(), slots.take());
+        let third_taken = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _third = slots.take();
+                third_taken.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(!third_taken.load(std::sync::atomic::Ordering::SeqCst));
+            drop(first);
+        });
+        assert!(third_taken.load(std::sync::atomic::Ordering::SeqCst));
+        drop(second);
+        // A limit raised lets a waiting load go at once.
+        slots.set_limit(3);
+        let _held = [slots.take(), slots.take(), slots.take()];
+    }
+
+    #[test]
     fn concurrent_opens_of_one_image_load_it_once() {
         let (dir, store) = store_of(&["disk"], 8 * BOOT_SET);
         let base = dir.path().join("base");
