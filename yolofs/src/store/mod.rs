@@ -72,10 +72,15 @@ struct Loading {
 /// one or two at a time make the first ready in a fraction of that.
 pub const DEFAULT_LOADS_AT_ONCE: usize = 2;
 
-/// The loads under way, at most `limit`.
+/// The loads under way and how many may be.
 struct LoadSlots {
-    busy: Mutex<(usize, usize)>,
+    count: Mutex<SlotCount>,
     freed: Condvar,
+}
+
+struct SlotCount {
+    in_use: usize,
+    limit: usize,
 }
 
 /// One load's slot, given back when dropped.
@@ -84,29 +89,32 @@ struct LoadSlot<'a>(&'a LoadSlots);
 impl LoadSlots {
     fn new(limit: usize) -> LoadSlots {
         LoadSlots {
-            busy: Mutex::new((0, limit.max(1))),
+            count: Mutex::new(SlotCount {
+                in_use: 0,
+                limit: limit.max(1),
+            }),
             freed: Condvar::new(),
         }
     }
 
     fn take(&self) -> LoadSlot<'_> {
-        let mut busy = self.busy.lock().unwrap();
-        while busy.0 >= busy.1 {
-            busy = self.freed.wait(busy).unwrap();
+        let mut count = self.count.lock().unwrap();
+        while count.in_use >= count.limit {
+            count = self.freed.wait(count).unwrap();
         }
-        busy.0 += 1;
+        count.in_use += 1;
         LoadSlot(self)
     }
 
     fn set_limit(&self, limit: usize) {
-        self.busy.lock().unwrap().1 = limit.max(1);
+        self.count.lock().unwrap().limit = limit.max(1);
         self.freed.notify_all();
     }
 }
 
 impl Drop for LoadSlot<'_> {
     fn drop(&mut self) {
-        self.0.busy.lock().unwrap().0 -= 1;
+        self.0.count.lock().unwrap().in_use -= 1;
         self.0.freed.notify_one();
     }
 }
