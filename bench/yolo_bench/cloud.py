@@ -135,7 +135,7 @@ class ComputeNode:
                        check=True, stdout=subprocess.DEVNULL)
         if policy == 'on' and self.disk is not None:
             # The service's process group: the keeper and yolofs (a restarted one inherits it).
-            group = os.getpgid(int((aio.RUN_DIR / 'yolofs.pid').read_text()))
+            group = os.getpgid(int(aio.YOLOFS_PID_FILE.read_text()))
             pids = subprocess.run(['pgrep', '-g', str(group)], check=True, capture_output=True,
                                   text=True).stdout.split()
             for pid in pids:

@@ -45,10 +45,8 @@ def errors_since(positions, log_dir=aio.LOG_DIR):
     """{log file name: [its ERROR, CRITICAL and traceback lines written since ``positions``]}."""
     found = {}
     for path in sorted(pathlib.Path(log_dir).glob('*.log')):
-        with open(path, 'rb') as f:
-            f.seek(positions.get(path, 0))
-            text = f.read().decode(errors='replace')
-        lines = [line for line in text.splitlines() if ERROR_LINE.match(line)]
+        lines = [line for line in aio.text_since(path, positions.get(path, 0)).splitlines()
+                 if ERROR_LINE.match(line)]
         if lines:
             found[path.name] = lines
     return found
@@ -94,7 +92,7 @@ class ProcessSampler:
 
 def yolofs_pid():
     """The first host's yolofs (the keeper's child: the daemon itself)."""
-    keeper = int((aio.RUN_DIR / 'yolofs.pid').read_text())
+    keeper = int(aio.YOLOFS_PID_FILE.read_text())
     children = psutil.Process(keeper).children()
     return children[0].pid if children else keeper
 

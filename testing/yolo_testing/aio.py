@@ -42,6 +42,8 @@ HOSTS = (FIRST_HOST, SECOND_HOST)
 VENV = _path('AIO_VENV')
 LOG_DIR = _path('AIO_LOG_DIR')
 RUN_DIR = _path('AIO_RUN_DIR')
+# The first host's yolofs service: its keeper's pid (the daemon is the keeper's child).
+YOLOFS_PID_FILE = RUN_DIR / 'yolofs.pid'
 YOLOFS_BIN = settings()['AIO_YOLOFS_BIN']
 # Per host: its Nova state, instances directory, yolofs mount point and control socket.
 STATE = {FIRST_HOST: _path('NOVA_STATE'), SECOND_HOST: _path('COMPUTE2_STATE')}
@@ -109,14 +111,18 @@ def log_position():
     return SCHEDULER_LOG.stat().st_size
 
 
+def text_since(path, position):
+    """What the log at ``path`` says after byte ``position``."""
+    with open(path, 'rb') as f:
+        f.seek(position)
+        return f.read().decode(errors='replace')
+
+
 def prediction_lines(since, log=SCHEDULER_LOG):
     """Every prediction of YoloBootFilter's in the scheduler's log after byte ``since``, in
     order: [(host, predicted seconds once it holds the image, io utilisation, verdict)]."""
-    with open(log, 'rb') as f:
-        f.seek(since)
-        text = f.read().decode(errors='replace')
     return [(m.group(1), float(m.group(2)), float(m.group(3)), m.group(6))
-            for m in PREDICTION.finditer(text)]
+            for m in PREDICTION.finditer(text_since(log, since))]
 
 
 def predictions(since, log=SCHEDULER_LOG):
@@ -124,14 +130,11 @@ def predictions(since, log=SCHEDULER_LOG):
     {host: (predicted seconds once it holds the image, io utilisation, verdict, cpu pressure or
     None, predicted seconds with its fetch, the fetch's path, the fetch's seconds)}; a scheduler
     from before locality logs no fetch (None, None, None)."""
-    with open(log, 'rb') as f:
-        f.seek(since)
-        text = f.read().decode(errors='replace')
     return {m.group(1): (float(m.group(2)), float(m.group(3)), m.group(6),
                          None if m.group(5) == 'unknown' else float(m.group(5)),
                          None if m.group(7) is None else float(m.group(7)), m.group(8),
                          None if m.group(9) is None else float(m.group(9)))
-            for m in PREDICTION.finditer(text)}
+            for m in PREDICTION.finditer(text_since(log, since))}
 
 
 # Where a host on an emulated HDD of its own (AIO_COMPUTE_DISK=hdd) names its throttle, for its

@@ -26,7 +26,6 @@ INSTANCES = aio.INSTANCES[aio.FIRST_HOST]
 BASE_DIR = INSTANCES / '_base'
 MOUNT_POINT = aio.MOUNT_POINTS[aio.FIRST_HOST]
 CONTROL_SOCKET = aio.CONTROL_SOCKETS[aio.FIRST_HOST]
-AIO_RUN_DIR = aio.RUN_DIR
 AIO_LOG_DIR = aio.LOG_DIR
 YOLOFS = aio.YOLOFS_BIN
 READY_MARKER = 'YOLO-GUEST-READY'
@@ -75,7 +74,7 @@ def kill_yolofs():
     """SIGKILLs yolofs and its keeper (the service's process group: start-stop-daemon made it,
     its leader is gone) and waits until both are gone: the mount is left dead (ENOTCONN) until
     ``aio start-yolofs``."""
-    pidfile = AIO_RUN_DIR / 'yolofs.pid'
+    pidfile = aio.YOLOFS_PID_FILE
     keeper = psutil.Process(int(pidfile.read_text()))
     group = [keeper, *keeper.children(recursive=True)]
     os.killpg(os.getpgid(keeper.pid), signal.SIGKILL)
@@ -293,9 +292,7 @@ class LogSince:
         self.since = os.path.getsize(self.path)
 
     def read(self):
-        with open(self.path, errors='replace') as log:
-            log.seek(self.since)
-            return log.read()
+        return aio.text_since(self.path, self.since)
 
 
 def create_server(cloud, image_id, name, flavor=FLAVOR, wait=True):
