@@ -7,7 +7,8 @@ host aggregate); only admins and services set ``yolo_*`` properties. Every ``[yo
 warm_interval`` seconds each host asks Glance for the images warm where it is, as its service
 identity, and for each one it lacks:
 
-* with the base file cached, the boot image is installed in yolofs, as after any download;
+* with the base file cached, the boot image is installed in yolofs, as after any download (a
+  copy already in the warm store stays there, for when Nova's image cache removes the file);
 * without it, the published boot image (trusted as any: boot_images.untrusted) is downloaded
   into the warm store, a directory of the driver's (``warm`` in ``[yolo] download_dir``): a
   first boot of the image then starts from it with nothing to fetch, and its signature is
@@ -245,8 +246,9 @@ class Warmer:
         image = dict(image, properties={k: v for k, v in image.items() if k.startswith('yolo_')})
         base_path = self.backing_files.base_path(name)
         if os.path.exists(base_path):
-            # Cached: the boot image belongs in yolofs, which verifies it against the file.
-            self.store.drop(image_id)
+            # Cached: the boot image belongs in yolofs, which verifies it against the file. A
+            # copy the store holds stays, for a first boot after Nova's image cache removes the
+            # base file.
             self.boot_images.ensure(None, image_id, base_path, image=image)
             return
         boot_image = self.boot_images.trusted_boot_image(None, image_id, image)

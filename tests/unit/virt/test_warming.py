@@ -179,6 +179,22 @@ def test_a_cached_image_gets_its_boot_image_in_yolofs_instead(cloud):
     assert warmer.held_warm(files.status()) == {IMAGE, OTHER}
 
 
+def test_a_held_boot_image_stays_once_its_image_is_cached(cloud):
+    glance, files, booted, warmer = cloud
+    warmer.run()
+    name = locality.base_file_name(IMAGE)
+    open(files.base_path(name), 'wb').close()
+    warmer.run()
+    # In yolofs for the cached file (from the store's copy), and still held for a first boot
+    # once Nova's image cache removes it: never fetched again.
+    assert files.installed == {name: IMAGE}
+    assert booted.warm_store.held_image_ids() == {IMAGE, OTHER}
+    os.unlink(files.base_path(name))
+    warmer.run()
+    assert booted.warm_store.held_image_ids() == {IMAGE, OTHER}
+    assert sorted(glance.downloads) == ['boot-1', 'boot-2']
+
+
 def test_no_boot_image_is_held_that_a_first_boot_could_not_use(cloud):
     glance, files, booted, warmer = cloud
     warmer.before_download = False
