@@ -147,7 +147,9 @@ class ComputeNode:
         beneath it is seen meanwhile: ``_base`` starts empty), with files for ``stressors``."""
         from yolo_testing import storage
         self.set_policy('off')      # yolofs reads _base: it starts again on the new one
-        disk = storage.ThrottledDisk(INSTANCES)
+        # Placement gives each server its flavor's disk out of the file system's size (DISK_GB):
+        # room for a storm of 8 servers of 4 GB beside their base files (the file is sparse).
+        disk = storage.ThrottledDisk(INSTANCES, size_gib=64)
         disk.setup()
         try:
             for path in (INSTANCES, INSTANCES / '_base'):

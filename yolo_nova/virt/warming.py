@@ -16,12 +16,13 @@ identity, and for each one it lacks:
   image downloaded again: boot_images.BootImages.download).
 
 The store is bounded by ``[yolo] warm_budget_mb``, checked before each download: room is made
-by removing the boot images of images no longer warm, least recently used first (a first boot
-counts as a use); a warm image's boot image is never removed for another's, and one that does
-not fit is not fetched (logged). A boot image is a few percent of its image. What the store
-holds is reported to the scheduler with the rest of what the host holds (host_report), and as
-placement traits (``CUSTOM_YOLO_WARM_<image id>``), which ``openstack yolo image list`` counts.
-With warming turned off, the driver empties the store as it starts.
+by removing the boot images of images no longer warm, or warm but cached here, least recently
+used first (a first boot counts as a use); the boot image of a warm image that is not cached is
+never removed for another's, and one that does not fit is not fetched (logged). A boot image is
+a few percent of its image. What the store holds is reported to the scheduler with the rest of
+what the host holds (host_report), and as placement traits (``CUSTOM_YOLO_WARM_<image id>``),
+which ``openstack yolo image list`` counts. With warming turned off, the driver empties the
+store as it starts.
 """
 
 import os
@@ -114,14 +115,16 @@ class WarmStore:
             self.drop(image_id)
             os.replace(downloaded_path, self._path(image_id, boot_image_id))
 
-    def make_room(self, size, warm_image_ids):
-        """Whether ``size`` more bytes fit the budget once the boot images of images not in
-        ``warm_image_ids`` are removed as needed, least recently used first (those are removed
-        only if it then fits). Never removes a warm image's."""
+    def make_room(self, size, needed_image_ids, image_id=None):
+        """Whether ``size`` more bytes (a boot image of ``image_id``, replacing the one held)
+        fit the budget once the boot images of images not in ``needed_image_ids`` are removed as
+        needed, least recently used first (those are removed only if it then fits). Never
+        removes a needed image's."""
         with self._lock:
             entries = self._entries()
+            entries.pop(image_id, None)
             free = self.budget - sum(size for _, _, size, _ in entries.values())
-            cold = sorted((i for i in entries if i not in warm_image_ids),
+            cold = sorted((i for i in entries if i not in needed_image_ids),
                           key=lambda i: entries[i][3])
             if size > free + sum(entries[i][2] for i in cold):
                 return False
@@ -133,18 +136,18 @@ class WarmStore:
                 free += entries[image_id][2]
                 removed.append(image_id)
             if removed:
-                LOG.info('Warm store: removed the boot images of %s, no longer warm, to make '
-                         'room', ', '.join(removed))
+                LOG.info('Warm store: removed the boot images of %s, not warm or cached here, '
+                         'to make room', ', '.join(removed))
             return True
 
-    def evict(self, warm_image_ids):
-        """Deletes the boot images of images not in ``warm_image_ids`` until the store is
+    def evict(self, needed_image_ids):
+        """Deletes the boot images of images not in ``needed_image_ids`` until the store is
         within its budget (a budget lowered since), least recently used first; then, if it is
-        still over, the warm ones likewise. Returns the image ids removed."""
+        still over, the needed ones likewise. Returns the image ids removed."""
         with self._lock:
             entries = self._entries()
             total = sum(size for _, _, size, _ in entries.values())
-            order = sorted(entries, key=lambda i: (i in warm_image_ids, entries[i][3]))
+            order = sorted(entries, key=lambda i: (i in needed_image_ids, entries[i][3]))
             removed = []
             for image_id in order:
                 if total <= self.budget:
@@ -228,17 +231,21 @@ class Warmer:
             LOG.exception('Could not list the images warm on this host')
             return
         self.warm_image_ids = frozenset(images)
+        # The store's copies of warm images cached here wait for Nova's image cache to remove
+        # their base files: they give way to those of warm images that are not cached.
+        needed = frozenset(i for i in images if not os.path.exists(
+            self.backing_files.base_path(locality.base_file_name(i))))
         for image_id, image in images.items():
             try:
-                self._hold(image_id, image)
+                self._hold(image_id, image, needed)
             except Exception:
                 LOG.exception('Could not warm image %s', image_id)
         try:
-            self.store.evict(self.warm_image_ids)
+            self.store.evict(needed)
         except Exception:
             LOG.exception('Could not keep the warm store within its budget')
 
-    def _hold(self, image_id, image):
+    def _hold(self, image_id, image, needed):
         if self.backing_files.status() is None:
             return
         name = locality.base_file_name(image_id)
@@ -248,17 +255,22 @@ class Warmer:
         if os.path.exists(base_path):
             # Cached: the boot image belongs in yolofs, which verifies it against the file. A
             # copy the store holds stays, for a first boot after Nova's image cache removes the
-            # base file.
-            self.boot_images.ensure(None, image_id, base_path, image=image)
+            # base file, if it is the one Glance publishes and yolofs did not refuse it.
+            outcome = self.boot_images.ensure(None, image_id, base_path, image=image)
+            if outcome == 'rejected' or self.store.boot_image_id(image_id) != \
+                    image['properties'].get(contract.BOOT_IMAGE_ID):
+                self.store.drop(image_id)
             return
         boot_image = self.boot_images.trusted_boot_image(None, image_id, image)
         if boot_image is None:
+            # None published, or refused: a copy held is of no use.
+            self.store.drop(image_id)
             return
         # Served before the download only if signed by the worker (first_boot.py).
         if not self.before_download or self.boot_images.verifier is None or \
                 self.store.boot_image_id(image_id) == boot_image['id']:
             return
-        if not self.store.make_room(boot_image.get('size') or 0, self.warm_image_ids):
+        if not self.store.make_room(boot_image.get('size') or 0, needed, image_id):
             LOG.warning('Not holding boot image %s of image %s warm: its %d MiB do not fit the '
                         'warm store\'s %d MiB with the other warm images\' ([yolo] '
                         'warm_budget_mb)', boot_image['id'], image_id,

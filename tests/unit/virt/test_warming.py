@@ -65,6 +65,9 @@ def test_room_is_made_only_from_images_no_longer_warm(tmp_path):
     store_file(store, 'c', 'bc', MIB, now - 5)
     assert not store.make_room(3 * MIB, {'a'})
     assert store.held_image_ids() == {'a', 'c'}
+    # A new boot image of an image held replaces its old one: the old one's room counts.
+    assert store.make_room(2 * MIB, {'a'}, image_id='a')
+    assert store.held_image_ids() == {'a', 'c'}
 
 
 def test_a_boot_image_is_linked_for_its_first_boot_and_marked_used(tmp_path):
@@ -193,6 +196,32 @@ def test_a_held_boot_image_stays_once_its_image_is_cached(cloud):
     warmer.run()
     assert booted.warm_store.held_image_ids() == {IMAGE, OTHER}
     assert sorted(glance.downloads) == ['boot-1', 'boot-2']
+
+
+def test_a_held_copy_of_a_cached_image_goes_once_another_is_published_or_refused(cloud):
+    glance, files, booted, warmer = cloud
+    warmer.run()
+    open(files.base_path(locality.base_file_name(IMAGE)), 'wb').close()
+    glance.images['boot-3'] = dict(glance.images['boot-1'], id='boot-3')
+    glance.images[IMAGE][contract.BOOT_IMAGE_ID] = 'boot-3'
+    warmer.run()
+    assert booted.warm_store.held_image_ids() == {OTHER}
+    # Uncached, a boot image no longer trusted (another project's, say) is not kept either.
+    glance.images['boot-2']['owner'] = 'a-tenant'
+    warmer.run()
+    assert booted.warm_store.held_image_ids() == set()
+
+
+def test_copies_of_cached_images_give_way_to_the_boot_images_of_others(cloud):
+    glance, files, booted, warmer = cloud
+    booted.warm_store.budget = 6000     # one boot image of 4,096 bytes
+    warmer.aggregates = lambda: []      # IMAGE warm here, OTHER not yet
+    warmer.run()
+    assert booted.warm_store.held_image_ids() == {IMAGE}
+    open(files.base_path(locality.base_file_name(IMAGE)), 'wb').close()
+    warmer.aggregates = lambda: ['rack-7']
+    warmer.run()
+    assert booted.warm_store.held_image_ids() == {OTHER}
 
 
 def test_no_boot_image_is_held_that_a_first_boot_could_not_use(cloud):
