@@ -129,12 +129,12 @@ class WarmStore:
             if size > free + sum(entries[i][2] for i in cold):
                 return False
             removed = []
-            for image_id in cold:
+            for cold_id in cold:
                 if size <= free:
                     break
-                fileutils.delete_if_exists(entries[image_id][1])
-                free += entries[image_id][2]
-                removed.append(image_id)
+                fileutils.delete_if_exists(entries[cold_id][1])
+                free += entries[cold_id][2]
+                removed.append(cold_id)
             if removed:
                 LOG.info('Warm store: removed the boot images of %s, not warm or cached here, '
                          'to make room', ', '.join(removed))
@@ -252,10 +252,11 @@ class Warmer:
         # As Nova's image API gives it, which BootImages reads.
         image = dict(image, properties={k: v for k, v in image.items() if k.startswith('yolo_')})
         base_path = self.backing_files.base_path(name)
-        if os.path.exists(base_path):
-            # Cached: the boot image belongs in yolofs, which verifies it against the file. A
-            # copy the store holds stays, for a first boot after Nova's image cache removes the
-            # base file, if it is the one Glance publishes and yolofs did not refuse it.
+        if image_id not in needed:
+            # Cached (as run() found): the boot image belongs in yolofs, which verifies it
+            # against the file. A copy the store holds stays, for a first boot after Nova's image
+            # cache removes the base file, if it is the one Glance publishes and yolofs did not
+            # refuse it.
             outcome = self.boot_images.ensure(None, image_id, base_path, image=image)
             if outcome == 'rejected' or self.store.boot_image_id(image_id) != \
                     image['properties'].get(contract.BOOT_IMAGE_ID):
