@@ -1,18 +1,20 @@
 """Boot storms, their I/O side: N boots' reads replayed at once (yolo_bench.io_replay) on the
 emulated HDD, from the base files and through a yolofs mount that serves their boot images.
 
-    python -m yolo_bench.boot_storm [--trace T | --image QCOW2] [--boots 1,2,4,8,16,32,64]
+    python -m yolo_bench.boot_storm (--trace T | --image QCOW2)... [--boots 1,2,4,8,16,32,64]
                                     [--stressors 0,8] [--kinds same,distinct] [--factor 1.0]
                                     [--json FILE]
     python -m yolo_bench.boot_storm --catalogue 200 [--arrivals 400] [--at-once 4] [--zipf 1.0]
                                     [--no-mlock] (--trace T | --image QCOW2) [--json FILE]
     python -m yolo_bench.boot_storm --reboot 20 (--trace T | --image QCOW2) [--json FILE]
 
-The trace is a real boot's (learned from ``--image`` on the machine's own disk, as the boot
-benchmark learns it: ``yolofs trace v2``, with each read's arrival and answer). The base files
-are synthetic: files of the image's size holding random bytes where the boot reads (sparse
+A trace is a real boot's (learned from ``--image`` on the machine's own disk, as the boot
+benchmark learns it: ``yolofs trace v2``, with each read's arrival and answer). With several
+(``--trace`` or ``--image`` given more than once: images whose boots read other files), the
+distinct images take them in turn, and a storm of the same image is of the first. The base files
+are synthetic: files of the image's size holding random bytes where its boot reads (sparse
 elsewhere, which no replayed boot reads), one per distinct image, each with its boot image built
-from the trace (``yolofs build --mark``) in a store on the same disk. Every process that touches
+from its trace (``yolofs build --mark``) in a store on the same disk. Every process that touches
 the disk (the replays, yolofs, the fio stressors) shares the HDD's one throttle.
 
 Per point (stressors, same image or distinct images, N): yolofs holds the boot images the point
@@ -26,7 +28,8 @@ yolofs' CPU seconds per GiB it served and its resident memory.
 
 ``--catalogue N``: N images' boot images in the store and a memory budget that holds a quarter
 of them; boots arrive ``--at-once`` at a time, each of an image drawn from a Zipf distribution
-(exponent ``--zipf``) over the catalogue, through the mount only, with the disk idle. Reported:
+(exponent ``--zipf``) over the catalogue, through the mount only, beside each count of
+``--stressors`` in turn (yolofs started afresh for each, the same draws). Reported:
 the hit rate (a boot whose boot image was in memory), a boot's first read on a hit and on a
 miss (a miss loads the boot image from the store on the HDD), evictions, and yolofs' memory per
 boot image beyond its data: what an operator sizes the budget from.
@@ -55,6 +58,7 @@ import psutil
 
 from yolo_bench import cloud
 from yolo_bench import io_replay
+from yolo_bench import plots
 from yolo_bench import runner
 from yolo_common import images
 from yolo_common import qemu
@@ -98,6 +102,10 @@ def write_synthetic_base(path, runs, size, seed):
                 offset += chunk
 
 
+def run_bytes(runs):
+    return sum(end - offset for offset, end in runs)
+
+
 def process_cpu_seconds(pid):
     """User and system CPU seconds of process ``pid`` and its threads."""
     times = psutil.Process(pid).cpu_times()
@@ -108,12 +116,12 @@ def resident_mib(pid):
     return psutil.Process(pid).memory_info().rss / (1 << 20)
 
 
-def replay_in(disk, paths, trace, factor):
-    """The BootReplays of ``paths`` replayed at once by a process in the disk's cgroup, and
-    the bytes that process read from storage."""
+def replay_in(disk, boots, factor):
+    """The BootReplays of ``boots`` ((path, trace)) replayed at once by a process in the disk's
+    cgroup, and the bytes that process read from storage."""
     proc = subprocess.run(
-        [sys.executable, '-m', 'yolo_bench.io_replay', '--trace', str(trace),
-         '--factor', str(factor), '--direct', *map(str, paths)],
+        [sys.executable, '-m', 'yolo_bench.io_replay', '--factor', str(factor), '--direct',
+         *(str(item) for path, trace in boots for item in ('--boot', trace, path))],
         capture_output=True, text=True, preexec_fn=disk.join_cgroup)
     if proc.returncode:
         raise RuntimeError('the replay failed (%d): %s' % (proc.returncode, proc.stderr[-2000:]))
@@ -145,23 +153,23 @@ def scrape(port):
 class Storm:
     """The HDD, its base files and boot images, and the yolofs mount serving them."""
 
-    def __init__(self, work, trace, image_size, count, stressor_count, budget_share=None,
+    def __init__(self, work, traces, image_size, count, stressor_count, budget_share=None,
                  mlock=True):
-        # ``count`` base files; the files of up to ``stressor_count`` fio stressors;
-        # ``budget_share``: yolofs' memory budget as a share of the boot images' bytes (None:
-        # room for every one).
+        # ``count`` base files, the i-th booting as traces[i % len(traces)]; the files of up to
+        # ``stressor_count`` fio stressors; ``budget_share``: yolofs' memory budget as a share
+        # of the boot images' bytes (None: room for every one).
         self.work = pathlib.Path(work)
-        self.trace = trace
-        self.reads = io_replay.load_trace(trace)
+        self.traces = list(traces)
+        self.runs = [traced_runs(io_replay.load_trace(trace)) for trace in self.traces]
         self.image_size = image_size
         self.count = count
         self.stressor_count = stressor_count
-        traced = sum(end - offset for offset, end in traced_runs(self.reads))
         # Each base file's written bytes and its boot image, the stressors' files, and room.
-        needed = count * 2 * traced + stressor_count * (stressors.STRESSOR_FILE_MIB << 20)
+        needed = sum(2 * run_bytes(self.runs[index % len(self.runs)]) for index in range(count))
+        needed += stressor_count * (stressors.STRESSOR_FILE_MIB << 20)
         self.disk = storage.ThrottledDisk(self.work / 'hdd',
                                           size_gib=max(4, math.ceil(needed * 1.2 / (1 << 30))))
-        self.bases = []
+        self.bases = []         # (base file, its trace)
         self.mount = None
         self.budget_share = budget_share
         self.memory_budget_mib = None
@@ -182,15 +190,16 @@ class Storm:
         store = self.disk.root / 'boot-images'
         base_dir.mkdir()
         store.mkdir()
-        runs = traced_runs(self.reads)
-        runner.log('%d base files, %d MiB read by each boot, on a disk of %d GiB' % (
-            self.count, sum(end - offset for offset, end in runs) >> 20, self.disk.size_gib))
+        runner.log('%d base files, %s MiB read by a boot, on a disk of %d GiB' % (
+            self.count, ', '.join(str(run_bytes(runs) >> 20) for runs in self.runs),
+            self.disk.size_gib))
         for index in range(self.count):
+            trace, runs = self.trace_for(index), self.runs[index % len(self.runs)]
             base = base_dir / images.base_file_name(str(uuid.uuid4()))
             write_synthetic_base(base, runs, self.image_size, seed=index)
-            yolofs.run('build', '--trace', self.trace, '--source', base,
+            yolofs.run('build', '--trace', trace, '--source', base,
                        '--output', store / (base.name + '.yolo'), '--mark')
-            self.bases.append(base)
+            self.bases.append((base, trace))
         for index in range(self.stressor_count):
             storage.write_random(stressors.stressor_file(self.disk, index),
                                  stressors.STRESSOR_FILE_MIB)
@@ -198,7 +207,6 @@ class Storm:
         share = self.budget_share or 1.0
         self.memory_budget_mib = max(1, math.ceil(boot_images * share / (1 << 20)))
         self.start_mount()
-        self.resident_before_loads_mib = resident_mib(self.mount.process.pid)
         return self
 
     def start_mount(self, preload=False, loads_at_once=None):
@@ -214,6 +222,15 @@ class Storm:
             loads_at_once=loads_at_once,
             memory_budget_mib=self.memory_budget_mib,
             metrics_address='127.0.0.1:%d' % self.metrics_port).start()
+        self.resident_before_loads_mib = resident_mib(self.mount.process.pid)
+
+    def trace_for(self, index):
+        """The trace the index-th distinct image boots as: each in turn."""
+        return self.traces[index % len(self.traces)]
+
+    def through_mount(self, bases):
+        """``bases`` ((base file, trace)), their files' paths through the mount."""
+        return [(self.mount.mountpoint / base.name, trace) for base, trace in bases]
 
     def __exit__(self, *exc):
         if self.mount is not None:
@@ -226,17 +243,17 @@ class Storm:
         bases = [self.bases[0]] * boots if kind == 'same' else self.bases[:boots]
         # In memory before the stressors start, as on every compute host (the budget holds every
         # boot image: loaded once, by the first point that uses it).
-        for name in {base.name for base in bases}:
+        for name in {base.name for base, _ in bases}:
             self.mount.client.request('preload', file=name, timeout=600)
         rows = []
         for policy in POLICIES:
             qemu.drop_caches()
-            paths = bases if policy == 'base' else [self.mount.mountpoint / b.name for b in bases]
+            boots_of = bases if policy == 'base' else self.through_mount(bases)
             pid = self.mount.process.pid
             with stressors.io_stressors(self.disk, stressor_count):
                 yolofs_before = io_replay.storage_read_bytes(pid)
                 cpu_before = process_cpu_seconds(pid)
-                results, replay_read = replay_in(self.disk, paths, self.trace, factor)
+                results, replay_read = replay_in(self.disk, boots_of, factor)
                 yolofs_read = io_replay.storage_read_bytes(pid) - yolofs_before
                 cpu = process_cpu_seconds(pid) - cpu_before
             served = sum(r.bytes for r in results)
@@ -260,7 +277,6 @@ def reboot(storm, guests, factor, timeout=600.0):
     distinct images start as soon as it is up, without preloading ('cold': each load as its
     first open asks, all at once or yolofs' few at a time) and with it ('preload'); then
     preloading with no boot at all ('preload-alone'): what it costs."""
-    paths = [storm.mount.mountpoint / base.name for base in storm.bases[:guests]]
     rows = []
     for variant, preload, all_at_once in REBOOT_VARIANTS:
         qemu.drop_caches()
@@ -268,7 +284,8 @@ def reboot(storm, guests, factor, timeout=600.0):
         pid = storm.mount.process.pid
         row = {'variant': variant, 'guests': guests, 'factor': factor}
         if variant != 'preload-alone':
-            results, replay_read = replay_in(storm.disk, paths, storm.trace, factor)
+            results, replay_read = replay_in(
+                storm.disk, storm.through_mount(storm.bases[:guests]), factor)
             first_reads = [r.first_read for r in results]
             row.update(io_replay.summary(results), replay_disk_bytes=replay_read,
                        first_read_p50=io_replay.percentile(first_reads, 50),
@@ -324,10 +341,10 @@ def catalogue(storm, arrivals, at_once, exponent, factor):
         qemu.drop_caches()
         # A hit: the boot image was in memory as the boot started.
         loaded = {entry['name'] for entry in storm.mount.client.status().answer['loaded']}
-        results, _ = replay_in(storm.disk, [storm.mount.mountpoint / storm.bases[i].name
-                                            for i in batch], storm.trace, factor)
+        results, _ = replay_in(storm.disk, storm.through_mount([storm.bases[i] for i in batch]),
+                               factor)
         for index, result in zip(batch, results):
-            boots.append({'image': index, 'hit': storm.bases[index].name in loaded,
+            boots.append({'image': index, 'hit': storm.bases[index][0].name in loaded,
                           'first_read': result.first_read, 'io_seconds': result.io_seconds})
     after = scrape(storm.metrics_port)
     loaded = max(after['yolofs_boot_images_loaded'], 1)
@@ -351,9 +368,10 @@ def catalogue_lines(result):
     def p50(values):
         return '%.3f s' % io_replay.percentile(values, 50) if values else '-'
     return [
-        '%d images, a budget of %d MiB, %d boots %d at a time (Zipf %g), mlock %s:' % (
+        '%d images, a budget of %d MiB, %d boots %d at a time (Zipf %g), mlock %s, '
+        '%d stressors:' % (
             result['images'], result['memory_budget_mib'], len(boots), result['at_once'],
-            result['zipf'], 'on' if result['mlock'] else 'off'),
+            result['zipf'], 'on' if result['mlock'] else 'off', result.get('stressors', 0)),
         '  boots whose boot images were in memory: %d of %d (%.0f %%)' % (
             len(hits), len(boots), 100 * len(hits) / max(len(boots), 1)),
         '  first read, p50: %s in memory, %s loaded from the store' % (p50(hits), p50(misses)),
@@ -421,18 +439,25 @@ def one_positive(text):
     return values[0]
 
 
-def run_catalogue(args, work, trace, size):
-    with Storm(work / 'catalogue', trace, size, args.catalogue, 0, budget_share=0.25,
-               mlock=args.mlock) as storm:
-        result = catalogue(storm, args.arrivals, args.at_once, args.zipf, args.factor)
+def run_catalogue(args, work, traces, size):
+    """The catalogue beside each count of ``--stressors``, yolofs started afresh for each (its
+    memory empty), the same draws."""
+    results = []
+    with Storm(work / 'catalogue', traces, size, args.catalogue, max(args.stressors),
+               budget_share=0.25, mlock=args.mlock) as storm:
+        for count in args.stressors:
+            storm.start_mount()
+            with stressors.io_stressors(storm.disk, count):
+                results.append(dict(catalogue(storm, args.arrivals, args.at_once, args.zipf,
+                                              args.factor), stressors=count))
+            print('\n'.join(catalogue_lines(results[-1])), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + '\n')
-    print('\n'.join(catalogue_lines(result)))
+        args.json.write_text(json.dumps(results, indent=1) + '\n')
     return 0
 
 
-def run_reboot(args, work, trace, size):
-    with Storm(work / 'reboot', trace, size, args.reboot, 0, mlock=args.mlock) as storm:
+def run_reboot(args, work, traces, size):
+    with Storm(work / 'reboot', traces, size, args.reboot, 0, mlock=args.mlock) as storm:
         rows = reboot(storm, args.reboot, args.factor)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + '\n')
@@ -456,9 +481,11 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.boot_storm',
                                      description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument('--trace', type=pathlib.Path, help='a learned yolofs trace (v2)')
-    source.add_argument('--image', type=pathlib.Path,
-                        help='a bootable qcow2 image whose boot is learned first')
+    source.add_argument('--trace', type=pathlib.Path, action='append',
+                        help='a learned yolofs trace (v2); again for another image\'s')
+    source.add_argument('--image', type=pathlib.Path, action='append',
+                        help='a bootable qcow2 image whose boot is learned first; again for '
+                             'another')
     parser.add_argument('--image-size', type=int,
                         help='bytes of each base file (default: the image\'s virtual size, '
                              'else the end of the last read)')
@@ -488,32 +515,40 @@ def parse_args(argv):
                         help='boot images in memory not locked')
     parser.add_argument('--work', type=pathlib.Path, help='default: a temporary directory')
     parser.add_argument('--json', type=pathlib.Path, help='write every point to this file')
+    parser.add_argument('--plot', type=pathlib.Path,
+                        help='plot the storms\' I/O times to this PNG file')
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     work = args.work or pathlib.Path(tempfile.mkdtemp(prefix='yolo-boot-storm-'))
-    trace, size = args.trace, args.image_size
+    traces, size = args.trace, args.image_size
     if args.image:
-        runner.log('learning the boot of %s' % args.image)
-        trace = runner.learn_boot_image(args.image, work)
-        size = size or images.info(args.image)['virtual-size']
-    reads = io_replay.load_trace(trace)
-    size = size or max(r.offset + r.length for r in reads)
-    if not io_replay.timed(pathlib.Path(trace).read_text()) and args.factor:
-        sys.exit('%s says nothing of when its reads came (a v1 trace): learn it again with '
-                 'this yolofs, or replay it without think time (--factor 0)' % trace)
-    if args.factor == 'kvm':
-        args.factor = io_replay.kvm_factor(reads)
-        runner.log('the kvm factor of this boot: %.4f' % args.factor)
+        traces = []
+        for index, image in enumerate(args.image):
+            runner.log('learning the boot of %s' % image)
+            traces.append(runner.learn_boot_image(image, work / ('image-%d' % index)))
+        size = size or max(images.info(image)['virtual-size'] for image in args.image)
+    ends = []
+    for trace in traces:
+        reads = io_replay.load_trace(trace)
+        ends.append(max(r.offset + r.length for r in reads))
+        if not io_replay.timed(pathlib.Path(trace).read_text()) and args.factor:
+            sys.exit('%s says nothing of when its reads came (a v1 trace): learn it again with '
+                     'this yolofs, or replay it without think time (--factor 0)' % trace)
+        runner.log('%s: %d reads of %d MiB, %.1f s of think time%s' % (
+            trace, len(reads), sum(r.length for r in reads) >> 20,
+            sum(r.think for r in reads), ', kvm factor %.4f' % io_replay.kvm_factor(reads)
+            if args.factor == 'kvm' else ''))
+    size = size or max(ends)
     if args.catalogue is not None:
-        return run_catalogue(args, work, trace, size)
+        return run_catalogue(args, work, traces, size)
     if args.reboot is not None:
-        return run_reboot(args, work, trace, size)
+        return run_reboot(args, work, traces, size)
     points = []
     try:
-        with Storm(work / 'storm', trace, size, max(args.boots), max(args.stressors)) as storm:
+        with Storm(work / 'storm', traces, size, max(args.boots), max(args.stressors)) as storm:
             for count in args.stressors:
                 for kind in args.kinds:
                     for boots in args.boots:
@@ -527,6 +562,8 @@ def main(argv=None):
         if args.json:
             args.json.write_text(json.dumps(points, indent=1) + '\n')
     print('\n'.join(table(points) + goal(points)))
+    if args.plot:
+        plots.storm_lines(points, args.plot)
     return 0
 
 

@@ -16,11 +16,13 @@ with its I/O (yolofs loads a boot image that is not in memory as the file is ope
 N boots replayed at once are N threads, started together; reads release the GIL. Each boot's
 I/O time is the sum of its reads' latencies; its replay time, I/O plus think time.
 
-    python -m yolo_bench.io_replay --trace T [--factor 1.0] [--direct] FILE [FILE ...]
+    python -m yolo_bench.io_replay [--factor 1.0|kvm] [--direct] [--trace T FILE [FILE ...]]
+                                   [--boot TRACE FILE ...]
 
-replays one boot of each FILE at once and prints their BootReplays, and what the process read
-from storage meanwhile, as JSON (yolo_bench.boot_storm runs it inside the emulated HDD's
-cgroup).
+replays one boot of each FILE at once (of trace T; ``--boot``: of its own trace) and prints their
+BootReplays, and what the process read from storage meanwhile, as JSON (yolo_bench.boot_storm
+runs it inside the emulated HDD's cgroup). ``--factor kvm`` scales each trace's think time by
+its own kvm_factor.
 """
 
 import argparse
@@ -161,14 +163,16 @@ def storage_read_bytes(pid=None):
 
 def storm(boots, factor=1.0, direct=False):
     """Replays every (path, reads) of ``boots`` at once, each in its thread; their BootReplays,
-    in order. A boot whose replay fails raises here, after the others have ended."""
+    in order. ``factor`` 'kvm': each boot's reads scaled by their own kvm_factor. A boot whose
+    replay fails raises here, after the others have ended."""
     results = [None] * len(boots)
     errors = []
     start = threading.Barrier(len(boots))
 
     def run(index, path, reads):
         try:
-            results[index] = replay_boot(path, reads, factor, direct, start)
+            scale = kvm_factor(reads) if factor == 'kvm' else factor
+            results[index] = replay_boot(path, reads, scale, direct, start)
         except BaseException as e:          # noqa: B902 - handed to the caller
             errors.append(e)
             start.abort()
@@ -204,14 +208,23 @@ def summary(results):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.io_replay',
                                      description=__doc__.splitlines()[0])
-    parser.add_argument('--trace', required=True)
-    parser.add_argument('--factor', type=float, default=1.0)
+    parser.add_argument('--trace', help='the trace of every FILE')
+    parser.add_argument('--boot', nargs=2, action='append', default=[],
+                        metavar=('TRACE', 'FILE'), help='a boot of FILE replaying TRACE')
+    parser.add_argument('--factor', type=lambda text: text if text == 'kvm' else float(text),
+                        default=1.0)
     parser.add_argument('--direct', action='store_true', help='O_DIRECT, as cache=none')
-    parser.add_argument('files', nargs='+')
+    parser.add_argument('files', nargs='*')
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    reads = load_trace(args.trace)
+    if args.files and not args.trace:
+        parser.error('FILE needs --trace')
+    boots = [(args.trace, path) for path in args.files] + [tuple(boot) for boot in args.boot]
+    if not boots:
+        parser.error('nothing to replay')
+    # Each trace parsed once, however many boots replay it.
+    traces = {trace: load_trace(trace) for trace in {trace for trace, _ in boots}}
     before = storage_read_bytes()
-    results = storm([(path, reads) for path in args.files], args.factor, args.direct)
+    results = storm([(path, traces[trace]) for trace, path in boots], args.factor, args.direct)
     json.dump({'boots': [dataclasses.asdict(r) for r in results],
                'storage_read_bytes': storage_read_bytes() - before}, sys.stdout)
     return 0

@@ -85,3 +85,46 @@ def policy_bars(groups, path, title, ylabel):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+# (Matplotlib leaves a label starting with '_' out of the legend.)
+STORM_POLICIES = {'base': 'base file in _base', 'yolofs': 'yolofs mount'}
+
+
+def storm_lines(points, path):
+    """Boot storms (yolo_bench.boot_storm's points): a boot's I/O time (p50, p99 as the error
+    bar's top) against the boots at once, one panel per kind (same image, distinct images), a
+    line per policy and stressor count; both axes logarithmic. Returns the file written."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kinds = list(dict.fromkeys(point['kind'] for point in points))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4), squeeze=False,
+                             sharey=True)
+    for ax, kind in zip(axes[0], kinds):
+        lines = {}
+        for point in points:
+            if point['kind'] == kind:
+                for policy in STORM_POLICIES:
+                    key = (policy, point['stressors'])
+                    lines.setdefault(key, []).append((point['boots'], point[policy]))
+        for (policy, stressors), values in sorted(lines.items()):
+            values.sort(key=lambda value: value[0])
+            p50 = [row['io_p50'] for _, row in values]
+            ax.errorbar([boots for boots, _ in values], p50,
+                        yerr=[[0] * len(p50), [row['io_p99'] - row['io_p50'] for _, row in values]],
+                        marker='o' if policy == 'base' else 's', capsize=3,
+                        linestyle='-' if stressors else '--',
+                        label='%s, %d stressors' % (STORM_POLICIES[policy], stressors))
+        ax.set_xscale('log', base=2)
+        counts = sorted({point['boots'] for point in points if point['kind'] == kind})
+        ax.set_xticks(counts, [str(count) for count in counts])
+        ax.set_yscale('log')
+        ax.set_xlabel('boots at once (%s image%s)' % (kind, 's' if kind == 'distinct' else ''))
+        ax.grid(alpha=0.3, which='both')
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("a boot's I/O time (s), p50 to p99")
+    fig.suptitle('Boot storms replayed on the emulated HDD', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

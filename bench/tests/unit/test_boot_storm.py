@@ -116,7 +116,8 @@ def test_the_catalogue_report_says_hits_misses_and_memory_per_image():
     lines = boot_storm.catalogue_lines({
         'boots': boots, 'images': 200, 'at_once': 4, 'zipf': 1.0, 'mlock': True,
         'memory_budget_mib': 4000, 'loads': 1, 'evictions': 0,
-        'rss_beyond_data_per_image_bytes': 3 << 19})
+        'rss_beyond_data_per_image_bytes': 3 << 19, 'stressors': 8})
+    assert lines[0].endswith('mlock on, 8 stressors:')
     assert '3 of 4 (75 %)' in lines[1]
     assert '0.001 s in memory, 0.500 s loaded from the store' in lines[2]
     assert lines[3].endswith('1.5 MiB per boot image')
@@ -158,3 +159,31 @@ def test_the_reboot_report_has_a_line_per_variant_and_no_boot_figures_for_preloa
     assert lines[2].split()[7] == '12.5'
     assert lines[3].split()[1:7] == ['-'] * 6 and lines[3].split()[7] == '12.5'
     assert lines[3].split()[8:] == ['300', '1.0', '650']
+
+
+def test_distinct_images_take_the_traces_in_turn(tmp_path):
+    one, other = tmp_path / 'one.trace', tmp_path / 'other.trace'
+    one.write_text('# yolofs trace v2\n0 4096 0 10\n')
+    other.write_text('# yolofs trace v2\n0 1048576 0 10\n4194304 1048576 20 30\n')
+    storm = boot_storm.Storm(tmp_path / 'storm', [one, other], 8 << 20, 3, 0)
+    assert [storm.trace_for(index) for index in range(3)] == [one, other, one]
+    assert [boot_storm.run_bytes(runs) for runs in storm.runs] == [4096, 2 << 20]
+
+
+def test_several_traces_or_images_can_be_given():
+    args = boot_storm.parse_args(['--trace', 'a', '--trace', 'b'])
+    assert [str(trace) for trace in args.trace] == ['a', 'b'] and args.image is None
+    with pytest.raises(SystemExit):
+        boot_storm.parse_args(['--trace', 'a', '--image', 'b'])
+
+
+def test_the_storms_plot_has_a_panel_per_kind(tmp_path):
+    from yolo_bench import plots
+    points = [point('distinct', 1, 3.0, 0.1, 0.1), point('distinct', 16, 70.0, 0.4, 0.5),
+              point('same', 16, 70.0, 0.4, 0.5)]
+    path = plots.storm_lines(points, tmp_path / 'storms.png')
+    assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    # Two panels side by side: twice as wide as one.
+    width = int.from_bytes(path.read_bytes()[16:20], 'big')
+    one = plots.storm_lines(points[:2], tmp_path / 'one.png')
+    assert width == 2 * int.from_bytes(one.read_bytes()[16:20], 'big')

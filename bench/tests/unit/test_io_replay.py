@@ -1,5 +1,6 @@
 """The boot I/O replay: traces, think times, and boots replayed at once (not timings)."""
 
+import json
 import os
 
 import pytest
@@ -119,3 +120,32 @@ def test_the_kvm_factor_scales_a_boots_think_time_to_an_idle_kvm_boots():
     # Never slower than the boot learned (1 s of think time stays 1 s); none, nothing to scale.
     assert io_replay.kvm_factor([io_replay.Read(0, 4096, 1.0)]) == 1.0
     assert io_replay.kvm_factor(reads[:1]) == 0.0
+
+
+def test_boots_at_once_can_replay_traces_of_their_own(tmp_path, capsys):
+    small, large = tmp_path / 'small.trace', tmp_path / 'large.trace'
+    small.write_text('# yolofs trace v2\n0 4096 0 10\n')
+    large.write_text('# yolofs trace v2\n0 4096 0 10\n8192 8192 20 30\n')
+    base = tmp_path / 'base'
+    base.write_bytes(os.urandom(1 << 16))
+    assert io_replay.main(['--factor', '0', '--boot', str(small), str(base),
+                           '--boot', str(large), str(base)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [boot['bytes'] for boot in printed['boots']] == [4096, 12288]
+    # A file needs a trace to replay.
+    with pytest.raises(SystemExit):
+        io_replay.main([str(base)])
+
+
+def test_the_kvm_factor_is_each_traces_own(monkeypatch, tmp_path):
+    quick = [io_replay.Read(0, 4096, 0.0), io_replay.Read(4096, 4096, 7.0)]
+    slow = [io_replay.Read(0, 4096, 0.0), io_replay.Read(4096, 4096, 70.0)]
+    factors = {}
+
+    def replay_boot(path, reads, factor, direct, start):
+        factors[path] = factor
+        return io_replay.BootReplay([], 0, 0.0)
+    monkeypatch.setattr(io_replay, 'replay_boot', replay_boot)
+    io_replay.storm([('quick', quick), ('slow', slow)], factor='kvm')
+    assert factors == {'quick': io_replay.kvm_factor(quick), 'slow': io_replay.kvm_factor(slow)}
+    assert factors['quick'] == pytest.approx(10 * factors['slow'])
