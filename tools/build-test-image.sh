@@ -24,7 +24,17 @@
 # Output: a compressed qcow2 (what an operator would upload to Glance). It is cached and rebuilt
 # only when this script changes.
 #
+# Variants whose boots read other files, for the boot storm benchmark's distinct images
+# (docs/evaluation/benchmarks.md): YOLO_IMAGE_VARIANT=
+#   standard      the image above (the default)
+#   cloud-kernel  Debian's cloud kernel (linux-image-cloud-amd64) instead of the generic one
+#   sysvinit      sysvinit instead of systemd, the ready line printed by /etc/rc.local
+#   services      PostgreSQL and nginx started at boot, as an application image would
+#   cloud-init    cloud-init (Python) run at boot with no datasource, as cloud images do
+# each in debian12-yolo-VARIANT.qcow2.
+#
 # Usage: tools/build-test-image.sh [OUTPUT.qcow2]
+#   YOLO_IMAGE_VARIANT  which image (default standard)
 #   YOLO_CACHE_DIR   where images are cached (default /var/cache/yolo)
 #   DEBIAN_MIRROR    debootstrap mirror (default: the first deb.debian.org-style URI apt uses)
 #   IMAGE_SIZE       virtual disk size (default 2G)
@@ -32,12 +42,24 @@ set -euo pipefail
 
 YOLO_READY_MARKER="YOLO-GUEST-READY sshd-started"
 cache_dir=${YOLO_CACHE_DIR:-/var/cache/yolo}
-output=${1:-$cache_dir/images/debian12-yolo.qcow2}
+variant=${YOLO_IMAGE_VARIANT:-standard}
+kernel_package=linux-image-amd64 init_package=systemd-sysv extra_packages=""
+case $variant in
+    standard) ;;
+    cloud-kernel) kernel_package=linux-image-cloud-amd64 ;;
+    sysvinit) init_package=sysvinit-core ;;
+    services) extra_packages="postgresql nginx-light" ;;
+    cloud-init) extra_packages=cloud-init ;;
+    *) echo "build-test-image.sh: no variant $variant" >&2; exit 2 ;;
+esac
+default_output=$cache_dir/images/debian12-yolo.qcow2
+[[ $variant == standard ]] || default_output=$cache_dir/images/debian12-yolo-$variant.qcow2
+output=${1:-$default_output}
 image_size=${IMAGE_SIZE:-2G}
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/disk-image.sh
 source "$here/disk-image.sh"
-image_cached "$here/build-test-image.sh"
+image_cached "$here/build-test-image.sh" "$variant"
 image_requirements debootstrap
 
 mirror=${DEBIAN_MIRROR:-}
@@ -69,11 +91,26 @@ mkdir -p "$root"
 mount "$loopdev" "$root"
 
 echo "==> debootstrap bookworm from $mirror" >&2
+# apt in the image (the variants' packages) needs the CA certificates for an https mirror.
+certificates=""
+[[ -z $extra_packages || $mirror != https:* ]] || certificates=,ca-certificates
 debootstrap --variant=minbase \
-    --include=linux-image-amd64,systemd-sysv,udev,openssh-server,acpid,iproute2,kmod,qemu-guest-agent,fio \
+    --include=$kernel_package,$init_package,udev,openssh-server,acpid,iproute2,kmod,qemu-guest-agent,fio$certificates \
     bookworm "$root" "$mirror" >&2
 
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
+if [[ -n $extra_packages ]]; then
+    # With apt rather than debootstrap, which cannot order their dependencies; started at the
+    # guest's boot, not here (policy-rc.d).
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+    chmod +x "$root/usr/sbin/policy-rc.d"
+    chroot "$root" apt-get update >&2
+    # shellcheck disable=SC2086 # a list of packages
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y --no-install-recommends \
+        $extra_packages >&2
+    rm "$root/usr/sbin/policy-rc.d"
+    rm -rf "$root"/var/lib/apt/lists/*
+fi
 
 cat >"$root/etc/fstab" <<EOF
 UUID=$root_uuid / ext4 defaults,errors=remount-ro 0 1
@@ -91,11 +128,16 @@ printf '%s\n' virtio_pci virtio_blk virtio_scsi sd_mod ata_piix ata_generic ext4
 echo 'root:yolo' | chroot "$root" chpasswd
 chroot "$root" update-initramfs -u -k all >&2
 
-cat >"$root/etc/systemd/system/yolo-ready.service" <<EOF
+if [[ $init_package == systemd-sysv ]]; then
+    # What the ready line waits for beyond sshd: the variant's own services (PostgreSQL's
+    # cluster unit, whose generator is masked below, is started by this).
+    ready_after=ssh.service
+    [[ $variant == services ]] && ready_after+=" postgresql@15-main.service nginx.service"
+    cat >"$root/etc/systemd/system/yolo-ready.service" <<EOF
 [Unit]
 Description=Report on the serial console that sshd has started
-After=ssh.service
-Wants=ssh.service
+After=$ready_after
+Wants=$ready_after
 
 [Service]
 Type=oneshot
@@ -104,33 +146,53 @@ ExecStart=/bin/sh -c 'echo "$YOLO_READY_MARKER boot \$\$(cat /proc/sys/kernel/ra
 [Install]
 WantedBy=multi-user.target
 EOF
-chroot "$root" systemctl enable yolo-ready.service ssh.service acpid.service >&2
-cat >"$root/etc/acpi/events/yolo-power-button" <<'EOF'
-event=button[ /]power
-action=/bin/systemctl poweroff
+    chroot "$root" systemctl enable yolo-ready.service ssh.service acpid.service >&2
+    poweroff="/bin/systemctl poweroff"
+    # sshd checks its configuration before each start (sshd -t); this one is Debian's own.
+    mkdir -p "$root/etc/systemd/system/ssh.service.d"
+    printf '[Service]\nExecStartPre=\n' >"$root/etc/systemd/system/ssh.service.d/yolo-test-guest.conf"
+    chroot "$root" systemctl set-default multi-user.target >&2
+    # Nothing but the boot path: no timers or periodic jobs that would add unrelated reads, and
+    # no unit with nothing to do here (each costs seconds of emulated CPU).
+    chroot "$root" systemctl mask apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
+        e2scrub_reap.service getty@tty1.service serial-getty@ttyS0.service getty-static.service \
+        systemd-binfmt.service proc-sys-fs-binfmt_misc.automount proc-sys-fs-binfmt_misc.mount \
+        dev-hugepages.mount dev-mqueue.mount sys-kernel-debug.mount sys-kernel-tracing.mount \
+        sys-kernel-config.mount sys-fs-fuse-connections.mount kmod-static-nodes.service \
+        modprobe@configfs.service modprobe@dm_mod.service modprobe@efi_pstore.service \
+        modprobe@fuse.service modprobe@loop.service modprobe@drm.service systemd-pstore.service \
+        systemd-sysusers.service systemd-random-seed.service systemd-journal-flush.service \
+        systemd-update-utmp.service systemd-update-utmp-runlevel.service \
+        systemd-modules-load.service >&2
+    # systemd runs every generator at each start; only the fstab one has work in this guest
+    # (cloud-init's would enable cloud-init.target: enabled below instead).
+    mkdir -p "$root/etc/systemd/system-generators"
+    for generator in "$root"/lib/systemd/system-generators/*; do
+        [[ $(basename "$generator") == systemd-fstab-generator ]] ||
+            ln -sf /dev/null "$root/etc/systemd/system-generators/$(basename "$generator")"
+    done
+else
+    # sysvinit runs /etc/rc.local last, after sshd.
+    cat >"$root/etc/rc.local" <<EOF
+#!/bin/sh
+echo "$YOLO_READY_MARKER boot \$(cat /proc/sys/kernel/random/boot_id)" > /dev/ttyS0
 EOF
-# sshd checks its configuration before each start (sshd -t); this one is Debian's own.
-mkdir -p "$root/etc/systemd/system/ssh.service.d"
-printf '[Service]\nExecStartPre=\n' >"$root/etc/systemd/system/ssh.service.d/yolo-test-guest.conf"
-chroot "$root" systemctl set-default multi-user.target >&2
-# Nothing but the boot path: no timers or periodic jobs that would add unrelated reads, and no
-# unit with nothing to do here (each costs seconds of emulated CPU).
-chroot "$root" systemctl mask apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
-    e2scrub_reap.service getty@tty1.service serial-getty@ttyS0.service getty-static.service \
-    systemd-binfmt.service proc-sys-fs-binfmt_misc.automount proc-sys-fs-binfmt_misc.mount \
-    dev-hugepages.mount dev-mqueue.mount sys-kernel-debug.mount sys-kernel-tracing.mount \
-    sys-kernel-config.mount sys-fs-fuse-connections.mount kmod-static-nodes.service \
-    modprobe@configfs.service modprobe@dm_mod.service modprobe@efi_pstore.service \
-    modprobe@fuse.service modprobe@loop.service modprobe@drm.service systemd-pstore.service \
-    systemd-sysusers.service systemd-random-seed.service systemd-journal-flush.service \
-    systemd-update-utmp.service systemd-update-utmp-runlevel.service \
-    systemd-modules-load.service >&2
-# systemd runs every generator at each start; only the fstab one has work in this guest.
-mkdir -p "$root/etc/systemd/system-generators"
-for generator in "$root"/lib/systemd/system-generators/*; do
-    [[ $(basename "$generator") == systemd-fstab-generator ]] ||
-        ln -sf /dev/null "$root/etc/systemd/system-generators/$(basename "$generator")"
-done
+    chmod +x "$root/etc/rc.local"
+    poweroff=/sbin/poweroff
+    # No gettys: nobody logs in on a test guest's consoles.
+    sed -i 's/^\([0-9]*:[0-9]*:respawn:.*getty.*\)/#\1/' "$root/etc/inittab"
+fi
+if [[ $variant == cloud-init ]]; then
+    # No datasource to look for (the guests have no network) and no network to configure:
+    # cloud-init's stages still run, as they run at a cloud image's first boot.
+    printf 'datasource_list: [ None ]\nnetwork: {config: disabled}\n' \
+        >"$root/etc/cloud/cloud.cfg.d/90-yolo-test-guest.cfg"
+    ln -sf /lib/systemd/system/cloud-init.target "$root/etc/systemd/system/multi-user.target.wants/"
+fi
+cat >"$root/etc/acpi/events/yolo-power-button" <<EOF
+event=button[ /]power
+action=$poweroff
+EOF
 chroot "$root" apt-get clean
 
 echo "==> installing extlinux" >&2

@@ -5,8 +5,9 @@
 
 MBR_CODE=/usr/lib/syslinux/mbr/mbr.bin
 
-image_cached() {  # BUILDER: prints $output and exits if BUILDER and this file, as they are, made it
-    build_id=$(cat "$1" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
+image_cached() {  # BUILDER [VARIANT]: prints $output and exits if BUILDER and this file, as they
+    # are, made it (of VARIANT)
+    build_id=$({ cat "$1" "${BASH_SOURCE[0]}"; [[ -z ${2:-} ]] || echo "$2"; } | sha256sum | cut -c1-16)
     if [[ -f $output && -f $output.build-id && $(cat "$output.build-id") == "$build_id" ]]; then
         echo "$output"
         exit 0

@@ -5,7 +5,8 @@ emulated HDD, from the base files and through a yolofs mount that serves their b
                                     [--stressors 0,8] [--kinds same,distinct] [--factor 1.0]
                                     [--json FILE]
     python -m yolo_bench.boot_storm --catalogue 200 [--arrivals 400] [--at-once 4] [--zipf 1.0]
-                                    [--no-mlock] (--trace T | --image QCOW2) [--json FILE]
+                                    [--stressors 0,8] [--no-mlock] (--trace T | --image QCOW2)...
+                                    [--json FILE]
     python -m yolo_bench.boot_storm --reboot 20 (--trace T | --image QCOW2) [--json FILE]
 
 A trace is a real boot's (learned from ``--image`` on the machine's own disk, as the boot
@@ -443,16 +444,18 @@ def run_catalogue(args, work, traces, size):
     """The catalogue beside each count of ``--stressors``, yolofs started afresh for each (its
     memory empty), the same draws."""
     results = []
-    with Storm(work / 'catalogue', traces, size, args.catalogue, max(args.stressors),
-               budget_share=0.25, mlock=args.mlock) as storm:
-        for count in args.stressors:
-            storm.start_mount()
-            with stressors.io_stressors(storm.disk, count):
-                results.append(dict(catalogue(storm, args.arrivals, args.at_once, args.zipf,
-                                              args.factor), stressors=count))
-            print('\n'.join(catalogue_lines(results[-1])), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + '\n')
+    try:
+        with Storm(work / 'catalogue', traces, size, args.catalogue, max(args.stressors),
+                   budget_share=0.25, mlock=args.mlock) as storm:
+            for count in args.stressors:
+                storm.start_mount()
+                with stressors.io_stressors(storm.disk, count):
+                    results.append(dict(catalogue(storm, args.arrivals, args.at_once, args.zipf,
+                                                  args.factor), stressors=count))
+                print('\n'.join(catalogue_lines(results[-1])), flush=True)
+    finally:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1) + '\n')
     return 0
 
 
@@ -463,18 +466,6 @@ def run_reboot(args, work, traces, size):
         args.json.write_text(json.dumps(rows, indent=1) + '\n')
     print('\n'.join(reboot_lines(rows)))
     return 0
-
-
-def factor(text):
-    if text == 'kvm':
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError('not a factor or \'kvm\': %r' % text)
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError('not a factor of 0 or more: %r' % text)
-    return value
 
 
 def parse_args(argv):
@@ -495,7 +486,7 @@ def parse_args(argv):
                         help='fio stressors on the HDD, comma-separated (default: 0,8)')
     parser.add_argument('--kinds', type=cloud.comma_separated(('same', 'distinct'), 'kind'),
                         default=['same', 'distinct'], help='same image, distinct images')
-    parser.add_argument('--factor', type=factor, default=1.0,
+    parser.add_argument('--factor', type=io_replay.factor, default=1.0,
                         help='think time scale: 1.0 is the learned boot\'s (default); \'kvm\' '
                              'makes a boot\'s think time %g s, as an idle KVM boot\'s'
                              % io_replay.KVM_BOOT_THINK_SECONDS)
@@ -517,7 +508,10 @@ def parse_args(argv):
     parser.add_argument('--json', type=pathlib.Path, help='write every point to this file')
     parser.add_argument('--plot', type=pathlib.Path,
                         help='plot the storms\' I/O times to this PNG file')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.plot and (args.catalogue or args.reboot):
+        parser.error('--plot plots storms, not --catalogue or --reboot')
+    return args
 
 
 def main(argv=None):

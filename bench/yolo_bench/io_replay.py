@@ -28,6 +28,7 @@ its own kvm_factor.
 import argparse
 import dataclasses
 import json
+import math
 import mmap
 import os
 import statistics
@@ -205,19 +206,31 @@ def summary(results):
             'replay_max': max(wall)}
 
 
+def factor(text):
+    """A think time factor (0 or more), or 'kvm' (each trace's kvm_factor)."""
+    if text == 'kvm':
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError('not a factor or \'kvm\': %r' % text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError('not a factor of 0 or more: %r' % text)
+    return value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m yolo_bench.io_replay',
                                      description=__doc__.splitlines()[0])
     parser.add_argument('--trace', help='the trace of every FILE')
     parser.add_argument('--boot', nargs=2, action='append', default=[],
                         metavar=('TRACE', 'FILE'), help='a boot of FILE replaying TRACE')
-    parser.add_argument('--factor', type=lambda text: text if text == 'kvm' else float(text),
-                        default=1.0)
+    parser.add_argument('--factor', type=factor, default=1.0)
     parser.add_argument('--direct', action='store_true', help='O_DIRECT, as cache=none')
     parser.add_argument('files', nargs='*')
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.files and not args.trace:
-        parser.error('FILE needs --trace')
+    if bool(args.files) != bool(args.trace):
+        parser.error('--trace and FILE go together')
     boots = [(args.trace, path) for path in args.files] + [tuple(boot) for boot in args.boot]
     if not boots:
         parser.error('nothing to replay')

@@ -187,3 +187,37 @@ def test_the_storms_plot_has_a_panel_per_kind(tmp_path):
     width = int.from_bytes(path.read_bytes()[16:20], 'big')
     one = plots.storm_lines(points[:2], tmp_path / 'one.png')
     assert width == 2 * int.from_bytes(one.read_bytes()[16:20], 'big')
+
+
+def test_each_boot_is_replayed_with_its_own_trace(monkeypatch, tmp_path):
+    ran = []
+
+    class Disk:
+        def join_cgroup(self):
+            pass
+
+    def run(command, **kwargs):
+        ran.append(command)
+        boots = [{'latencies': [0.1], 'bytes': 4096, 'seconds': 1.0}] * 2
+        return argparse.Namespace(returncode=0, stderr='', stdout=json.dumps(
+            {'boots': boots, 'storage_read_bytes': 8192}))
+    monkeypatch.setattr(boot_storm.subprocess, 'run', run)
+    results, read = boot_storm.replay_in(Disk(), [('a.img', 'one.trace'), ('b.img', 'two.trace')],
+                                         'kvm')
+    [command] = ran
+    assert command[command.index('--factor') + 1] == 'kvm'
+    boots = command[command.index('--direct') + 1:]
+    assert boots == ['--boot', 'one.trace', 'a.img', '--boot', 'two.trace', 'b.img']
+    assert len(results) == 2 and read == 8192
+
+
+@pytest.mark.parametrize('text', ['-1', 'nan', 'inf', 'fast'])
+def test_a_factor_is_a_number_of_0_or_more_or_kvm(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        io_replay.factor(text)
+    assert io_replay.factor('kvm') == 'kvm' and io_replay.factor('0.5') == 0.5
+
+
+def test_the_plot_is_of_storms_only():
+    with pytest.raises(SystemExit):
+        boot_storm.parse_args(['--trace', 'a', '--catalogue', '200', '--plot', 'x.png'])
