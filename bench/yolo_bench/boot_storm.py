@@ -161,12 +161,13 @@ class Storm:
         # of the boot images' bytes (None: room for every one).
         self.work = pathlib.Path(work)
         self.traces = list(traces)
-        self.runs = [traced_runs(io_replay.load_trace(trace)) for trace in self.traces]
+        # Each trace's byte ranges, by trace.
+        self.runs = {trace: traced_runs(io_replay.load_trace(trace)) for trace in self.traces}
         self.image_size = image_size
         self.count = count
         self.stressor_count = stressor_count
         # Each base file's written bytes and its boot image, the stressors' files, and room.
-        needed = sum(2 * run_bytes(self.runs[index % len(self.runs)]) for index in range(count))
+        needed = sum(2 * run_bytes(self.runs[self.trace_for(index)]) for index in range(count))
         needed += stressor_count * (stressors.STRESSOR_FILE_MIB << 20)
         self.disk = storage.ThrottledDisk(self.work / 'hdd',
                                           size_gib=max(4, math.ceil(needed * 1.2 / (1 << 30))))
@@ -192,12 +193,12 @@ class Storm:
         base_dir.mkdir()
         store.mkdir()
         runner.log('%d base files, %s MiB read by a boot, on a disk of %d GiB' % (
-            self.count, ', '.join(str(run_bytes(runs) >> 20) for runs in self.runs),
+            self.count, ', '.join(str(run_bytes(self.runs[trace]) >> 20) for trace in self.traces),
             self.disk.size_gib))
         for index in range(self.count):
-            trace, runs = self.trace_for(index), self.runs[index % len(self.runs)]
+            trace = self.trace_for(index)
             base = base_dir / images.base_file_name(str(uuid.uuid4()))
-            write_synthetic_base(base, runs, self.image_size, seed=index)
+            write_synthetic_base(base, self.runs[trace], self.image_size, seed=index)
             yolofs.run('build', '--trace', trace, '--source', base,
                        '--output', store / (base.name + '.yolo'), '--mark')
             self.bases.append((base, trace))
@@ -447,8 +448,9 @@ def run_catalogue(args, work, traces, size):
     try:
         with Storm(work / 'catalogue', traces, size, args.catalogue, max(args.stressors),
                    budget_share=0.25, mlock=args.mlock) as storm:
-            for count in args.stressors:
-                storm.start_mount()
+            for number, count in enumerate(args.stressors):
+                if number:      # the first count's mount has just started
+                    storm.start_mount()
                 with stressors.io_stressors(storm.disk, count):
                     results.append(dict(catalogue(storm, args.arrivals, args.at_once, args.zipf,
                                                   args.factor), stressors=count))
@@ -526,9 +528,10 @@ def main(argv=None):
         size = size or max(images.info(image)['virtual-size'] for image in args.image)
     ends = []
     for trace in traces:
-        reads = io_replay.load_trace(trace)
+        text = pathlib.Path(trace).read_text()
+        reads = io_replay.parse_trace(text)
         ends.append(max(r.offset + r.length for r in reads))
-        if not io_replay.timed(pathlib.Path(trace).read_text()) and args.factor:
+        if not io_replay.timed(text) and args.factor:
             sys.exit('%s says nothing of when its reads came (a v1 trace): learn it again with '
                      'this yolofs, or replay it without think time (--factor 0)' % trace)
         runner.log('%s: %d reads of %d MiB, %.1f s of think time%s' % (

@@ -167,7 +167,7 @@ def test_distinct_images_take_the_traces_in_turn(tmp_path):
     other.write_text('# yolofs trace v2\n0 1048576 0 10\n4194304 1048576 20 30\n')
     storm = boot_storm.Storm(tmp_path / 'storm', [one, other], 8 << 20, 3, 0)
     assert [storm.trace_for(index) for index in range(3)] == [one, other, one]
-    assert [boot_storm.run_bytes(runs) for runs in storm.runs] == [4096, 2 << 20]
+    assert [boot_storm.run_bytes(storm.runs[trace]) for trace in (one, other)] == [4096, 2 << 20]
 
 
 def test_several_traces_or_images_can_be_given():
