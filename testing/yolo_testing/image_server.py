@@ -5,7 +5,8 @@ or ``bytes=A-``), with 206 and those bytes, as Glance's download does. Every con
 link of ``rate`` bytes per second (0: unthrottled), as a compute host's downloads share its
 network (``throttle_ranges`` false: only downloads from an offset to the end use it); a test can
 cut the next whole download after some bytes (``break_after``), answer 503 to everything
-(``down``), or 400 to ranges (``ranges_refused``), as Glance does where its store cannot serve them.
+(``down``), or 400 to ranges (``ranges_refused``), as Glance does where its store cannot serve them,
+and hold every transfer before its next chunk (``pause``, ``resume``) to order events around it.
 """
 
 import http.server
@@ -15,6 +16,7 @@ import threading
 import time
 
 CHUNK = 256 << 10
+PAUSE_LIMIT_SECONDS = 120     # a test that never resumes does not hang its senders
 
 
 class Link:
@@ -53,6 +55,14 @@ class ImageServer(http.server.ThreadingHTTPServer):
         self.ranges_refused = False     # as Glance on its rbd, swift, s3 and http stores
         self.token_expired = False      # new requests get 401; those under way go on
         self.ranges = []        # (start, end) of each ranged request, in order
+        self._flowing = threading.Event()
+        self._flowing.set()
+
+    def pause(self):
+        self._flowing.clear()
+
+    def resume(self):
+        self._flowing.set()
 
     @property
     def rate(self):
@@ -116,6 +126,7 @@ class ImageHandler(http.server.BaseHTTPRequestHandler):
                 if server.down or (cut is not None and offset >= cut):
                     self.close_connection = True
                     return
+                server._flowing.wait(PAUSE_LIMIT_SECONDS)
                 length = min(CHUNK, end - offset)
                 if to_the_end or server.throttle_ranges:
                     server.link.take(length)

@@ -220,7 +220,7 @@ def test_glance_unreachable_mid_fill_fails_it_and_leaves_nothing(
     fill.disks.add('instances/a-guest/disk')
     fd = os.open(host.served(), os.O_RDONLY)
     try:
-        time.sleep(1)
+        wait_until('the download under way', 30, lambda: fill._cursor > 0, interval=0.05)
         image_server.down = True
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             reading = pool.submit(os.pread, fd, hole[1], hole[0])
@@ -450,8 +450,11 @@ def test_yolofs_restarted_mid_fill_serves_it_again(host, dirs, image_server, con
     boot_image = build_boot_image(dirs, content)
     extent = boot_image_extents(boot_image)[0]
     fill = host.fill_raw(image_server, boot_image, sha256(content))
-    time.sleep(1)
+    wait_until('the download under way', 30, lambda: fill._cursor > 0, interval=0.05)
+    # Held while yolofs restarts, however long that takes: the fill cannot end meanwhile.
+    image_server.pause()
     host.restart_yolofs()
+    image_server.resume()
     # The new yolofs keeps no fill: the fill's next report of a range registers it again.
     deadline = time.monotonic() + 30
     while True:
@@ -478,7 +481,9 @@ def test_a_boot_image_file_changed_before_yolofs_restarts_is_never_served_again(
     image_server.rate = 3 << 20
     boot_image = build_boot_image(dirs, content)
     fill = host.fill_raw(image_server, boot_image, sha256(content))
-    time.sleep(1)
+    # The fill has verified the file (begin), and cannot end before yolofs restarts.
+    wait_until('the download under way', 30, lambda: fill._cursor > 0, interval=0.05)
+    image_server.pause()
     with open(boot_image, 'r+b') as f:
         f.seek(-1, os.SEEK_END)
         last = f.read(1)
@@ -486,6 +491,7 @@ def test_a_boot_image_file_changed_before_yolofs_restarts_is_never_served_again(
         f.write(bytes([last[0] ^ 0xff]))
     host.restart_yolofs()
     assert fill.wait(60) and fill.outcome == 'failed'
+    image_server.resume()
     assert 'boot image file changed' in fill.reason
     assert 'ALARM' in caplog.text
     with pytest.raises(yolofs.YolofsError):
