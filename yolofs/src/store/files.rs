@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use log::info;
 use serde::Serialize;
 
-use super::stamp::{stamp_matches, BootImageKey, SourceKey};
+use super::stamp::{stamp_matches, stamp_path, BootImageKey, SourceKey};
 use super::BootImageStore;
 use crate::format;
 
@@ -71,6 +71,34 @@ pub fn check_image_id(image_id: &str) -> Result<&str, String> {
 pub(super) fn boot_image_file_key(path: &Path) -> std::io::Result<(u64, i64, u64)> {
     let meta = fs::metadata(path)?;
     Ok((meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len()))
+}
+
+/// A file as `stat` saw it (inode, size, modification and status change times; None: not
+/// there): what was read of it holds while it stays so. The store's files are replaced by
+/// rename, never written in place.
+type FileState = Option<(u64, u64, i128, i128)>;
+
+fn file_state(path: &Path) -> FileState {
+    let meta = fs::symlink_metadata(path).ok()?;
+    let ns = |secs: i64, nsecs: i64| secs as i128 * 1_000_000_000 + nsecs as i128;
+    Some((
+        meta.ino(),
+        meta.len(),
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec()),
+    ))
+}
+
+/// What `status` read of one boot image's files (its header, stamp and image id record): read
+/// again only when one of them, or its base file, changed. A listing then costs a few `stat`s per
+/// boot image, not three reads: on a host of hundreds of images whose disk is busy (what YOLO is
+/// for), reading them all for every `status` took longer than its clients wait.
+#[derive(Clone)]
+pub(super) struct Listed {
+    files: [FileState; 3],
+    base: Option<SourceKey>,
+    image_id: Option<String>,
+    stamped: bool,
 }
 
 /// One boot image of the store, for `status`.
@@ -140,10 +168,16 @@ impl BootImageStore {
 
     /// Every boot image in the store, with the image it serves and whether it is usable.
     pub fn boot_images(&self, source_dir: &Path) -> Vec<BootImageInfo> {
-        self.names()
-            .into_iter()
-            .map(|name| self.boot_image_info(source_dir, name))
-            .collect()
+        let names = self.names();
+        let infos = names
+            .iter()
+            .map(|name| self.boot_image_info(source_dir, name.clone()))
+            .collect();
+        self.listing
+            .lock()
+            .unwrap()
+            .retain(|name, _| names.binary_search(name).is_ok());
+        infos
     }
 
     /// The base files the store has a boot image for, sorted.
@@ -163,12 +197,14 @@ impl BootImageStore {
 
     fn boot_image_info(&self, source_dir: &Path, name: String) -> BootImageInfo {
         let path = self.path_for(&name);
-        let header = format::read_header(&path).ok();
-        let base = fs::metadata(source_dir.join(&name)).ok();
+        let base = fs::metadata(source_dir.join(&name))
+            .ok()
+            .map(|meta| SourceKey::from_metadata(&meta));
+        let listed = self.listed(&name, &path, base);
         let (loaded, rejected) = {
             let state = self.state.lock().unwrap();
             let loaded = match (state.loaded.peek(&name), &base) {
-                (Some(loaded), Some(meta)) => loaded.holds_for(&SourceKey::from_metadata(meta)),
+                (Some(loaded), Some(base)) => loaded.holds_for(base),
                 _ => false,
             };
             let rejected = state
@@ -177,23 +213,46 @@ impl BootImageStore {
                 .and_then(|r| (boot_image_file_key(&path).ok() == Some(r.file_key)).then(|| r.reason.clone()));
             (loaded, rejected)
         };
-        let stamped = match (&header, &base) {
-            (Some(header), Some(meta)) => {
-                stamp_matches(&path, BootImageKey::of_header(header), &SourceKey::from_metadata(meta))
-            }
-            _ => false,
-        };
-        let image_id = self
-            .image_id(&name)
-            .or_else(|| header.map(|h| h.image_id).filter(|id| !id.is_empty()));
         let learned = self.trace_path(&name).exists();
         BootImageInfo {
             file: name,
-            image_id,
-            verified: rejected.is_none() && (loaded || stamped),
+            image_id: listed.image_id,
+            verified: rejected.is_none() && (loaded || listed.stamped),
             rejected,
             learned,
         }
+    }
+
+    /// What boot image `name`'s files say (at `path`, for the base file as `base` is), read
+    /// only if they or the base file changed since they were last read.
+    fn listed(&self, name: &str, path: &Path, base: Option<SourceKey>) -> Listed {
+        // Taken before the reads: a change meanwhile leaves a state that differs next time.
+        let files = [
+            file_state(path),
+            file_state(&stamp_path(path)),
+            file_state(&self.image_id_path(name)),
+        ];
+        if let Some(listed) = self.listing.lock().unwrap().get(name) {
+            if listed.files == files && listed.base == base {
+                return listed.clone();
+            }
+        }
+        let header = format::read_header(path).ok();
+        let stamped = match (&header, &base) {
+            (Some(header), Some(base)) => stamp_matches(path, BootImageKey::of_header(header), base),
+            _ => false,
+        };
+        let image_id = self
+            .image_id(name)
+            .or_else(|| header.map(|h| h.image_id).filter(|id| !id.is_empty()));
+        let listed = Listed {
+            files,
+            base,
+            image_id,
+            stamped,
+        };
+        self.listing.lock().unwrap().insert(name.to_string(), listed.clone());
+        listed
     }
 
     /// Deletes the store's files of base files that are no longer in `source_dir` (Nova's image
@@ -292,5 +351,30 @@ mod tests {
         f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
         fs::remove_file(f.store.image_id_path("disk")).unwrap();
         assert_eq!(f.store.boot_images(&f.base_dir())[0].image_id.as_deref(), Some(IMAGE));
+    }
+
+    #[test]
+    fn a_listing_sees_every_change_of_a_boot_images_files_and_forgets_removed_ones() {
+        let f = Fixture::new(1 << 30);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        let listed = |f: &Fixture| f.store.boot_images(&f.base_dir());
+        assert!(listed(&f)[0].verified);
+        assert!(f.store.remember_image_id("disk", "other").unwrap());
+        assert_eq!(listed(&f)[0].image_id.as_deref(), Some("other"));
+        fs::remove_file(f.store.image_id_path("disk")).unwrap();
+        assert_eq!(listed(&f)[0].image_id.as_deref(), Some(IMAGE));
+        // The stamp no longer holds once the base file changed, and is gone once removed.
+        let stamp = fs::read(stamp_path(&f.store.path_for("disk"))).unwrap();
+        fs::write(f.base_dir().join("disk"), content(1)).unwrap();
+        assert!(!listed(&f)[0].verified);
+        f.install(&f.candidate(&content(1), IMAGE), IMAGE).unwrap();
+        assert!(listed(&f)[0].verified);
+        fs::remove_file(stamp_path(&f.store.path_for("disk"))).unwrap();
+        assert!(!listed(&f)[0].verified);
+        fs::write(stamp_path(&f.store.path_for("disk")), stamp).unwrap();
+        assert!(!listed(&f)[0].verified);
+        fs::remove_file(f.store.path_for("disk")).unwrap();
+        assert!(listed(&f).is_empty());
+        assert!(f.store.listing.lock().unwrap().is_empty());
     }
 }

@@ -270,6 +270,8 @@ pub struct BootImageStore {
     load_slots: LoadSlots,
     /// What preloading at start has done ([`BootImageStore::preload`]).
     preload: Mutex<Option<PreloadProgress>>,
+    /// What `status` read of each boot image's files, for as long as they stay as they were.
+    listing: Mutex<HashMap<String, files::Listed>>,
 }
 
 struct StoreState {
@@ -296,6 +298,7 @@ impl BootImageStore {
             loading: Loading::default(),
             load_slots: LoadSlots::new(DEFAULT_LOADS_AT_ONCE),
             preload: Mutex::default(),
+            listing: Mutex::default(),
         }
     }
 
