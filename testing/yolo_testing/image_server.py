@@ -81,6 +81,7 @@ class ImageServer(http.server.ThreadingHTTPServer):
         return self
 
     def __exit__(self, *exc_info):
+        self.resume()
         self.shutdown()
         self.server_close()
 
@@ -126,7 +127,9 @@ class ImageHandler(http.server.BaseHTTPRequestHandler):
                 if server.down or (cut is not None and offset >= cut):
                     self.close_connection = True
                     return
-                server._flowing.wait(PAUSE_LIMIT_SECONDS)
+                if not server._flowing.wait(PAUSE_LIMIT_SECONDS):
+                    self.close_connection = True    # the test's hold lapsed: fail loudly
+                    return
                 length = min(CHUNK, end - offset)
                 if to_the_end or server.throttle_ranges:
                     server.link.take(length)

@@ -6,11 +6,12 @@ use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use log::info;
 use serde::Serialize;
 
-use super::stamp::{stamp_matches, stamp_path, BootImageKey, SourceKey};
+use super::stamp::{read_stamp, stamp_path, BootImageKey, SourceKey, SETTLE};
 use super::BootImageStore;
 use crate::format;
 
@@ -75,11 +76,12 @@ pub(super) fn boot_image_file_key(path: &Path) -> std::io::Result<(u64, i64, u64
 
 /// A file as `stat` saw it (inode, size, modification and status change times; None: not
 /// there): what was read of it holds while it stays so. The store's files are replaced by
-/// rename, never written in place.
+/// rename, never written in place; one changed within the last [`SETTLE`] could change again
+/// without its times moving (coarse timestamps), so what is read of it is not kept.
 type FileState = Option<(u64, u64, i128, i128)>;
 
 fn file_state(path: &Path) -> FileState {
-    let meta = fs::symlink_metadata(path).ok()?;
+    let meta = fs::metadata(path).ok()?;
     let ns = |secs: i64, nsecs: i64| secs as i128 * 1_000_000_000 + nsecs as i128;
     Some((
         meta.ino(),
@@ -87,6 +89,13 @@ fn file_state(path: &Path) -> FileState {
         ns(meta.mtime(), meta.mtime_nsec()),
         ns(meta.ctime(), meta.ctime_nsec()),
     ))
+}
+
+fn settled(state: &FileState) -> bool {
+    let now_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    state.is_none_or(|(_, _, _, ctime_ns)| now_ns - ctime_ns >= SETTLE.as_nanos() as i128)
 }
 
 /// What `status` read of one boot image's files (its header, stamp and image id record): read
@@ -237,21 +246,30 @@ impl BootImageStore {
                 return listed.clone();
             }
         }
+        #[cfg(test)]
+        self.listing_reads.fetch_add(1, Ordering::Relaxed);
         let header = format::read_header(path).ok();
-        let stamped = match (&header, &base) {
-            (Some(header), Some(base)) => stamp_matches(path, BootImageKey::of_header(header), base),
+        let stamp = read_stamp(path);
+        let recorded_id = self.image_id(name);
+        let stamped = match (&header, &stamp, &base) {
+            (Some(header), Some(stamp), Some(base)) => stamp.vouches_for(BootImageKey::of_header(header), base),
             _ => false,
         };
-        let image_id = self
-            .image_id(name)
-            .or_else(|| header.map(|h| h.image_id).filter(|id| !id.is_empty()));
+        // Kept only if every file there was read (a failed read is not the answer) and none
+        // of them, nor the base file, changed too recently to be told from a later change.
+        let read = [header.is_some(), stamp.is_some(), recorded_id.is_some()];
+        let keep = files.iter().zip(read).all(|(state, read)| state.is_none() || read)
+            && files.iter().all(settled)
+            && base.is_none_or(|base| base.is_settled());
         let listed = Listed {
             files,
             base,
-            image_id,
+            image_id: recorded_id.or_else(|| header.map(|h| h.image_id).filter(|id| !id.is_empty())),
             stamped,
         };
-        self.listing.lock().unwrap().insert(name.to_string(), listed.clone());
+        if keep {
+            self.listing.lock().unwrap().insert(name.to_string(), listed.clone());
+        }
         listed
     }
 
@@ -354,27 +372,48 @@ mod tests {
     }
 
     #[test]
-    fn a_listing_sees_every_change_of_a_boot_images_files_and_forgets_removed_ones() {
+    fn a_listing_reads_a_boot_images_files_again_only_when_they_changed() {
         let f = Fixture::new(1 << 30);
         f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
-        let listed = |f: &Fixture| f.store.boot_images(&f.base_dir());
-        assert!(listed(&f)[0].verified);
+        let reads = || f.store.listing_reads.load(Ordering::Relaxed);
+        // Listed twice once settled: the second listing reads nothing. Each change below is
+        // made to files whose listing has been kept since they settled.
+        let listed_settled = || {
+            std::thread::sleep(SETTLE);
+            let first = f.store.boot_images(&f.base_dir());
+            let after_first = reads();
+            assert_eq!(f.store.boot_images(&f.base_dir()), first);
+            assert_eq!(reads(), after_first);
+            first[0].clone()
+        };
+        let listed = || f.store.boot_images(&f.base_dir())[0].clone();
+        assert!(listed_settled().verified);
+        // The image id record.
         assert!(f.store.remember_image_id("disk", "other").unwrap());
-        assert_eq!(listed(&f)[0].image_id.as_deref(), Some("other"));
+        assert_eq!(listed().image_id.as_deref(), Some("other"));
+        listed_settled();
         fs::remove_file(f.store.image_id_path("disk")).unwrap();
-        assert_eq!(listed(&f)[0].image_id.as_deref(), Some(IMAGE));
-        // The stamp no longer holds once the base file changed, and is gone once removed.
-        let stamp = fs::read(stamp_path(&f.store.path_for("disk"))).unwrap();
+        assert_eq!(listed().image_id.as_deref(), Some(IMAGE));
+        // The stamp, gone and back.
+        listed_settled();
+        let stamp = stamp_path(&f.store.path_for("disk"));
+        let kept = fs::read(&stamp).unwrap();
+        fs::remove_file(&stamp).unwrap();
+        assert!(!listed().verified);
+        listed_settled();
+        fs::write(&stamp, kept).unwrap();
+        assert!(listed().verified);
+        // The base file: the stamp no longer holds for it.
+        listed_settled();
         fs::write(f.base_dir().join("disk"), content(1)).unwrap();
-        assert!(!listed(&f)[0].verified);
-        f.install(&f.candidate(&content(1), IMAGE), IMAGE).unwrap();
-        assert!(listed(&f)[0].verified);
-        fs::remove_file(stamp_path(&f.store.path_for("disk"))).unwrap();
-        assert!(!listed(&f)[0].verified);
-        fs::write(stamp_path(&f.store.path_for("disk")), stamp).unwrap();
-        assert!(!listed(&f)[0].verified);
+        assert!(!listed().verified);
+        // The boot image file, replaced by one of another image.
+        listed_settled();
+        fs::rename(f.candidate(&content(1), "another-image"), f.store.path_for("disk")).unwrap();
+        assert_eq!(listed().image_id.as_deref(), Some("another-image"));
+        // A removed boot image is forgotten.
         fs::remove_file(f.store.path_for("disk")).unwrap();
-        assert!(listed(&f).is_empty());
+        assert!(f.store.boot_images(&f.base_dir()).is_empty());
         assert!(f.store.listing.lock().unwrap().is_empty());
     }
 }

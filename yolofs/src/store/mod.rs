@@ -272,6 +272,9 @@ pub struct BootImageStore {
     preload: Mutex<Option<PreloadProgress>>,
     /// What `status` read of each boot image's files, for as long as they stay as they were.
     listing: Mutex<HashMap<String, files::Listed>>,
+    /// How many times a listing read a boot image's files (its memo missed).
+    #[cfg(test)]
+    listing_reads: AtomicU64,
 }
 
 struct StoreState {
@@ -299,6 +302,8 @@ impl BootImageStore {
             load_slots: LoadSlots::new(DEFAULT_LOADS_AT_ONCE),
             preload: Mutex::default(),
             listing: Mutex::default(),
+            #[cfg(test)]
+            listing_reads: AtomicU64::new(0),
         }
     }
 

@@ -174,8 +174,15 @@ pub enum StampError {
     Changing,
 }
 
+impl Stamp {
+    /// Whether it vouches for boot image `image` over the base file as `source` is.
+    pub(super) fn vouches_for(&self, image: BootImageKey, source: &SourceKey) -> bool {
+        self.boot_image == image && self.source == *source
+    }
+}
+
 pub(super) fn stamp_matches(boot_image_path: &Path, image: BootImageKey, source: &SourceKey) -> bool {
-    read_stamp(boot_image_path).is_some_and(|stamp| stamp.boot_image == image && stamp.source == *source)
+    read_stamp(boot_image_path).is_some_and(|stamp| stamp.vouches_for(image, source))
 }
 
 #[cfg(test)]
