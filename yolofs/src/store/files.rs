@@ -6,12 +6,11 @@ use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use log::info;
 use serde::Serialize;
 
-use super::stamp::{read_stamp, stamp_path, BootImageKey, SourceKey, SETTLE};
+use super::stamp::{read_stamp, stamp_path, BootImageKey, SourceKey};
 use super::BootImageStore;
 use crate::format;
 
@@ -74,28 +73,12 @@ pub(super) fn boot_image_file_key(path: &Path) -> std::io::Result<(u64, i64, u64
     Ok((meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len()))
 }
 
-/// A file as `stat` saw it (inode, size, modification and status change times; None: not
-/// there): what was read of it holds while it stays so. The store's files are replaced by
-/// rename, never written in place; one changed within the last [`SETTLE`] could change again
-/// without its times moving (coarse timestamps), so what is read of it is not kept.
-type FileState = Option<(u64, u64, i128, i128)>;
-
-fn file_state(path: &Path) -> FileState {
-    let meta = fs::metadata(path).ok()?;
-    let ns = |secs: i64, nsecs: i64| secs as i128 * 1_000_000_000 + nsecs as i128;
-    Some((
-        meta.ino(),
-        meta.len(),
-        ns(meta.mtime(), meta.mtime_nsec()),
-        ns(meta.ctime(), meta.ctime_nsec()),
-    ))
-}
-
-fn settled(state: &FileState) -> bool {
-    let now_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128);
-    state.is_none_or(|(_, _, _, ctime_ns)| now_ns - ctime_ns >= SETTLE.as_nanos() as i128)
+/// A store file's key (see [`SourceKey`]; None: not there): what was read of it holds while
+/// the key stays. The store's files are replaced by rename, never written in place; one changed
+/// within the last [`SETTLE`](super::SETTLE) could change again without its ctime moving, so
+/// what is read of it is not kept.
+fn file_key(path: &Path) -> Option<SourceKey> {
+    fs::metadata(path).ok().map(|meta| SourceKey::from_metadata(&meta))
 }
 
 /// What `status` read of one boot image's files (its header, stamp and image id record): read
@@ -104,7 +87,7 @@ fn settled(state: &FileState) -> bool {
 /// for), reading them all for every `status` took longer than its clients wait.
 #[derive(Clone)]
 pub(super) struct Listed {
-    files: [FileState; 3],
+    files: [Option<SourceKey>; 3],
     base: Option<SourceKey>,
     image_id: Option<String>,
     stamped: bool,
@@ -237,9 +220,9 @@ impl BootImageStore {
     fn listed(&self, name: &str, path: &Path, base: Option<SourceKey>) -> Listed {
         // Taken before the reads: a change meanwhile leaves a state that differs next time.
         let files = [
-            file_state(path),
-            file_state(&stamp_path(path)),
-            file_state(&self.image_id_path(name)),
+            file_key(path),
+            file_key(&stamp_path(path)),
+            file_key(&self.image_id_path(name)),
         ];
         if let Some(listed) = self.listing.lock().unwrap().get(name) {
             if listed.files == files && listed.base == base {
@@ -258,9 +241,8 @@ impl BootImageStore {
         // Kept only if every file there was read (a failed read is not the answer) and none
         // of them, nor the base file, changed too recently to be told from a later change.
         let read = [header.is_some(), stamp.is_some(), recorded_id.is_some()];
-        let keep = files.iter().zip(read).all(|(state, read)| state.is_none() || read)
-            && files.iter().all(settled)
-            && base.is_none_or(|base| base.is_settled());
+        let keep = files.iter().zip(read).all(|(key, read)| key.is_none() || read)
+            && files.iter().chain([&base]).flatten().all(SourceKey::is_settled);
         let listed = Listed {
             files,
             base,
@@ -324,6 +306,7 @@ impl BootImageStore {
 mod tests {
     use super::*;
     use crate::store::fixture::{content, Fixture, IMAGE};
+    use crate::store::SETTLE;
 
     #[test]
     fn prune_removes_the_files_of_deleted_base_files_only() {
