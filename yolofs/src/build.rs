@@ -17,7 +17,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use crate::format::{self, FormatError, SourceIdentity, MAX_EXTENT_LEN};
+use crate::format::{self, BootImage, Extent, FormatError, SourceIdentity, MAX_EXTENT_LEN};
 
 /// One read of the source file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +119,38 @@ pub fn plan_extents(reads: &[TraceRead], block_size: u64, source_size: u64) -> V
         }
     }
     runs
+}
+
+/// The blocks of `relative`'s extents whose bytes `source` holds at the same offsets, as reads in
+/// `relative`'s data order. For an image derived from `relative`'s (a snapshot of one of its
+/// servers, a respin with a few more packages), what its boots most likely read, keeping only the
+/// bytes the two images share.
+pub fn shared_blocks(relative: &BootImage, source: &File) -> io::Result<Vec<TraceRead>> {
+    let block = relative.block_size as u64;
+    let size = source.metadata()?.len();
+    let mut extents: Vec<&Extent> = relative.extents.iter().collect();
+    extents.sort_by_key(|e| e.data_offset);
+    let mut reads: Vec<TraceRead> = Vec::new();
+    let mut ours = Vec::new();
+    for extent in extents {
+        let theirs = relative.extent_data(extent);
+        let end = extent.source_end().min(size);
+        let mut offset = extent.source_offset;
+        while offset < end {
+            let length = (block - offset % block).min(end - offset);
+            ours.resize(length as usize, 0);
+            source.read_exact_at(&mut ours, offset)?;
+            let at = (offset - extent.source_offset) as usize;
+            if ours[..] == theirs[at..at + length as usize] {
+                match reads.last_mut() {
+                    Some(run) if run.offset + run.length == offset => run.length += length,
+                    _ => reads.push(TraceRead { offset, length }),
+                }
+            }
+            offset += length;
+        }
+    }
+    Ok(reads)
 }
 
 /// Statistics of a built boot image.
@@ -262,5 +294,57 @@ mod tests {
         );
         std::fs::write(&path, out).unwrap();
         assert_eq!(read_trace(&path).unwrap(), reads);
+    }
+
+    #[test]
+    fn a_derived_image_keeps_the_blocks_it_shares_with_its_relative_in_its_order() {
+        const B: usize = 4096;
+        let dir = tempfile::tempdir().unwrap();
+        let parent: Vec<u8> = (0..64 * B).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(dir.path().join("parent"), &parent).unwrap();
+        let identity = SourceIdentity {
+            source_size: parent.len() as u64,
+            ..Default::default()
+        };
+        let relative = dir.path().join("parent.yolo");
+        let boot = [
+            read(40 * B as u64, 4 * B as u64),
+            read(0, 3 * B as u64),
+            read(62 * B as u64, 2 * B as u64),
+        ];
+        build_boot_image(
+            &boot,
+            &File::open(dir.path().join("parent")).unwrap(),
+            &identity,
+            4096,
+            &relative,
+        )
+        .unwrap();
+        // The derived image changed block 41 and 1, and is 63 blocks long plus 100 bytes.
+        let mut child = parent.clone();
+        child[41 * B + 5] ^= 0xff;
+        child[B] ^= 0xff;
+        child.truncate(63 * B + 100);
+        std::fs::write(dir.path().join("child"), &child).unwrap();
+        let source = File::open(dir.path().join("child")).unwrap();
+        let shared = shared_blocks(&BootImage::open(&relative).unwrap(), &source).unwrap();
+        let b = B as u64;
+        assert_eq!(
+            shared,
+            vec![
+                read(40 * b, b),
+                read(42 * b, 2 * b),
+                read(0, b),
+                read(2 * b, b),
+                read(62 * b, b + 100)
+            ]
+        );
+        let child_identity = SourceIdentity {
+            source_size: child.len() as u64,
+            ..Default::default()
+        };
+        let output = dir.path().join("child.yolo");
+        build_boot_image(&shared, &source, &child_identity, 4096, &output).unwrap();
+        BootImage::open(&output).unwrap().verify_against(&source).unwrap();
     }
 }

@@ -178,8 +178,12 @@ pub struct MountArgs {
 #[derive(clap::Args)]
 pub struct BuildArgs {
     /// Read trace: `OFFSET LENGTH` per line.
+    #[arg(long, required_unless_present = "like", conflicts_with = "like")]
+    pub trace: Option<PathBuf>,
+    /// Instead of a trace: the boot image of a related image (the one this image was derived
+    /// from); the new boot image holds the blocks of its extents that the source holds too.
     #[arg(long)]
-    pub trace: PathBuf,
+    pub like: Option<PathBuf>,
     /// The source file the trace was taken on (the raw base file).
     #[arg(long)]
     pub source: PathBuf,

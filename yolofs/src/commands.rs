@@ -30,8 +30,13 @@ fn sha256_file(path: &Path) -> Result<String> {
 
 pub fn build_command(args: BuildArgs) -> Result<()> {
     let started = Instant::now();
-    let reads = build::read_trace(&args.trace).with_context(|| format!("reading trace {}", args.trace.display()))?;
     let source = File::open(&args.source).with_context(|| format!("opening source {}", args.source.display()))?;
+    let reads = match (&args.trace, &args.like) {
+        (Some(trace), _) => build::read_trace(trace).with_context(|| format!("reading trace {}", trace.display()))?,
+        (None, Some(like)) => build::shared_blocks(&open_boot_image(like)?, &source)
+            .with_context(|| format!("comparing {} with {}", like.display(), args.source.display()))?,
+        (None, None) => unreachable!("clap requires --trace or --like"),
+    };
     let source_digest = if args.source_digest == "auto" {
         sha256_file(&args.source)?
     } else {

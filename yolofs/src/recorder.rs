@@ -35,6 +35,8 @@ use crate::store::{self, BootImageKey, BootImageStore};
 
 /// An observed boot that read less than this share of its bytes from its boot image is partial.
 pub const PARTIAL_COVERAGE: f64 = 0.9;
+/// The most extents a boot's record lists of what it read outside its boot image.
+pub const OUTSIDE_EXTENTS_KEPT: usize = 2048;
 
 /// Why a boot image was not learned, or not extended.
 #[derive(Debug, Error)]
@@ -457,6 +459,7 @@ impl Recorder {
             coverage,
             partial,
             extended_bytes,
+            outside: outside_extents(image, &reads),
         });
     }
 
@@ -529,6 +532,33 @@ impl Recorder {
     }
 }
 
+/// The whole blocks `reads` touched outside `image`, in the order first read, adjacent ones
+/// joined; the last block ends at the base file's end; at most [`OUTSIDE_EXTENTS_KEPT`] extents.
+fn outside_extents(image: &BootImage, reads: &[TraceRead]) -> Vec<(u64, u64)> {
+    let block = image.block_size as u64;
+    let size = image.identity.source_size;
+    let mut seen = std::collections::HashSet::new();
+    let mut extents: Vec<(u64, u64)> = Vec::new();
+    for read in reads {
+        for (offset, length) in image.uncovered(read.offset, read.length) {
+            for index in offset / block..(offset + length).div_ceil(block) {
+                if !seen.insert(index) {
+                    continue;
+                }
+                let (start, end) = (index * block, ((index + 1) * block).min(size));
+                if let Some((first, length)) = extents.last_mut().filter(|(first, length)| first + length == start) {
+                    *length = end - *first;
+                } else if extents.len() == OUTSIDE_EXTENTS_KEPT {
+                    return extents;
+                } else {
+                    extents.push((start, end - start));
+                }
+            }
+        }
+    }
+    extents
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -598,5 +628,65 @@ mod tests {
         assert_eq!((start0, start1), (0, 20_000));
         // Answered once recorded: after their arrival.
         assert!(end0 >= 50_000 && end1 >= end0, "{:?}", state.times);
+    }
+
+    /// A boot image of a `size`-byte file (sparse: its blocks read as zeros) holding `held`.
+    fn boot_image(size: u64, held: &[(u64, u64)]) -> (tempfile::TempDir, BootImage) {
+        let dir = tempfile::tempdir().unwrap();
+        let source = File::create(dir.path().join("base")).unwrap();
+        source.set_len(size).unwrap();
+        let reads: Vec<TraceRead> = held
+            .iter()
+            .map(|&(offset, length)| TraceRead { offset, length })
+            .collect();
+        let identity = SourceIdentity {
+            source_size: size,
+            ..Default::default()
+        };
+        let path = dir.path().join("base.yolo");
+        build::build_boot_image(
+            &reads,
+            &File::open(dir.path().join("base")).unwrap(),
+            &identity,
+            4096,
+            &path,
+        )
+        .unwrap();
+        let image = BootImage::open(&path).unwrap();
+        (dir, image)
+    }
+
+    fn reads(list: &[(u64, u64)]) -> Vec<TraceRead> {
+        list.iter()
+            .map(|&(offset, length)| TraceRead { offset, length })
+            .collect()
+    }
+
+    #[test]
+    fn a_boots_reads_outside_its_boot_image_are_listed_in_whole_blocks_once() {
+        const B: u64 = 4096;
+        let (_dir, image) = boot_image(10 * B + 100, &[(0, 2 * B), (5 * B, B)]);
+        let outside = outside_extents(
+            &image,
+            &reads(&[
+                (B + 10, 2 * B), // block 1 is held; block 2 is not
+                (2 * B, 100),    // block 2 again: listed once
+                (3 * B, 3 * B),  // 3 and 4 join 2; 5 is held
+                (0, 100),        // held
+                (10 * B, 100),   // the short last block
+                (9 * B, 10),     // before it in the file, after it in time
+            ]),
+        );
+        assert_eq!(outside, vec![(2 * B, 3 * B), (10 * B, 100), (9 * B, B)]);
+    }
+
+    #[test]
+    fn a_boots_outside_extents_are_bounded() {
+        const B: u64 = 4096;
+        let (_dir, image) = boot_image(8000 * B, &[(0, B)]);
+        let scattered: Vec<(u64, u64)> = (1..3000).map(|n| (2 * n * B, B)).collect();
+        let outside = outside_extents(&image, &reads(&scattered));
+        assert_eq!(outside.len(), OUTSIDE_EXTENTS_KEPT);
+        assert_eq!(outside[..2], [(2 * B, B), (4 * B, B)]);
     }
 }

@@ -44,6 +44,10 @@ pub struct BootRecord {
     pub partial: bool,
     /// Bytes the boot image grew by from this boot's reads outside it (with --learn).
     pub extended_bytes: u64,
+    /// What the boot read outside the boot image: `[offset, length]` of the base file in whole
+    /// blocks (the last one may end at the file's end), in the order first read, at most
+    /// [`crate::recorder::OUTSIDE_EXTENTS_KEPT`]. Compute hosts report them for fleet learning.
+    pub outside: Vec<(u64, u64)>,
 }
 
 /// A snapshot of one file's counters.
