@@ -37,6 +37,16 @@ SOURCE_RAW_SIZE = 'yolo_source_raw_size'
 BOOT_SECONDS = 'yolo_boot_seconds'
 BUILD_SECONDS = 'yolo_build_seconds'
 WINDOW_ENDED_BY = 'yolo_window_ended_by'
+# Fleet learning (yolo_glance/fleet.py): the boot image's version in its line (1: a profiling
+# boot's, 0: one derived from a relative's; each merge of compute hosts' reports publishes the
+# next), and what the merge that made it counted and added.
+VERSION = 'yolo_boot_image_version'
+MERGED_HOSTS = 'yolo_merged_hosts'
+MERGED_BOOTS = 'yolo_merged_boots'
+MERGED_BYTES = 'yolo_merged_bytes'
+# A boot image published before the image's own profiling boot, from a related image's
+# (version 0): that image's id.
+DERIVED_FROM = 'yolo_derived_from'
 
 # What a snapshot of a server must not inherit from the server's image: the snapshot is another
 # image, with another base file, and needs a boot image of its own; the overrides were an

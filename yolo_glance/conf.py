@@ -2,6 +2,7 @@
 
 * ``[yolo_worker]``: what the worker does and how much at once.
 * ``[yolo_profiling]``: the profiling boot that learns a boot image.
+* ``[yolo_fleet]``: merging compute hosts' boot reports into new versions of boot images.
 * ``[glance]``: how the worker reaches Glance (keystoneauth session and auth options).
 * ``[oslo_messaging_notifications]`` and ``transport_url``: where Glance's notifications arrive.
 """
@@ -11,6 +12,7 @@ from oslo_config import cfg
 
 worker_group = cfg.OptGroup('yolo_worker', title='YOLO boot image worker')
 profiling_group = cfg.OptGroup('yolo_profiling', title='YOLO profiling boots')
+fleet_group = cfg.OptGroup('yolo_fleet', title='YOLO fleet learning')
 GLANCE_GROUP = 'glance'
 
 worker_opts = [
@@ -140,11 +142,52 @@ boot (a BIOS reading a blank disk's first sector, say): the image is marked fail
                help='Block size of learned boot images, in bytes.'),
 ]
 
+fleet_opts = [
+    cfg.BoolOpt('enabled', default=True,
+                help="""
+Merge what compute hosts' boots read outside a published boot image (their boot reports,
+nova-compute's ``[yolo] boot_reports``) into its next version (docs/glance-worker.md, "Fleet
+learning"). Off: reports are not listened to.
+"""),
+    cfg.StrOpt('report_topic', default='yolo_boot_reports',
+               help="""
+Topic compute hosts send boot reports on (their ``[yolo] boot_report_topic``).
+"""),
+    cfg.StrOpt('report_exchange', default='nova',
+               help="Exchange of boot reports: Nova's control exchange."),
+    cfg.IntOpt('threshold', default=2, min=1,
+               help="""
+Boots that must have read a block outside the boot image for a merge to add it, each host's
+counted at most ``host_votes`` times: one boot's stray reads do not grow every host's memory.
+"""),
+    cfg.IntOpt('host_votes', default=1, min=1,
+               help="""
+How many of one host's boots count toward a block's ``threshold``. 1: a block needs boots on
+``threshold`` hosts, so that neither one host nor one tenant's boots on one host grow the boot
+image of every host.
+"""),
+    cfg.FloatOpt('max_growth', default=1.0, min=0.0,
+                 help="""
+A merge adds at most this share of what the boot image holds (1.0: it may double), the blocks
+most boots read first.
+"""),
+    cfg.IntOpt('max_boot_image_mib', default=1024, min=1,
+               help="""
+No merge makes a boot image hold more than this (compute hosts' ``[yolo] max_boot_image_bytes``
+refuses larger ones).
+"""),
+    cfg.IntOpt('merge_interval', default=600, min=0,
+               help="Seconds between two merges of one image's reports (each downloads it)."),
+    cfg.IntOpt('max_report_age_days', default=30, min=1,
+               help='Reports older than this are forgotten.'),
+]
+
 
 def register_opts(conf):
     # Groups of their own: ConfigOpts copies a group shallowly, so options registered through a
     # shared OptGroup would share their overrides between ConfigOpts objects.
-    for group, opts in ((worker_group, worker_opts), (profiling_group, profiling_opts)):
+    for group, opts in ((worker_group, worker_opts), (profiling_group, profiling_opts),
+                        (fleet_group, fleet_opts)):
         conf.register_group(cfg.OptGroup(group.name, title=group.title))
         conf.register_opts(opts, group=group.name)
     ks_loading.register_session_conf_options(conf, GLANCE_GROUP)
@@ -156,6 +199,7 @@ def list_opts():
     return [
         (worker_group, worker_opts),
         (profiling_group, profiling_opts),
+        (fleet_group, fleet_opts),
         # The password plugin's options: the one yolo-configure sets up.
         (GLANCE_GROUP, ks_loading.get_session_conf_options()
          + ks_loading.get_auth_common_conf_options()

@@ -18,6 +18,7 @@ MAIN_OUTCOMES = ('ready', 'skipped', 'failed', 'error')
 # image to boot (a kernel, an ISO, an empty image...), over the size limit, no scratch space,
 # the guest not booting (no ready pattern, nothing read), not ready in time, a profiling plugin's
 # error, transient errors through every retry.
+MERGE_OUTCOMES = ('merged', 'unchanged', 'no_boot_image', 'gone', 'error')
 REFUSALS = ('unsupported', 'too_large', 'no_room', 'not_bootable', 'not_ready', 'plugin',
             'transient')
 
@@ -53,7 +54,7 @@ class Metrics:
             'Share of the raw image that published boot images hold.',
             buckets=COVERAGE_BUCKETS, **on)
         self.backlog = prometheus_client.Gauge(
-            'yolo_worker_backlog_jobs', 'Jobs (builds and deletions) queued or running.',
+            'yolo_worker_backlog_jobs', 'Jobs (builds, deletions, merges) queued or running.',
             ['state'], **on)
         self.boot_images_deleted = prometheus_client.Counter(
             'yolo_worker_boot_images_deleted', 'Boot images deleted, by reason.', ['reason'],
@@ -62,6 +63,14 @@ class Metrics:
             'yolo_worker_jobs_refused',
             "Builds not queued: their project's queue was full ([yolo_worker] "
             'max_queued_per_project; the periodic scan queues them again).', **on)
+        self.boot_reports = prometheus_client.Counter(
+            'yolo_worker_boot_reports',
+            "Compute hosts' boot reports received, by outcome (accepted, duplicate: a boot "
+            'already reported, refused: not a valid report).', ['outcome'], **on)
+        self.merges = prometheus_client.Counter(
+            'yolo_worker_merges',
+            'Fleet merges of boot reports, by outcome (merged: a new version published; '
+            'unchanged: nothing to add; no_boot_image; gone; error).', ['outcome'], **on)
         self.deletions_failed = prometheus_client.Counter(
             'yolo_worker_deletions_failed',
             'Deletion jobs that failed (the boot images of a deleted image may remain).', **on)
@@ -74,8 +83,12 @@ class Metrics:
             self.profiling_boot_duration.labels(ended_by)
         for state in ('queued', 'running'):
             self.backlog.labels(state)
-        for reason in ('source_deleted', 'duplicate', 'rejected', 'not_signed'):
+        for reason in ('source_deleted', 'duplicate', 'rejected', 'not_signed', 'superseded'):
             self.boot_images_deleted.labels(reason)
+        for outcome in ('accepted', 'duplicate', 'refused'):
+            self.boot_reports.labels(outcome)
+        for outcome in MERGE_OUTCOMES:
+            self.merges.labels(outcome)
 
     def build_finished(self, outcome, seconds):
         self.builds_finished.labels(outcome).inc()

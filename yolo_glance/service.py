@@ -10,6 +10,8 @@ images uploaded before the worker ran. Its metrics are served for Prometheus on
 import collections
 import concurrent.futures
 import logging
+import os
+import re
 import sys
 import threading
 import time
@@ -23,8 +25,10 @@ from oslo_service.backend import base as service_base
 from oslo_service import opts as service_opts
 import pbr.version
 
+from yolo_common import boot_reports
 from yolo_common import signing
 from yolo_glance import conf as yolo_conf
+from yolo_glance import fleet
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
 from yolo_glance import profiling
@@ -51,11 +55,19 @@ class Dispatcher:
     """
 
     DELETIONS = object()     # the queue of deletions
+    MERGES = object()        # the queue of fleet merges, which takes turns with the projects'
 
     def __init__(self, worker, glance, max_concurrent_builds=1, activation_timeout=120,
-                 max_queued_per_project=50):
+                 max_queued_per_project=50, reports=None, merge_interval=600,
+                 clock=time.monotonic):
         self.worker = worker
         self.glance = glance
+        # The boot reports of compute hosts (fleet.ReportStore; None: no fleet learning), and
+        # when each image's were last merged.
+        self.reports = reports
+        self.merge_interval = merge_interval
+        self.clock = clock
+        self.merged_at = {}
         self.activation_timeout = activation_timeout
         self.max_queued_per_project = max_queued_per_project
         self.metrics = worker.metrics   # one registry for the worker's and the queue's
@@ -147,11 +159,40 @@ class Dispatcher:
         return self.submit(image_id, self._delete, project=self.DELETIONS)
 
     def _delete(self, image_id):
+        if self.reports is not None:
+            self.reports.forget(image_id)
         try:
             return 'deleted %d' % self.worker.delete(image_id)
         except Exception:
             self.metrics.deletions_failed.inc()
             raise
+
+    def merge(self, image_id):
+        """Queues a merge of ``image_id``'s boot reports unless one published a version less
+        than ``merge_interval`` ago (the periodic scan queues it then); returns its future, or
+        None."""
+        if self.reports is None:
+            return None
+        with self.lock:
+            if self.clock() - self.merged_at.get(image_id, float('-inf')) < self.merge_interval:
+                return None
+        return self.submit(image_id, self._merge, project=self.MERGES)
+
+    def _merge(self, image_id):
+        outcome = 'error'
+        try:
+            outcome = self.worker.merge(image_id, self.reports.reports(image_id))
+            if outcome == 'gone':
+                self.reports.forget(image_id)
+            return 'merge: %s' % outcome
+        finally:
+            # The next merge of the image waits after one that published or failed (each
+            # downloads the image); one that added nothing does not hold back the reports
+            # that come after it.
+            if outcome in ('merged', 'error'):
+                with self.lock:
+                    self.merged_at[image_id] = self.clock()
+            self.metrics.merges.labels(outcome).inc()
 
     def _build(self, image_id, wait_active):
         self.metrics.builds_started.inc()
@@ -194,6 +235,9 @@ class Dispatcher:
                 queued.append(image['id'])
         for source_id in self.worker.orphaned_sources(active, published):
             self.delete(source_id)
+        if self.reports is not None:
+            for image_id in self.reports.image_ids():
+                self.merge(image_id)
         return queued
 
     def shutdown(self, wait=True):
@@ -240,12 +284,50 @@ class NotificationEndpoint:
     error = warn
 
 
+class BootReportEndpoint:
+    """Compute hosts' boot reports (yolo_common/boot_reports.py): each checked, kept, and a
+    merge of the image's reports queued."""
+
+    filter_rule = oslo_messaging.NotificationFilter(
+        event_type='^%s$' % re.escape(boot_reports.EVENT_TYPE))
+
+    def __init__(self, dispatcher):
+        self.dispatcher = dispatcher
+
+    def info(self, ctxt, publisher_id, event_type, payload, metadata):
+        try:
+            report = boot_reports.BootReport.from_payload(payload)
+        except boot_reports.BadReport as e:
+            LOG.warning('boot report from %s refused: %s', publisher_id, e)
+            self.dispatcher.metrics.boot_reports.labels('refused').inc()
+            return oslo_messaging.NotificationResult.HANDLED
+        try:
+            new = self.dispatcher.reports.add(report)
+        except OSError:
+            LOG.exception('%s: could not keep a boot report from %s', report.image_id,
+                          report.host)
+            return oslo_messaging.NotificationResult.HANDLED
+        if not new:
+            self.dispatcher.metrics.boot_reports.labels('duplicate').inc()
+            return oslo_messaging.NotificationResult.HANDLED
+        self.dispatcher.metrics.boot_reports.labels('accepted').inc()
+        LOG.info('%s: boot report from %s: %d bytes in %d extents read outside its boot image',
+                 report.image_id, report.host, report.bytes, len(report.extents))
+        self.dispatcher.merge(report.image_id)
+        return oslo_messaging.NotificationResult.HANDLED
+
+
 def notification_listener(conf, dispatcher, transport=None):
     transport = transport or oslo_messaging.get_notification_transport(conf)
     targets = [oslo_messaging.Target(topic=topic, exchange=conf.yolo_worker.notification_exchange)
                for topic in conf.yolo_worker.notification_topics]
+    endpoints = [NotificationEndpoint(dispatcher)]
+    if dispatcher.reports is not None:
+        targets.append(oslo_messaging.Target(topic=conf.yolo_fleet.report_topic,
+                                             exchange=conf.yolo_fleet.report_exchange))
+        endpoints.append(BootReportEndpoint(dispatcher))
     return oslo_messaging.get_notification_listener(
-        transport, targets, [NotificationEndpoint(dispatcher)], executor='threading',
+        transport, targets, endpoints, executor='threading',
         pool=conf.yolo_worker.notification_pool)
 
 
@@ -269,7 +351,11 @@ def make_worker(conf, glance=None, metrics=None):
         metrics=metrics or metrics_mod.Metrics(),
         signer=load_signer(conf.yolo_worker.signing_key_file),
         sandboxed=options.sandbox,
-        max_virtual_size=conf.yolo_worker.max_virtual_size_gib * worker_mod.GiB)
+        max_virtual_size=conf.yolo_worker.max_virtual_size_gib * worker_mod.GiB,
+        merging=fleet.MergeOptions(
+            threshold=conf.yolo_fleet.threshold, host_votes=conf.yolo_fleet.host_votes,
+            max_growth=conf.yolo_fleet.max_growth,
+            max_bytes=conf.yolo_fleet.max_boot_image_mib << 20))
     worker.check()
     return worker
 
@@ -277,10 +363,16 @@ def make_worker(conf, glance=None, metrics=None):
 def make_dispatcher(conf, glance=None, metrics=None):
     """The worker and its dispatcher from ``conf`` (:func:`make_worker` says what it raises)."""
     glance = glance or glance_api.Glance.from_conf(conf)
+    reports = fleet.ReportStore(
+        os.path.join(conf.yolo_worker.work_dir, 'boot-reports'),
+        host_votes=conf.yolo_fleet.host_votes,
+        max_age_seconds=conf.yolo_fleet.max_report_age_days * 86400,
+    ) if conf.yolo_fleet.enabled else None
     return Dispatcher(make_worker(conf, glance, metrics), glance,
                       conf.yolo_worker.max_concurrent_builds,
                       conf.yolo_worker.activation_timeout,
-                      conf.yolo_worker.max_queued_per_project)
+                      conf.yolo_worker.max_queued_per_project,
+                      reports=reports, merge_interval=conf.yolo_fleet.merge_interval)
 
 
 def load_signer(path):

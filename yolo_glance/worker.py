@@ -43,6 +43,7 @@ from yolo_common import learning
 from yolo_common import qemu
 from yolo_common import signing
 from yolo_common import yolofs
+from yolo_glance import fleet
 from yolo_glance import glance as glance_api
 from yolo_glance import metrics as metrics_mod
 from yolo_glance import profiling as profiling_mod
@@ -136,8 +137,16 @@ DELETED_BECAUSE = {
     'duplicate': 'a duplicate',
     'rejected': 'a compute host found it other than the image',
     'not_signed': "not signed with the worker's key",
+    'superseded': 'an older version',
 }
 MIN_MAX_SECONDS = 10.0
+# Related images' boot images a build compares the new image with, at most.
+RELATIVES_TRIED = 4
+# Published boot images whose extents the worker keeps for merges (a few KiB to a few MiB each).
+LAYOUTS_KEPT = 64
+# What a merge leaves of the hosts' size limit for the boot image's header and index (32 bytes
+# an extent: 32,768 extents).
+INDEX_ROOM_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
@@ -198,6 +207,28 @@ class ProfilingOptions:
             raise Unbootable('bad ready pattern %r: %s' % (self.ready_pattern, e))
 
 
+def version_of(boot_image):
+    """A published boot image's version: 1 for a profiling boot's, 0 for one derived from a
+    relative's; each merge of hosts' reports makes the next of its line."""
+    try:
+        return max(int(boot_image.get(contract.VERSION) or 1), 0)
+    except ValueError:
+        return 1
+
+
+def derived(boot_image):
+    """Whether ``boot_image`` stands in for the image's own until its profiling boot: derived
+    from a relative's, or a merge into one."""
+    return bool(boot_image.get(contract.DERIVED_FROM))
+
+
+def preference(boot_image):
+    """The order in which boot images of one image are kept (the least first): the image's own
+    line before a relative's, then the highest version, then the first created."""
+    return (derived(boot_image), -version_of(boot_image), boot_image.get('created_at', ''),
+            boot_image['id'])
+
+
 def younger_than(image, seconds):
     """Whether Glance created ``image`` less than ``seconds`` ago (by its created_at)."""
     try:
@@ -221,8 +252,10 @@ class Worker:
     def __init__(self, glance, work_dir, profiling, container_format='yolo', retries=3,
                  claim_timeout=7200, yolofs_binary='yolofs', learner=None, worker_id=None,
                  clock=time.time, retry_delay=5.0, runner=None, readiness=None, metrics=None,
-                 signer=None, sandboxed=True, max_virtual_size=128 * GiB):
+                 signer=None, sandboxed=True, max_virtual_size=128 * GiB, merging=None):
         self.glance = glance
+        self.merging = merging or fleet.MergeOptions()
+        self._layouts = {}
         self.max_virtual_size = max_virtual_size
         self.sandboxed = sandboxed
         self.signer = signer
@@ -277,14 +310,19 @@ class Worker:
         linked = image.get(glance_api.BOOT_IMAGE_ID)
         return not linked or (usable is not None and linked not in usable)
 
+    def _own_published(self, image):
+        """Whether ``image`` links a usable boot image of its own (not a relative's)."""
+        return self._published(image, own=True)
+
     def published(self):
         """The active boot images of the worker's project (one listing)."""
         return [i for i in self.glance.boot_images(self.container_format)
                 if i.get('status') == 'active']
 
     def usable_ids(self, published):
-        """The ids of the boot images of ``published`` that count: its key's, not rejected."""
-        return {i['id'] for i in published if not i.get(contract.REJECTED)
+        """The ids of the boot images of ``published`` that count as an image's own: its
+        key's, not rejected, not a relative's (which an image links only until its own)."""
+        return {i['id'] for i in published if not i.get(contract.REJECTED) and not derived(i)
                 and self._ours(i, i.get(glance_api.SOURCE_IMAGE_ID))}
 
     def _too_large(self, image):
@@ -313,7 +351,7 @@ class Worker:
         if (image.get('status') != 'active'
                 or contract.is_boot_image(image, self.container_format)):
             return 'ignored'
-        if image.get(glance_api.BOOT_IMAGE_ID) and self._published(image):
+        if image.get(glance_api.BOOT_IMAGE_ID) and self._own_published(image):
             return 'present'
         for refusal, reason in (('unsupported', why_not(image, self.container_format)),
                                 ('too_large', self._too_large(image))):
@@ -366,13 +404,15 @@ class Worker:
             self.metrics.build_transient_errors.inc()
             raise
 
-    def _published(self, image):
+    def _published(self, image, own=False):
+        """Whether ``image`` links a usable boot image (``own``: not a relative's)."""
         try:
             boot_image = self.glance.get(image[glance_api.BOOT_IMAGE_ID])
         except glance_api.NotFound:
             return False
         return (boot_image.get('status') == 'active' and self._ours(boot_image, image['id'])
-                and not boot_image.get(contract.REJECTED))
+                and not boot_image.get(contract.REJECTED)
+                and not (own and derived(boot_image)))
 
     def _ours(self, boot_image, source_image_id):
         """Whether ``boot_image`` is one this worker (or one with its key) published for
@@ -419,26 +459,212 @@ class Worker:
         os.makedirs(work)
         try:
             base = self._download_as_raw(image, work)
-            built = self._learn(image, base, work)
-            # The source may have gone while we booted it: do not publish for nothing.
-            self.glance.get(image_id)
-            published = self.glance.publish(
-                image, built['path'], self.container_format,
-                dict(built['properties'], **self._signature(image, built['path'])))
             try:
-                self._check_signed(published, image_id, built['path'])
-            except Exception:
-                self.glance.delete(published)
+                self._start_from_relative(image, base, work)
+            except glance_api.NotFound:
                 raise
+            except Exception:
+                # Only a head start: the profiling boot goes on.
+                LOG.exception('%s: could not start from a related image\'s boot image',
+                              image['id'])
+            built = self._learn(image, base, work)
+            built['properties'][contract.VERSION] = '1'
+            published = self._publish(image, built)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        keeper = self._link(image_id, built)
+        return READY if keeper == published else 'present'
+
+    def _publish(self, image, built):
+        """Publishes the boot image ``built`` for ``image``, signed; returns its id."""
+        # The source may have gone while we booted it: do not publish for nothing.
+        self.glance.get(image['id'])
+        published = self.glance.publish(
+            image, built['path'], self.container_format,
+            dict(built['properties'], **self._signature(image, built['path'])))
+        try:
+            self._check_signed(published, image['id'], built['path'])
+        except Exception:
+            self.glance.delete(published)
+            raise
+        return published
+
+    def _link(self, image_id, built, status=READY):
+        """Links the boot image to keep (:meth:`_keep_one`) from ``image_id``, recording
+        ``status`` (None: the image's status, reason and claim stay as they are); returns its
+        id."""
         keeper = self._keep_one(image_id)
-        self._record(image_id, READY, boot_image_id=keeper)
+        if status is None:
+            self.glance.set_properties(image_id, **{glance_api.BOOT_IMAGE_ID: keeper})
+        else:
+            self._record(image_id, status, boot_image_id=keeper)
         self.metrics.boot_image_bytes.observe(built['bytes'])
         self.metrics.boot_image_coverage.observe(built['coverage'])
         LOG.info('%s: boot image %s published (%s)', image_id, keeper,
                  ', '.join('%s=%s' % kv for kv in sorted(built['properties'].items())))
-        return READY if keeper == published else 'present'
+        return keeper
+
+    # -- merging what hosts learned --------------------------------------------------------
+
+    def merge(self, image_id, reports):
+        """Publishes the next version of ``image_id``'s boot image, with the blocks that the
+        boots of compute hosts' ``reports`` (BootReport) read outside it, as fleet.plan_merge
+        chooses them, built from the image's own data; returns the outcome: 'merged',
+        'unchanged' (nothing to add), 'no_boot_image' (none of the worker's linked) or 'gone'."""
+        try:
+            image = self.glance.get(image_id)
+        except glance_api.NotFound:
+            return 'gone'
+        if not (image.get(glance_api.BOOT_IMAGE_ID) and self._published(image)):
+            return 'no_boot_image'
+        current = self.glance.get(image[glance_api.BOOT_IMAGE_ID])
+        work = os.path.join(self.work_dir, image_id)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        try:
+            layout = self._layout(current, work)
+            source_size = layout['identity']['source_size']
+            published = [(e['source_offset'], e['length'])
+                         for e in sorted(layout['extents'], key=lambda e: e['data_offset'])]
+            # Hosts bound the boot image's file, whose index and header come on top.
+            bound = min(self.merging.max_bytes - INDEX_ROOM_BYTES,
+                        int(layout['covered_bytes'] * (1 + self.merging.max_growth)))
+            plan = fleet.plan_merge(published, reports, layout['block_size'], source_size,
+                                    bound, self.merging.threshold, self.merging.host_votes)
+            if not plan.added:
+                return 'unchanged'
+            started = time.monotonic()
+            base = self._download_as_raw(image, work)
+            if os.path.getsize(base) != source_size:
+                raise RuntimeError('the raw conversion of %s is %d bytes, its boot image says %d'
+                                   % (image_id, os.path.getsize(base), source_size))
+            trace = os.path.join(work, 'merged.trace')
+            with open(trace, 'w') as f:
+                f.writelines('%d %d\n' % extent for extent in plan.trace)
+            built = self._build(image, base, work, layout['block_size'], trace=trace)
+            built['properties'].update({
+                # The profiling boot's figures stay those of the profiling boot.
+                **{key: current[key] for key in (contract.BOOT_SECONDS,
+                                                 contract.WINDOW_ENDED_BY) if key in current},
+                contract.BUILD_SECONDS: '%.2f' % (time.monotonic() - started),
+                contract.VERSION: str(version_of(current) + 1),
+                **({contract.DERIVED_FROM: current[contract.DERIVED_FROM]}
+                   if derived(current) else {}),
+                contract.MERGED_HOSTS: str(plan.hosts),
+                contract.MERGED_BOOTS: str(plan.boots),
+                contract.MERGED_BYTES: str(plan.added_bytes),
+            })
+            if built['bytes'] > self.merging.max_bytes:
+                LOG.warning('%s: a merge would make a boot image of %d bytes, over the %d '
+                            'compute hosts take: not published', image_id, built['bytes'],
+                            self.merging.max_bytes)
+                return 'unchanged'
+            self._publish(image, built)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        # A merge changes the link only: a failed profiling boot stays failed, a build under
+        # way keeps its claim.
+        keeper = self._link(image_id, built, status=None)
+        LOG.info('%s: boot image version %s (%s) adds %d bytes in %d extents that %d boots on '
+                 '%d hosts read outside version %d', image_id,
+                 built['properties'][contract.VERSION], keeper, plan.added_bytes,
+                 len(plan.added), plan.boots, plan.hosts, version_of(current))
+        return 'merged'
+
+    # -- starting from a relative ----------------------------------------------------------
+
+    def relatives(self, image, raw_size):
+        """Published boot images (ours, usable, of the images' own line) of images ``image``
+        may derive from, the most likely first, at most RELATIVES_TRIED: the image its server
+        snapshot was taken of (``base_image_ref``: its owner's, public or community), then the
+        last published of images of its owner or public ones with a base file of the same
+        size. What a tenant cannot see, or plant for others (a community image), is no
+        relative."""
+        published = [b for b in self.published()
+                     if not b.get(contract.REJECTED) and not derived(b)]
+        by_source = {b.get(glance_api.SOURCE_IMAGE_ID): b for b in published}
+        candidates = []
+        if image.get('base_image_ref') in by_source and image['base_image_ref'] != image['id']:
+            candidates.append((by_source[image['base_image_ref']], ('public', 'community')))
+        candidates += [(b, ('public',)) for b in sorted(
+            (b for b in published if b.get(contract.SOURCE_RAW_SIZE) == str(raw_size)
+             and b.get(glance_api.SOURCE_IMAGE_ID) not in (
+                 image['id'], image.get('base_image_ref'))),
+            key=lambda b: b.get('created_at', ''), reverse=True)]
+        found = 0
+        for boot_image, visible in candidates:
+            source_id = boot_image.get(glance_api.SOURCE_IMAGE_ID)
+            try:
+                source = self.glance.get(source_id)
+            except glance_api.NotFound:
+                continue
+            if (source.get('owner') == image.get('owner') or source.get('visibility') in visible) \
+                    and self._ours(boot_image, source_id):
+                yield boot_image
+                found += 1
+                if found == RELATIVES_TRIED:
+                    return
+
+    def _start_from_relative(self, image, base, work):
+        """Publishes and links, before the image's own profiling boot, a boot image holding
+        what a relative's (:meth:`relatives`) holds of the bytes this image shares with it
+        (version 0 of a line the image's own replaces); returns its id, or None if no relative
+        shares at least half its boot image's bytes and ``min_boot_bytes``. An earlier attempt's
+        is kept."""
+        if image.get(glance_api.BOOT_IMAGE_ID) and self._published(image):
+            return image[glance_api.BOOT_IMAGE_ID]
+        best = None
+        for relative in self.relatives(image, os.path.getsize(base)):
+            relative_work = os.path.join(work, 'relative-' + relative['id'])
+            os.makedirs(relative_work)
+            path = os.path.join(relative_work, 'relative.yolo')
+            try:
+                # (Replaced by a newer version meanwhile: another relative, or none.)
+                self.glance.download(relative['id'], path)
+                info = json.loads(self._yolofs('inspect', '--json', path))
+                built = self._build(image, base, relative_work, info['block_size'], like=path)
+            except glance_api.NotFound:
+                continue
+            except subprocess.CalledProcessError as e:
+                LOG.info('%s: nothing shared with boot image %s: %s', image['id'],
+                         relative['id'], e.stderr.strip())
+                continue
+            built['relative'] = relative
+            built['shared'] = built['covered_bytes'] / max(info['covered_bytes'], 1)
+            LOG.info('%s: shares %d bytes (%.0f%%) of boot image %s', image['id'],
+                     built['covered_bytes'], 100 * built['shared'], relative['id'])
+            if built['covered_bytes'] >= self.profiling.min_boot_bytes \
+                    and built['shared'] >= 0.5 and built['bytes'] <= self.merging.max_bytes \
+                    and (best is None or built['covered_bytes'] > best['covered_bytes']):
+                best = built
+        if best is None:
+            return None
+        source_id = best['relative'][glance_api.SOURCE_IMAGE_ID]
+        best['properties'].update({contract.VERSION: '0', contract.DERIVED_FROM: source_id})
+        published = self._publish(image, best)
+        self._record(image['id'], BUILDING, claim='%s %.0f' % (self.worker_id, self.clock()),
+                     boot_image_id=published)
+        LOG.info('%s: boot image %s published from image %s\'s (%.0f%% of its bytes shared), '
+                 'until its own profiling boot', image['id'], published, source_id,
+                 100 * best['shared'])
+        return published
+
+    def _layout(self, boot_image, work):
+        """What ``yolofs inspect`` says of published ``boot_image`` (downloaded into
+        ``work``): its identity, block size, covered bytes and extents. The last few are kept
+        (by id and Glance's digest): a merge that adds nothing downloads nothing."""
+        key = (boot_image['id'], boot_image.get('os_hash_value'))
+        if key not in self._layouts:
+            path = os.path.join(work, 'published.yolo')
+            self.glance.download(boot_image['id'], path)
+            try:
+                self._layouts[key] = json.loads(
+                    self._yolofs('inspect', '--json', '--extents', path))
+            finally:
+                os.unlink(path)
+            while len(self._layouts) > LAYOUTS_KEPT:
+                self._layouts.pop(next(iter(self._layouts)))
+        return self._layouts[key]
 
     def _download_as_raw(self, image, work):
         download = os.path.join(work, 'image')
@@ -534,32 +760,43 @@ class Worker:
                  learned.boot_seconds)
         self.metrics.profiling_boot_duration.labels(learned.ended_by).observe(
             learned.boot_seconds)
-        # Rebuilt with the image's identity in the header, then verified against the base.
-        output = os.path.join(work, 'boot-image.yolo')
         started = time.monotonic()
-        self._yolofs('build', '--trace', learned.trace, '--source', base, '--output', output,
+        built = self._build(image, base, work, options.block_size, trace=learned.trace)
+        if learned.ended_by != 'ready' and built['covered_bytes'] < options.min_boot_bytes:
+            raise Unbootable(
+                'the guest did not boot: no ready pattern, and only %d bytes read before the '
+                'window ended (%s)' % (built['covered_bytes'], learned.ended_by))
+        built['properties'].update({
+            contract.BOOT_SECONDS: '%.1f' % learned.boot_seconds,
+            contract.BUILD_SECONDS: '%.2f' % (
+                learned.build_seconds + time.monotonic() - started),
+            contract.WINDOW_ENDED_BY: learned.ended_by,
+        })
+        return built
+
+    def _build(self, image, base, work, block_size, trace=None, like=None):
+        """The boot image of base file ``base`` (``image``'s raw conversion) holding the
+        ranges of ``trace`` (``OFFSET LENGTH`` lines, in the order to store them), or the
+        blocks of boot image ``like`` that ``base`` holds too; built with the image's identity
+        in its header and verified against ``base``."""
+        output = os.path.join(work, 'boot-image.yolo')
+        self._yolofs('build', *(('--trace', trace) if trace else ('--like', like)),
+                     '--source', base, '--output', output,
                      '--image-id', image['id'], '--rendition', 'raw',
-                     '--block-size', options.block_size,
+                     '--block-size', block_size,
                      *(['--source-digest', digest] if (digest := self._digest(image)) else []))
         self._yolofs('verify', output, base)
         info = json.loads(self._yolofs('inspect', '--json', output))
-        if learned.ended_by != 'ready' and info['covered_bytes'] < options.min_boot_bytes:
-            raise Unbootable(
-                'the guest did not boot: no ready pattern, and only %d bytes read before the '
-                'window ended (%s)' % (info['covered_bytes'], learned.ended_by))
-        build_seconds = learned.build_seconds + time.monotonic() - started
         source_size = os.path.getsize(base)
         boot_image_bytes = os.path.getsize(output)
         coverage = info['covered_bytes'] / source_size
-        return {'path': output, 'bytes': boot_image_bytes, 'coverage': coverage, 'properties': {
-            contract.BOOT_IMAGE_BYTES: str(boot_image_bytes),
-            contract.COVERED_BYTES: str(info['covered_bytes']),
-            contract.COVERAGE: '%.4f' % coverage,
-            contract.SOURCE_RAW_SIZE: str(source_size),
-            contract.BOOT_SECONDS: '%.1f' % learned.boot_seconds,
-            contract.BUILD_SECONDS: '%.2f' % build_seconds,
-            contract.WINDOW_ENDED_BY: learned.ended_by,
-        }}
+        return {'path': output, 'bytes': boot_image_bytes, 'coverage': coverage,
+                'covered_bytes': info['covered_bytes'], 'properties': {
+                    contract.BOOT_IMAGE_BYTES: str(boot_image_bytes),
+                    contract.COVERED_BYTES: str(info['covered_bytes']),
+                    contract.COVERAGE: '%.4f' % coverage,
+                    contract.SOURCE_RAW_SIZE: str(source_size),
+                }}
 
     @staticmethod
     def _digest(image):
@@ -573,35 +810,46 @@ class Worker:
 
     def _keep_one(self, image_id):
         """The boot image of ``image_id`` to link: of those this worker's key signed and no
-        compute host rejected, the first created (every worker picks the same). The others are
-        deleted: duplicates, rejected ones, and any boot image published in the worker's
-        project that its key did not sign (planted)."""
+        compute host rejected, by :func:`preference` (every worker picks the same): the image's
+        own before one derived from a relative's, the newest version (fleet merges make
+        versions), the first created. The others are deleted: superseded, duplicates, rejected
+        ones, and any boot image published in the worker's project that its key did not sign
+        (planted)."""
         published = [i for i in self.glance.boot_images_of(image_id, self.container_format)
                      if i.get('status') == 'active']
         reasons = {i['id']: ('rejected' if i.get(contract.REJECTED) else None)
                    if self._ours(i, image_id) else 'not_signed' for i in published}
         ours = sorted((i for i in published if reasons[i['id']] is None),
-                      key=lambda i: (i.get('created_at', ''), i['id']))
+                      key=preference)
         if not ours:
             raise RuntimeError('the boot image published for %s is not in Glance' % image_id)
         for extra in published:
             if extra['id'] == ours[0]['id']:
                 continue
-            reason = reasons[extra['id']] or 'duplicate'
+            reason = reasons[extra['id']] or (
+                'duplicate' if (derived(extra), version_of(extra)) == (
+                    derived(ours[0]), version_of(ours[0])) else 'superseded')
             # Another worker's, maybe, between its upload and its signature again (Glance
             # hashed it with another algorithm than the source's): left for a later scan.
             if reason == 'not_signed' and younger_than(extra, SIGNING_GRACE_SECONDS):
                 continue
-            (LOG.info if reason == 'duplicate' else LOG.warning)(
+            (LOG.info if reason in ('duplicate', 'superseded') else LOG.warning)(
                 '%s: deleting boot image %s (%s)', image_id, extra['id'], DELETED_BECAUSE[reason])
             self.glance.delete(extra['id'])
             self.metrics.boot_images_deleted.labels(reason).inc()
         return ours[0]['id']
 
     def _refuse(self, image_id, status, refusal, reason):
-        """``image_id`` gets no boot image (``status`` skipped or failed): the reason on the
-        image, its kind (metrics.REFUSALS) counted."""
-        self._record(image_id, status, reason)
+        """``image_id`` gets no boot image of its own (``status`` skipped or failed): the
+        reason on the image, its kind (metrics.REFUSALS) counted. One published from a
+        relative's stays linked."""
+        try:
+            image = self.glance.get(image_id)
+            linked = image.get(glance_api.BOOT_IMAGE_ID) if image.get(
+                glance_api.BOOT_IMAGE_ID) and self._published(image) else None
+        except glance_api.NotFound:
+            linked = None
+        self._record(image_id, status, reason, boot_image_id=linked)
         self.metrics.builds_refused.labels(refusal).inc()
         return status
 
