@@ -271,6 +271,32 @@ reports the parameters they give instead of ``calibration_file``'s: beta and ``a
 boots served from a boot image, alpha from the others (medians of the last 20, brought back to
 an idle host through the model). 0: never; the ``boot_time_*`` options above win either way.
 """),
+    cfg.BoolOpt(
+        'boot_reports', default=True,
+        help="""
+Send the worker what this host's boots read outside their published boot images (extents of
+the base file, no data), so that it publishes a next version with what boots through Nova read
+and profiling boots missed (fleet learning, docs/glance-worker.md). Sent on Nova's notification
+transport with oslo.messaging's ``messagingv2`` driver, whatever ``[oslo_messaging_notifications]
+driver`` says, on ``boot_report_topic``.
+"""),
+    cfg.StrOpt(
+        'boot_report_topic', default='yolo_boot_reports',
+        help="The topic of boot reports: the worker's ``[yolo_fleet] report_topic``."),
+    cfg.StrOpt(
+        'boot_report_transport_url', secret=True,
+        help="""
+Where boot reports go, if not on Nova's notification transport (``[oslo_messaging_notifications]
+transport_url``, or ``[DEFAULT] transport_url``): the transport the worker listens on, where a
+cell's compute hosts send their notifications to a broker of the cell's own.
+"""),
+    cfg.IntOpt(
+        'boot_image_version_check_interval', default=600, min=0,
+        help="""
+Seconds between two checks, at boots of an image, whether Glance publishes a newer boot image
+of it than the one installed here (a fleet merge); a newer one is fetched and installed in place
+of it. 0: at every boot.
+"""),
 ]
 
 

@@ -38,14 +38,20 @@ READS = '0 65536\n1048576 8192\n5000000 300000\n'
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason='needs root (other users, groups)')
 
 
-def build(tmp_path, source, output, image_id=IMAGE_ID):
+def build(tmp_path, source, output, image_id=IMAGE_ID, reads=READS):
     trace = tmp_path / 'trace'
-    trace.write_text(READS)
+    trace.write_text(reads)
     args = ['build', '--trace', trace, '--source', source, '--output', output]
     if image_id:
         args += ['--image-id', image_id]
     yolofs.run(*args)
     return output
+
+
+def downloads_left(tmp_path):
+    """Boot image downloads left in nova's download directory (beside its record of what is
+    installed)."""
+    return [p for p in (tmp_path / 'downloads').iterdir() if p.name != 'installed.json']
 
 
 @pytest.fixture
@@ -64,18 +70,19 @@ def host(tmp_path, mount_factory):
     return base_dir, store, mount, glance, driver_side
 
 
-def publish(tmp_path, glance, source, image_id=IMAGE_ID, signer=None):
+def publish(tmp_path, glance, source, image_id=IMAGE_ID, signer=None, reads=READS,
+            boot_image_id='boot-image'):
     """Publishes a boot image of ``source`` for IMAGE_ID, as the worker with ``signer``'s key
     does (None: unsigned)."""
     published = build(tmp_path, source, tmp_path / ('published-%s.yolo' % uuid.uuid4().hex),
-                      image_id=image_id)
+                      image_id=image_id, reads=reads)
     digest = signing.file_digest(published, 'sha512')
     properties = {'yolo_source_image_id': IMAGE_ID}
     if signer is not None:
         properties[contract.SIGNATURE] = signer.sign(IMAGE_ID, 'sha512', digest)
-    glance.images['boot-image'] = {'properties': properties, 'file': published,
-                                   'os_hash_algo': 'sha512', 'os_hash_value': digest}
-    glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': 'boot-image'}}
+    glance.images[boot_image_id] = {'properties': properties, 'file': published,
+                                    'os_hash_algo': 'sha512', 'os_hash_value': digest}
+    glance.images[IMAGE_ID] = {'properties': {'yolo_boot_image_id': boot_image_id}}
 
 
 def test_a_published_boot_image_is_installed_by_yolofs_and_served(host, tmp_path):
@@ -85,7 +92,7 @@ def test_a_published_boot_image_is_installed_by_yolofs_and_served(host, tmp_path
     # Installed and stamped by yolofs; nova's download is gone.
     assert sorted(p.name for p in store.iterdir() if not p.name.startswith('.')) == [
         NAME + '.image-id', NAME + '.yolo', NAME + '.yolo.verified']
-    assert list((tmp_path / 'downloads').iterdir()) == []
+    assert downloads_left(tmp_path) == []
     status = mount.client.status()
     assert status.boot_images[NAME] == yolofs.BootImage(
         file=NAME, image_id=IMAGE_ID, verified=True, rejected=None, learned=False)
@@ -99,6 +106,46 @@ def test_a_published_boot_image_is_installed_by_yolofs_and_served(host, tmp_path
     assert mount.client.stats(NAME)[NAME]['bytes_memory'] > 0
 
 
+def test_a_newer_version_takes_the_place_of_the_one_installed(host, tmp_path):
+    """A fleet merge publishes version 2 and links it from the image: a host that holds
+    version 1 installs it at a boot after its next version check, from a thread, its guests
+    booting from version 1 meanwhile."""
+    base_dir, store, mount, glance, driver_side = host
+    base = str(base_dir / NAME)
+    now = [1000.0]
+    driver_side.clock = lambda: now[0]
+    publish(tmp_path, glance, base_dir / NAME)
+    assert driver_side.ensure(None, IMAGE_ID, base) == 'installed'
+    assert driver_side.installed_id(NAME) == 'boot-image'
+    publish(tmp_path, glance, base_dir / NAME, boot_image_id='version-2',
+            reads=READS + '6000000 8192\n')
+    # Checked at most once per interval: not yet.
+    assert driver_side.ensure(None, IMAGE_ID, base) == 'present'
+    assert glance.downloads == ['boot-image']
+    now[0] += driver_side.version_check_interval
+    assert driver_side.ensure(None, IMAGE_ID, base) == 'present'
+    # Disks are not held on _base while it comes.
+    assert driver_side.fetching(NAME) is None
+    wait_until = time.monotonic() + 30
+    while driver_side.installed_id(NAME) != 'version-2' and time.monotonic() < wait_until:
+        time.sleep(0.1)
+    assert driver_side.installed_id(NAME) == 'version-2'
+    assert (store / (NAME + '.yolo')).read_bytes() == \
+        pathlib.Path(glance.images['version-2']['file']).read_bytes()
+    # The next check finds it current: nothing fetched again.
+    now[0] += driver_side.version_check_interval
+    assert driver_side.ensure(None, IMAGE_ID, base) == 'present'
+    wait_until = time.monotonic() + 30
+    while driver_side._moving and time.monotonic() < wait_until:
+        time.sleep(0.1)
+    assert not driver_side._moving
+    assert glance.downloads == ['boot-image', 'version-2']
+    # Glance away at a check: the installed one is used, as it is.
+    now[0] += driver_side.version_check_interval
+    glance.images.clear()
+    assert driver_side.ensure(None, IMAGE_ID, base) == 'present'
+
+
 def test_a_boot_image_of_other_bytes_is_refused_by_yolofs(host, tmp_path, caplog):
     base_dir, store, mount, glance, driver_side = host
     other = tmp_path / 'other.raw'
@@ -107,7 +154,7 @@ def test_a_boot_image_of_other_bytes_is_refused_by_yolofs(host, tmp_path, caplog
     assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
     assert 'does not match base file %s' % NAME in caplog.text
     assert not (store / (NAME + '.yolo')).exists()
-    assert list((tmp_path / 'downloads').iterdir()) == []
+    assert downloads_left(tmp_path) == []
     assert NAME not in mount.client.status().boot_images
 
 

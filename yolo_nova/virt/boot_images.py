@@ -18,6 +18,7 @@ a boot image; it never fails a boot, and while yolofs is not healthy nothing is 
 """
 
 import collections
+import json
 import os
 import socket
 import tempfile
@@ -122,8 +123,13 @@ class BootImages:
 
     def __init__(self, backing_files, download_dir, fetch=True, image_api=None,
                  install_timeout=120.0, boot_image_api=None, owner=None,
-                 max_bytes=1 << 30, signing_keys=()):
+                 max_bytes=1 << 30, signing_keys=(), version_check_interval=600,
+                 clock=time.monotonic):
         self.backing_files = backing_files
+        self.version_check_interval = version_check_interval
+        self.clock = clock
+        # Base file name -> when ensure() last asked Glance whether a newer boot image is out.
+        self._version_checked = {}
         # The worker's public keys: without them, no boot image is known to be the worker's.
         self.verifier = signing.Verifier(signing_keys) if signing_keys else None
         self.download_dir = download_dir
@@ -135,8 +141,12 @@ class BootImages:
         self._owner = owner
         # Source image id -> the boot image yolofs refused for it: not downloaded again.
         self._refused = {}
-        # Base file name -> the thread fetching its boot image after Nova's download.
+        # Base file name -> the thread fetching its boot image after Nova's download, and
+        # those fetching a newer version of the one installed (disks stay on the mount).
         self._fetching = {}
+        self._moving = {}
+        # The record of which boot image is installed for each base file (installed.json).
+        self._installed_lock = threading.Lock()
         self._fetching_lock = threading.Lock()
         # The sizes of the last boot images installed, against their base files'.
         self._sizes = collections.deque(maxlen=20)
@@ -197,8 +207,14 @@ class BootImages:
             usable = status.usable(name)
             # One this host learned from its own boots (perhaps a boot that failed early, or
             # while Glance was away) gives way to the one Glance publishes, built from a whole
-            # boot and trusted.
-            if usable and not (status.boot_images[name].learned and self.fetch):
+            # boot and trusted. One installed from Glance gives way to a newer version (a
+            # merge of what hosts' boots read outside it: yolo_glance/fleet.py), looked for
+            # once per version_check_interval.
+            if usable and not status.boot_images[name].learned:
+                if self.fetch and self._version_check_due(name):
+                    self._check_version_later(context, name, image_id, image)
+                return 'present'
+            if usable and not self.fetch:
                 return 'present'
             if not self.fetch:
                 return 'none'
@@ -317,21 +333,25 @@ class BootImages:
         finally:
             os.unlink(path)
 
-    def _install_later(self, context, name, image_id, boot_image):
+    def _install_later(self, context, name, image_id, boot_image, jobs=None):
+        """Installs ``boot_image`` from a thread, registered in ``jobs`` (by default
+        ``_fetching``: disks over the base file stay on ``_base`` until it is done)."""
+        jobs = self._fetching if jobs is None else jobs
         with self._fetching_lock:
-            if name in self._fetching:
+            if name in jobs:
                 return 'fetching'
             thread = threading.Thread(target=self._fetch, name='yolo-boot-image-' + name[:8],
-                                      args=(context, name, image_id, boot_image), daemon=True)
-            self._fetching[name] = thread
+                                      args=(context, name, image_id, boot_image, jobs),
+                                      daemon=True)
+            jobs[name] = thread
         try:
             thread.start()
         except BaseException:
-            self._fetched(name)
+            self._fetched(name, jobs)
             raise
         return 'fetching'
 
-    def _fetch(self, context, name, image_id, boot_image):
+    def _fetch(self, context, name, image_id, boot_image, jobs):
         try:
             self._install(context, name, image_id, boot_image)
         except Untrusted:
@@ -339,11 +359,92 @@ class BootImages:
         except Exception:
             LOG.exception('Could not get the boot image of image %s to yolofs', image_id)
         finally:
-            self._fetched(name)
+            self._fetched(name, jobs)
 
-    def _fetched(self, name):
+    def _fetched(self, name, jobs):
         with self._fetching_lock:
-            del self._fetching[name]
+            del jobs[name]
+
+    def _check_version_later(self, context, name, image_id, image):
+        """From a thread (registered in ``_moving``), installs the boot image Glance links from
+        ``image_id`` if it is not the one installed here for base file ``name`` (a new version:
+        fleet merges make them, and the worker links the one to use). Guests keep booting from
+        the installed one meanwhile; a failure changes nothing."""
+        with self._fetching_lock:
+            if name in self._moving:
+                return
+            thread = threading.Thread(target=self._move, name='yolo-version-' + name[:8],
+                                      args=(context, name, image_id, image), daemon=True)
+            self._moving[name] = thread
+        try:
+            thread.start()
+        except BaseException:
+            self._fetched(name, self._moving)
+            raise
+
+    def _move(self, context, name, image_id, image):
+        try:
+            if image is None:
+                image = self.image_api.get(context, image_id)
+            linked = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
+            if not linked or linked == self.installed_id(name) \
+                    or self._refused.get(image_id) == linked:
+                return
+            boot_image = self.trusted_boot_image(context, image_id, image)
+            if boot_image is None:
+                return
+            LOG.info('Image %s: installing boot image %s in place of %s', image_id,
+                     boot_image['id'], self.installed_id(name) or 'the one installed here')
+            self._install(context, name, image_id, boot_image)
+        except Untrusted:
+            pass
+        except Exception:
+            LOG.exception('Could not check whether image %s has a new boot image', image_id)
+        finally:
+            self._fetched(name, self._moving)
+
+    def _version_check_due(self, name):
+        now = self.clock()
+        if now - self._version_checked.get(name, float('-inf')) < self.version_check_interval:
+            return False
+        self._version_checked[name] = now
+        return True
+
+    @property
+    def _installed_file(self):
+        return os.path.join(self.download_dir, 'installed.json')
+
+    def installed_id(self, name):
+        """The Glance id of the boot image installed here for base file ``name``, if known."""
+        try:
+            with open(self._installed_file) as f:
+                return json.load(f).get(name)
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def _remember_installed(self, name, boot_image_id):
+        # Only base files yolofs still has a boot image of (the others were pruned).
+        status = self.backing_files.status()
+        with self._installed_lock:
+            try:
+                with open(self._installed_file) as f:
+                    installed = json.load(f)
+                if not isinstance(installed, dict):
+                    installed = {}
+            except (OSError, ValueError):
+                installed = {}
+            installed[name] = boot_image_id
+            if status is not None:
+                installed = {k: v for k, v in installed.items() if k in status.boot_images}
+            os.makedirs(self.download_dir, mode=0o755, exist_ok=True)
+            fd, staged = tempfile.mkstemp(dir=self.download_dir, prefix='.installed.')
+            try:
+                with os.fdopen(fd, 'w') as f:
+                    json.dump(installed, f)
+                os.replace(staged, self._installed_file)
+            except BaseException:
+                fileutils.delete_if_exists(staged)
+                raise
 
     def fetching(self, name):
         """The thread fetching base file ``name``'s boot image (``ensure(later=True)``), if
@@ -367,6 +468,12 @@ class BootImages:
             return 'failed'
         LOG.info('Installed verified boot image %s for base file %s (yolofs: %s)',
                  boot_image_id, name, installed)
+        self._version_checked[name] = self.clock()
+        try:
+            self._remember_installed(name, boot_image_id)
+        except OSError as e:
+            LOG.warning('Could not record which boot image is installed for %s (it will be '
+                        'fetched again at a version check): %s', name, e)
         try:
             # Against the base file's data (its allocated bytes), which the image's size in
             # Glance stands for at the scheduler.

@@ -47,6 +47,7 @@ from yolo_nova.virt import backing
 from yolo_nova.virt import boot_images
 from yolo_nova.virt import detach
 from yolo_nova.virt import first_boot
+from yolo_nova.virt import fleet_reports
 from yolo_nova.virt import host_report
 from yolo_nova.virt import imagebackend
 from yolo_nova.virt import nova_patches
@@ -72,7 +73,8 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
             CONF.yolo.download_dir or os.path.join(CONF.instances_path, 'yolo-incoming'),
             fetch=CONF.yolo.fetch_boot_images, install_timeout=CONF.yolo.install_timeout,
             owner=CONF.yolo.boot_image_owner, max_bytes=CONF.yolo.max_boot_image_bytes,
-            signing_keys=CONF.yolo.boot_image_signing_keys)
+            signing_keys=CONF.yolo.boot_image_signing_keys,
+            version_check_interval=CONF.yolo.boot_image_version_check_interval)
         self.yolo_backing.boot_images = self.yolo_boot_images
         self.yolo_warmer = None
         warming_on = CONF.yolo.warm_budget_mb and CONF.yolo.fetch_boot_images
@@ -118,6 +120,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         self.yolo_report = host_report.HostReport(
             self._host, self._yolo_console, self.yolo_backing, self.yolo_boot_images,
             self.yolo_first_boots)
+        self.yolo_boot_reporter = fleet_reports.BootReporter(
+            self.yolo_backing, CONF.host, CONF.yolo.boot_report_topic, conf=CONF,
+            transport_url=CONF.yolo.boot_report_transport_url,
+        ) if CONF.yolo.boot_reports else None
 
     def init_host(self, host):
         serves_disks = yolo_serves_disks()
@@ -411,7 +417,19 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
         data['stats'] = dict(data.get('stats') or {}, **yolo_stats)
         if self.yolo_warmer is not None and yolo_stats.get('yolo_active') == 'true':
             self.yolo_warmer.maybe_run()
+        if self.yolo_boot_reporter is not None and yolo_stats.get('yolo_active') == 'true':
+            self._yolo_send_boot_reports()
         return data
+
+    def _yolo_send_boot_reports(self):
+        """What this host's boots read outside their boot images, to the worker
+        (virt/fleet_reports.py); never fails the periodic task."""
+        try:
+            status = self.yolo_backing.status()
+            if status is not None:
+                self.yolo_boot_reporter.send_new(status)
+        except Exception:
+            LOG.exception('Could not send boot reports')
 
     @staticmethod
     def _yolo_aggregates():
