@@ -38,6 +38,7 @@ class BootReport:
     boot: str               # the boot, unique on the host (its window's start and base file)
     extents: tuple          # ((offset, length), ...) of the base file, in the order first read
     source_size: int        # the base file's size, as the host sees it
+    flavor: str = None      # the flavor of the guest, if the host knows it
 
     @property
     def bytes(self):
@@ -56,6 +57,8 @@ class BootReport:
         fields = {}
         for name in ('image_id', 'host', 'boot'):
             fields[name] = _text(payload, name)
+        if payload.get('flavor') is not None:
+            fields['flavor'] = _text(payload, 'flavor')
         if not _IMAGE_ID.match(fields['image_id']):
             raise BadReport('image_id %r is not an image id' % fields['image_id'])
         size = payload.get('source_size')

@@ -44,6 +44,7 @@ VERSION = 'yolo_boot_image_version'
 MERGED_HOSTS = 'yolo_merged_hosts'
 MERGED_BOOTS = 'yolo_merged_boots'
 MERGED_BYTES = 'yolo_merged_bytes'
+MERGED_FLAVORS = 'yolo_merged_flavors'    # the flavors of the boots counted, comma-separated
 # A boot image published before the image's own profiling boot, from a related image's
 # (version 0): that image's id.
 DERIVED_FROM = 'yolo_derived_from'

@@ -58,6 +58,7 @@ class MergePlan:
     added: tuple        # ((offset, length, support), ...) added, most support first
     hosts: int          # hosts whose reports were counted
     boots: int          # boots counted
+    flavors: tuple = ()     # the flavors of those boots that said theirs
 
     @property
     def added_bytes(self):
@@ -155,7 +156,8 @@ def plan_merge(published, reports, block_size, source_size, max_bytes, threshold
         room -= end - start
     return MergePlan(
         trace=tuple(published) + tuple((offset, length) for offset, length, _ in added),
-        added=tuple(added), hosts=len({r.host for r in reports}), boots=len(reports))
+        added=tuple(added), hosts=len({r.host for r in reports}), boots=len(reports),
+        flavors=tuple(sorted({r.flavor for r in reports if r.flavor})))
 
 
 class ReportStore:

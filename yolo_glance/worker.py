@@ -553,6 +553,8 @@ class Worker:
                 contract.MERGED_HOSTS: str(plan.hosts),
                 contract.MERGED_BOOTS: str(plan.boots),
                 contract.MERGED_BYTES: str(plan.added_bytes),
+                **({contract.MERGED_FLAVORS: ','.join(plan.flavors)[:255]}
+                   if plan.flavors else {}),
             })
             if built['bytes'] > self.merging.max_bytes:
                 LOG.warning('%s: a merge would make a boot image of %d bytes, over the %d '

@@ -216,6 +216,10 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
     def spawn(self, context, instance, image_meta, injected_files, admin_password,
               allocations, network_info=None, block_device_info=None, power_on=True,
               accel_info=None):
+        if self.yolo_boot_reporter is not None:
+            # Which flavor the boots reported were (never in a spawn's way).
+            self.yolo_boot_reporter.spawning(
+                instance.image_ref, getattr(instance.get('flavor'), 'name', None))
         with self.yolo_report.spawning(instance, power_on):
             super().spawn(context, instance, image_meta, injected_files, admin_password,
                           allocations, network_info=network_info,

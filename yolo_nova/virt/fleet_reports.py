@@ -8,7 +8,9 @@ version of the published boot image (yolo_glance/fleet.py), which hosts then ins
 theirs. A report names extents, never bytes; sending one never delays or fails anything here.
 """
 
+import collections
 import os
+import time
 
 from oslo_log import log as logging
 import oslo_messaging
@@ -17,6 +19,9 @@ from yolo_common import boot_reports
 from yolo_common import yolofs
 
 LOG = logging.getLogger(__name__)
+# A boot's window opens at its first read of the base file: at most this long after the spawn
+# began (a download, a conversion, the guest's firmware), and never before it.
+SPAWN_TO_FIRST_READ_SECONDS = 900
 
 
 def report_extents(outside):
@@ -48,6 +53,21 @@ class BootReporter:
         # the boots yolofs still lists again: the worker counts a boot once.
         self._reported = {}
         self.sent = 0
+        # (time, image id, flavor name) of the last spawns here: which flavor a boot was.
+        self._spawns = collections.deque(maxlen=256)
+
+    def spawning(self, image_id, flavor, now=None):
+        """Nova spawns a guest of ``image_id`` with ``flavor`` (its name) here."""
+        self._spawns.append((time.time() if now is None else now, image_id, flavor))
+
+    def flavor_of(self, image_id, started_unix):
+        """The flavor of the spawn of ``image_id`` whose boot started at ``started_unix``: the
+        last one begun before it (within SPAWN_TO_FIRST_READ_SECONDS), or None."""
+        for spawned, spawned_image, flavor in reversed(self._spawns):
+            if spawned_image == image_id and \
+                    started_unix - SPAWN_TO_FIRST_READ_SECONDS <= spawned <= started_unix + 1:
+                return flavor
+        return None
 
     @property
     def notifier(self):
@@ -90,7 +110,8 @@ class BootReporter:
             size = os.path.getsize(self.backing_files.base_path(name))
             report = boot_reports.BootReport(
                 image_id=image_id, host=self.host, boot='%s@%d' % (name, boot['started_unix']),
-                extents=extents, source_size=size)
+                extents=extents, source_size=size,
+                flavor=self.flavor_of(image_id, boot['started_unix']))
             self.notifier.info({}, boot_reports.EVENT_TYPE, report.to_payload())
         except Exception:
             LOG.exception('Could not send the boot report of image %s', image_id)

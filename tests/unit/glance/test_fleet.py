@@ -117,6 +117,15 @@ def test_the_sweep_adds_overlapping_spans_and_merges_equal_neighbours():
 def test_a_report_goes_through_a_notification_unchanged():
     sent = report('h1', [(0, 512), (B, B)])
     assert boot_reports.BootReport.from_payload(sent.to_payload()) == sent
+    with_flavor = boot_reports.BootReport(IMAGE, 'h1', 'b', ((0, B),), SIZE, flavor='m1.small')
+    assert boot_reports.BootReport.from_payload(with_flavor.to_payload()) == with_flavor
+
+
+def test_a_merge_says_which_flavors_it_counted():
+    reads = [(100 * B, B)]
+    reports = [boot_reports.BootReport(IMAGE, 'h%d' % n, 'b', tuple(reads), SIZE, flavor=f)
+               for n, f in enumerate(['m1.small', 'm1.large', None, 'm1.small'])]
+    assert fleet.plan_merge((), reports, B, SIZE, SIZE).flavors == ('m1.large', 'm1.small')
 
 
 @pytest.mark.parametrize('change, reason', [
@@ -133,6 +142,8 @@ def test_a_report_goes_through_a_notification_unchanged():
     (dict(extents=[[n * B, 1] for n in range(boot_reports.MAX_EXTENTS + 1)]), 'more than'),
     (dict(source_size=0), 'source_size'),
     (dict(source_size='1'), 'source_size'),
+    (dict(flavor=''), 'flavor'),
+    (dict(flavor=7), 'flavor'),
 ])
 def test_a_bad_payload_is_refused_with_its_reason(change, reason):
     payload = dict(report('h1', [(0, B)]).to_payload(), **change)
