@@ -613,8 +613,10 @@ class Worker:
         (version 0 of a line the image's own replaces); returns its id, or None if no relative
         shares at least half its boot image's bytes and ``min_boot_bytes``. An earlier attempt's
         is kept."""
-        if image.get(glance_api.BOOT_IMAGE_ID) and self._published(image):
-            return image[glance_api.BOOT_IMAGE_ID]
+        # (As it is now: an earlier attempt of this build may have linked one.)
+        current = self.glance.get(image['id'])
+        if current.get(glance_api.BOOT_IMAGE_ID) and self._published(current):
+            return current[glance_api.BOOT_IMAGE_ID]
         best = None
         for relative in self.relatives(image, os.path.getsize(base)):
             relative_work = os.path.join(work, 'relative-' + relative['id'])
