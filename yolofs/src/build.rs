@@ -153,6 +153,40 @@ pub fn shared_blocks(relative: &BootImage, source: &File) -> io::Result<Vec<Trac
     Ok(reads)
 }
 
+/// What boot images hold, and what they would hold with each distinct block's bytes kept once.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Sharing {
+    /// The bytes of their data, each boot image's own.
+    pub data_bytes: u64,
+    /// The bytes of their distinct blocks (by SHA-256; a short last block of an extent counts
+    /// as a block of its own).
+    pub distinct_bytes: u64,
+    pub blocks: u64,
+    pub distinct_blocks: u64,
+}
+
+impl Sharing {
+    pub fn of(images: &[BootImage], block_size: usize) -> Sharing {
+        use sha2::{Digest, Sha256};
+        let mut seen = std::collections::HashSet::new();
+        let mut sharing = Sharing::default();
+        for image in images {
+            for extent in &image.extents {
+                // Extents start on a block of the source: so do their chunks.
+                for block in image.extent_data(extent).chunks(block_size) {
+                    sharing.data_bytes += block.len() as u64;
+                    sharing.blocks += 1;
+                    if seen.insert(<[u8; 32]>::from(Sha256::digest(block))) {
+                        sharing.distinct_bytes += block.len() as u64;
+                        sharing.distinct_blocks += 1;
+                    }
+                }
+            }
+        }
+        sharing
+    }
+}
+
 /// Statistics of a built boot image.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BuildSummary {
@@ -346,5 +380,41 @@ mod tests {
         let output = dir.path().join("child.yolo");
         build_boot_image(&shared, &source, &child_identity, 4096, &output).unwrap();
         BootImage::open(&output).unwrap().verify_against(&source).unwrap();
+    }
+
+    #[test]
+    fn sharing_counts_each_distinct_block_once_across_boot_images() {
+        const B: usize = 4096;
+        let dir = tempfile::tempdir().unwrap();
+        // Two images alike but for one block, a third other.
+        let one: Vec<u8> = (0..16 * B).map(|i| (i / B) as u8).collect();
+        let mut two = one.clone();
+        two[3 * B] = 0xff;
+        let three = vec![0xeeu8; 16 * B];
+        let mut images = Vec::new();
+        for (name, data) in [("one", &one), ("two", &two), ("three", &three)] {
+            std::fs::write(dir.path().join(name), data).unwrap();
+            let identity = SourceIdentity {
+                source_size: data.len() as u64,
+                ..Default::default()
+            };
+            let output = dir.path().join(format!("{name}.yolo"));
+            let reads = [read(0, 4 * B as u64), read(8 * B as u64, B as u64 + 10)];
+            build_boot_image(
+                &reads,
+                &File::open(dir.path().join(name)).unwrap(),
+                &identity,
+                4096,
+                &output,
+            )
+            .unwrap();
+            images.push(BootImage::open(&output).unwrap());
+        }
+        let sharing = Sharing::of(&images, B);
+        // Each holds 6 blocks (0-3, 8, 9); one and two share 5; three's are all alike.
+        assert_eq!(sharing.blocks, 18);
+        assert_eq!(sharing.data_bytes, 18 * B as u64);
+        assert_eq!(sharing.distinct_blocks, 6 + 1 + 1);
+        assert_eq!(sharing.distinct_bytes, 8 * B as u64);
     }
 }

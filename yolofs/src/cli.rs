@@ -65,6 +65,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What boot images would take with each distinct block's bytes kept once (blocks compared
+    /// by their SHA-256): their data bytes against their distinct blocks' bytes.
+    Shared {
+        #[arg(required = true)]
+        boot_images: Vec<PathBuf>,
+        #[arg(long, default_value_t = 4096)]
+        block_size: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a request to a running mount's control socket and print the JSON answer.
     Ctl {
         #[arg(long, default_value = DEFAULT_SOCKET)]

@@ -177,6 +177,30 @@ pub fn verify(path: &Path, source_path: &Path, mark: bool, as_json: bool) -> Res
     Ok(())
 }
 
+pub fn shared(paths: &[std::path::PathBuf], block_size: usize, as_json: bool) -> Result<()> {
+    if block_size == 0 {
+        bail!("--block-size must be at least 1");
+    }
+    let images = paths.iter().map(|p| open_boot_image(p)).collect::<Result<Vec<_>>>()?;
+    let sharing = build::Sharing::of(&images, block_size);
+    if as_json {
+        println!(
+            "{}",
+            json!({ "boot_images": images.len(), "block_size": block_size, "sharing": sharing })
+        );
+    } else {
+        println!(
+            "{} boot images: {} bytes of data, {} bytes in distinct {}-byte blocks ({:.2}x)",
+            images.len(),
+            sharing.data_bytes,
+            sharing.distinct_bytes,
+            block_size,
+            sharing.data_bytes as f64 / sharing.distinct_bytes.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
 pub fn ctl(socket: &Path, mut request: control::Request) -> Result<()> {
     // The daemon resolves paths from its own working directory: send an absolute one.
     if let control::Request::Install { boot_image, .. } = &mut request {

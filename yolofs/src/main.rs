@@ -69,6 +69,11 @@ fn run(command: Command) -> Result<()> {
             mark,
             json,
         } => commands::verify(&boot_image, &source, mark, json),
+        Command::Shared {
+            boot_images,
+            block_size,
+            json,
+        } => commands::shared(&boot_images, block_size, json),
         Command::Ctl { socket, request } => commands::ctl(&socket, request),
         Command::Pin { binaries, list } => commands::pin_command(&binaries, list),
     }
