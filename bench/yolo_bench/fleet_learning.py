@@ -120,11 +120,16 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cloud.set_ready_pattern(args.ready_pattern)
     admin = openstack.connect(cloud=args.admin_cloud)
-    computes = {s.host for s in admin.compute.services(binary='nova-compute')
+
+    def computes():
+        return {s.host for s in admin.compute.services(binary='nova-compute')
                 if s.state == 'up' and s.status == 'enabled'}
-    if not set(aio.HOSTS) <= computes:
+    # A host just added reports up at its first heartbeat.
+    try:
+        wait('both compute hosts up', 120, lambda: set(aio.HOSTS) <= computes(), interval=5.0)
+    except TimeoutError:
         sys.exit('both compute hosts must be up (tools/aio/aio add-compute): %s are'
-                 % ', '.join(sorted(computes)))
+                 % ', '.join(sorted(computes())))
     flavor = admin.compute.find_flavor(args.flavor)
     name = 'fleet-learning-%s' % datetime.datetime.now().strftime('%Y%m%d-%H%M%S')
     image = cloud.public_image(admin, name, args.image_file)
