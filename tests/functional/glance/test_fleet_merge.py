@@ -243,8 +243,7 @@ def failing_learner(base, work, **options):
     raise learning.LearningFailed('the guest did not boot')
 
 
-def test_a_snapshot_starts_from_its_parents_boot_image_until_its_own(glance, make_worker,
-                                                                      tmp_path):
+def test_a_snapshot_starts_from_its_parents_boot_image_until_its_own(glance, make_worker):
     parent, _ = built(glance, make_worker)
     # Block 0 changed (a new partition table, say): the rest of the parent's boot set is shared.
     child = glance.add(derived(raw_disk(SIZE), [0]), base_image_ref=parent)
