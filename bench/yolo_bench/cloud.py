@@ -321,13 +321,15 @@ def public_image(admin, name, image_file=None, disk_format='qcow2', store=None):
 
 
 def wait_for_boot_image(admin, image, timeout):
+    """The id of the boot image the worker published for ``image`` from its profiling boot
+    (while the build runs, the image may link one derived from a related image's)."""
     def linked():
         properties = admin.image.get_image(image.id).properties or {}
         status = properties.get('yolo_boot_image_status')
         if status in ('failed', 'skipped'):
             raise RuntimeError('image %s has no boot image: %s (%s)' % (
                 image.id, status, properties.get('yolo_boot_image_reason')))
-        return properties.get('yolo_boot_image_id')
+        return properties.get('yolo_boot_image_id') if status == 'ready' else None
     return wait('boot image of %s' % image.name, timeout, linked, interval=5.0)
 
 

@@ -184,14 +184,17 @@ def upload_public(name, image_file, *properties):
 
 
 def wait_for_boot_image(source):
-    """The boot image the worker publishes for ``source``: (source, boot image id)."""
+    """The boot image the worker publishes for ``source`` from its profiling boot: (source,
+    boot image id). (While the build runs, the image may link one derived from a related
+    image's, which the build's own replaces.)"""
     def linked():
         image = admin('image', 'show', source['id'])
         status = image_property(image, 'yolo_boot_image_status')
         if status in ('failed', 'skipped'):
             raise AssertionError('boot image of %s: %s (%s)' % (
                 source['id'], status, image_property(image, 'yolo_boot_image_reason')))
-        return image if image_property(image, 'yolo_boot_image_id') else None
+        return image if status == 'ready' and image_property(image, 'yolo_boot_image_id') \
+            else None
     image = wait_until('boot image of %s' % source['name'], BOOT_IMAGE_TIMEOUT, linked, 5.0)
     return image, image_property(image, 'yolo_boot_image_id')
 
