@@ -310,10 +310,6 @@ class Worker:
         linked = image.get(glance_api.BOOT_IMAGE_ID)
         return not linked or (usable is not None and linked not in usable)
 
-    def _own_published(self, image):
-        """Whether ``image`` links a usable boot image of its own (not a relative's)."""
-        return self._published(image, own=True)
-
     def published(self):
         """The active boot images of the worker's project (one listing)."""
         return [i for i in self.glance.boot_images(self.container_format)
@@ -351,7 +347,7 @@ class Worker:
         if (image.get('status') != 'active'
                 or contract.is_boot_image(image, self.container_format)):
             return 'ignored'
-        if image.get(glance_api.BOOT_IMAGE_ID) and self._own_published(image):
+        if self._usable_link(image, own=True):
             return 'present'
         for refusal, reason in (('unsupported', why_not(image, self.container_format)),
                                 ('too_large', self._too_large(image))):
@@ -404,15 +400,20 @@ class Worker:
             self.metrics.build_transient_errors.inc()
             raise
 
-    def _published(self, image, own=False):
-        """Whether ``image`` links a usable boot image (``own``: not a relative's)."""
+    def _usable_link(self, image, own=False):
+        """The boot image ``image`` links if it is usable (``own``: and not a relative's),
+        else None."""
+        if not image.get(glance_api.BOOT_IMAGE_ID):
+            return None
         try:
             boot_image = self.glance.get(image[glance_api.BOOT_IMAGE_ID])
         except glance_api.NotFound:
-            return False
-        return (boot_image.get('status') == 'active' and self._ours(boot_image, image['id'])
+            return None
+        if (boot_image.get('status') == 'active' and self._ours(boot_image, image['id'])
                 and not boot_image.get(contract.REJECTED)
-                and not (own and derived(boot_image)))
+                and not (own and derived(boot_image))):
+            return boot_image
+        return None
 
     def _ours(self, boot_image, source_image_id):
         """Whether ``boot_image`` is one this worker (or one with its key) published for
@@ -515,9 +516,9 @@ class Worker:
             image = self.glance.get(image_id)
         except glance_api.NotFound:
             return 'gone'
-        if not (image.get(glance_api.BOOT_IMAGE_ID) and self._published(image)):
+        current = self._usable_link(image)
+        if current is None:
             return 'no_boot_image'
-        current = self.glance.get(image[glance_api.BOOT_IMAGE_ID])
         work = os.path.join(self.work_dir, image_id)
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work)
@@ -614,9 +615,9 @@ class Worker:
         shares at least half its boot image's bytes and ``min_boot_bytes``. An earlier attempt's
         is kept."""
         # (As it is now: an earlier attempt of this build may have linked one.)
-        current = self.glance.get(image['id'])
-        if current.get(glance_api.BOOT_IMAGE_ID) and self._published(current):
-            return current[glance_api.BOOT_IMAGE_ID]
+        linked = self._usable_link(self.glance.get(image['id']))
+        if linked is not None:
+            return linked['id']
         best = None
         for relative in self.relatives(image, os.path.getsize(base)):
             relative_work = os.path.join(work, 'relative-' + relative['id'])
@@ -848,12 +849,10 @@ class Worker:
         reason on the image, its kind (metrics.REFUSALS) counted. One published from a
         relative's stays linked."""
         try:
-            image = self.glance.get(image_id)
-            linked = image.get(glance_api.BOOT_IMAGE_ID) if image.get(
-                glance_api.BOOT_IMAGE_ID) and self._published(image) else None
+            linked = self._usable_link(self.glance.get(image_id))
         except glance_api.NotFound:
             linked = None
-        self._record(image_id, status, reason, boot_image_id=linked)
+        self._record(image_id, status, reason, boot_image_id=linked and linked['id'])
         self.metrics.builds_refused.labels(refusal).inc()
         return status
 

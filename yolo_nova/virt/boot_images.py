@@ -333,33 +333,40 @@ class BootImages:
         finally:
             os.unlink(path)
 
-    def _install_later(self, context, name, image_id, boot_image, jobs=None):
-        """Installs ``boot_image`` from a thread, registered in ``jobs`` (by default
-        ``_fetching``: disks over the base file stay on ``_base`` until it is done)."""
-        jobs = self._fetching if jobs is None else jobs
+    def _in_thread(self, jobs, name, target, *args):
+        """Runs ``target(*args)`` in a thread registered in ``jobs`` under base file ``name``
+        until it ends, unless one is registered there already."""
         with self._fetching_lock:
             if name in jobs:
-                return 'fetching'
-            thread = threading.Thread(target=self._fetch, name='yolo-boot-image-' + name[:8],
-                                      args=(context, name, image_id, boot_image, jobs),
-                                      daemon=True)
+                return
+            thread = threading.Thread(target=self._job, name='yolo-boot-image-' + name[:8],
+                                      args=(jobs, name, target, args), daemon=True)
             jobs[name] = thread
         try:
             thread.start()
         except BaseException:
             self._fetched(name, jobs)
             raise
+
+    def _job(self, jobs, name, target, args):
+        try:
+            target(*args)
+        finally:
+            self._fetched(name, jobs)
+
+    def _install_later(self, context, name, image_id, boot_image):
+        """Installs ``boot_image`` from a thread (registered in ``_fetching``: disks over the
+        base file stay on ``_base`` until it is done)."""
+        self._in_thread(self._fetching, name, self._fetch, context, name, image_id, boot_image)
         return 'fetching'
 
-    def _fetch(self, context, name, image_id, boot_image, jobs):
+    def _fetch(self, context, name, image_id, boot_image):
         try:
             self._install(context, name, image_id, boot_image)
         except Untrusted:
             pass
         except Exception:
             LOG.exception('Could not get the boot image of image %s to yolofs', image_id)
-        finally:
-            self._fetched(name, jobs)
 
     def _fetched(self, name, jobs):
         with self._fetching_lock:
@@ -370,38 +377,26 @@ class BootImages:
         ``image_id`` if it is not the one installed here for base file ``name`` (a new version:
         fleet merges make them, and the worker links the one to use). Guests keep booting from
         the installed one meanwhile; a failure changes nothing."""
-        with self._fetching_lock:
-            if name in self._moving:
-                return
-            thread = threading.Thread(target=self._move, name='yolo-version-' + name[:8],
-                                      args=(context, name, image_id, image), daemon=True)
-            self._moving[name] = thread
-        try:
-            thread.start()
-        except BaseException:
-            self._fetched(name, self._moving)
-            raise
+        self._in_thread(self._moving, name, self._move, context, name, image_id, image)
 
     def _move(self, context, name, image_id, image):
         try:
             if image is None:
                 image = self.image_api.get(context, image_id)
             linked = (image.get('properties') or {}).get(BOOT_IMAGE_PROPERTY)
-            if not linked or linked == self.installed_id(name) \
-                    or self._refused.get(image_id) == linked:
+            installed = self.installed_id(name)
+            if not linked or linked == installed or self._refused.get(image_id) == linked:
                 return
             boot_image = self.trusted_boot_image(context, image_id, image)
             if boot_image is None:
                 return
             LOG.info('Image %s: installing boot image %s in place of %s', image_id,
-                     boot_image['id'], self.installed_id(name) or 'the one installed here')
+                     boot_image['id'], installed or 'the one installed here')
             self._install(context, name, image_id, boot_image)
         except Untrusted:
             pass
         except Exception:
             LOG.exception('Could not check whether image %s has a new boot image', image_id)
-        finally:
-            self._fetched(name, self._moving)
 
     def _version_check_due(self, name):
         now = self.clock()
@@ -414,25 +409,25 @@ class BootImages:
     def _installed_file(self):
         return os.path.join(self.download_dir, 'installed.json')
 
-    def installed_id(self, name):
-        """The Glance id of the boot image installed here for base file ``name``, if known."""
+    def _installed(self):
+        """installed.json: base file name -> the Glance id of the boot image installed for it
+        ({} if missing or unreadable)."""
         try:
             with open(self._installed_file) as f:
-                return json.load(f).get(name)
-        except (OSError, ValueError, AttributeError):
-            return None
+                installed = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return installed if isinstance(installed, dict) else {}
+
+    def installed_id(self, name):
+        """The Glance id of the boot image installed here for base file ``name``, if known."""
+        return self._installed().get(name)
 
     def _remember_installed(self, name, boot_image_id):
         # Only base files yolofs still has a boot image of (the others were pruned).
         status = self.backing_files.status()
         with self._installed_lock:
-            try:
-                with open(self._installed_file) as f:
-                    installed = json.load(f)
-                if not isinstance(installed, dict):
-                    installed = {}
-            except (OSError, ValueError):
-                installed = {}
+            installed = self._installed()
             installed[name] = boot_image_id
             if status is not None:
                 installed = {k: v for k, v in installed.items() if k in status.boot_images}

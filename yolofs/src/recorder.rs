@@ -473,15 +473,11 @@ impl Recorder {
         let block = image.block_size as u64;
         let most = old.max(block).div_ceil(block) as usize;
         let mut added = std::collections::BTreeSet::new();
-        'reads: for read in reads {
-            for (offset, length) in image.uncovered(read.offset, read.length) {
-                for index in offset / block..(offset + length).div_ceil(block) {
-                    if added.len() == most {
-                        break 'reads;
-                    }
-                    added.insert(index);
-                }
+        for index in uncovered_blocks(image, reads) {
+            if added.len() == most {
+                break;
             }
+            added.insert(index);
         }
         if added.is_empty() {
             return Ok(0);
@@ -539,24 +535,32 @@ fn outside_extents(image: &BootImage, reads: &[TraceRead]) -> Vec<(u64, u64)> {
     let size = image.identity.source_size;
     let mut seen = std::collections::HashSet::new();
     let mut extents: Vec<(u64, u64)> = Vec::new();
-    for read in reads {
-        for (offset, length) in image.uncovered(read.offset, read.length) {
-            for index in offset / block..(offset + length).div_ceil(block) {
-                if !seen.insert(index) {
-                    continue;
-                }
-                let (start, end) = (index * block, ((index + 1) * block).min(size));
-                if let Some((first, length)) = extents.last_mut().filter(|(first, length)| first + length == start) {
-                    *length = end - *first;
-                } else if extents.len() == OUTSIDE_EXTENTS_KEPT {
-                    return extents;
-                } else {
-                    extents.push((start, end - start));
-                }
-            }
+    for index in uncovered_blocks(image, reads) {
+        if !seen.insert(index) {
+            continue;
+        }
+        let (start, end) = (index * block, ((index + 1) * block).min(size));
+        if let Some((first, length)) = extents.last_mut().filter(|(first, length)| first + length == start) {
+            *length = end - *first;
+        } else if extents.len() == OUTSIDE_EXTENTS_KEPT {
+            return extents;
+        } else {
+            extents.push((start, end - start));
         }
     }
     extents
+}
+
+/// The blocks of `image`'s source that `reads` touched outside it, in the order read (a block
+/// read twice comes twice).
+fn uncovered_blocks<'a>(image: &'a BootImage, reads: &'a [TraceRead]) -> impl Iterator<Item = u64> + 'a {
+    let block = image.block_size as u64;
+    reads.iter().flat_map(move |read| {
+        image
+            .uncovered(read.offset, read.length)
+            .into_iter()
+            .flat_map(move |(offset, length)| offset / block..(offset + length).div_ceil(block))
+    })
 }
 
 #[cfg(test)]
