@@ -51,7 +51,7 @@ def build(tmp_path, source, output, image_id=IMAGE_ID, reads=READS):
 def downloads_left(tmp_path):
     """Boot image downloads left in nova's download directory (beside its record of what is
     installed)."""
-    return [p for p in (tmp_path / 'downloads').iterdir() if p.name != 'installed.json']
+    return [p for p in (tmp_path / 'downloads').iterdir() if p.name != boot_images.INSTALLED_RECORD]
 
 
 @pytest.fixture

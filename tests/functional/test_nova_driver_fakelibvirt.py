@@ -40,6 +40,7 @@ from yolo_nova.model import calibration
 from yolo_nova.model import host_stats
 from yolo_nova.model import locality
 from yolo_nova.virt import backing
+from yolo_nova.virt import boot_images
 from yolo_nova.virt import detach
 from yolo_nova.virt import driver as yolo_driver
 from yolo_nova.virt import first_boot
@@ -252,6 +253,11 @@ class DriverTestCase(nova_base.NoDBTestCase):
     def backing_of(self, disk_path):
         return backing.backing_info(str(disk_path))[0]
 
+    def downloads_left(self):
+        """What is in nova's download directory beside its record of what is installed."""
+        return [name for name in os.listdir(self.downloads)
+                if name != boot_images.INSTALLED_RECORD]
+
     def publish_boot_image(self, source=None):
         """Publishes a boot image of ``source`` (default: this image's own bytes) in Glance."""
         published = self.root / 'published.yolo'
@@ -326,7 +332,7 @@ class TestRootDiskCreation(DriverTestCase):
         self.assertEqual(str(self.downloads), os.path.dirname(install['path']))
         self.assertEqual(0o644, install['mode'])
         self.assertEqual(120.0, install['timeout'])
-        self.assertEqual([], os.listdir(self.downloads))
+        self.assertEqual([], self.downloads_left())
         self.assertEqual({self.name: IMAGE_ID}, self.client.remembered)
         self.assertEqual({IMAGE_ID}, self.drvr.yolo_boot_images.verified_image_ids())
         # Already there: a second disk of the same image does not download it again.
@@ -375,7 +381,7 @@ class TestRootDiskCreation(DriverTestCase):
         (self.downloads / (self.name + '.a1b2.yolo')).write_bytes(b'half a boot image')
         (self.downloads / 'not-ours').write_bytes(b'')
         self.drvr.yolo_boot_images.remove_leftover_downloads()
-        self.assertEqual(['not-ours'], os.listdir(self.downloads))
+        self.assertEqual(['not-ours'], self.downloads_left())
 
     def test_download_dir_defaults_to_the_instances_path(self):
         self.flags(download_dir=None, group='yolo')
@@ -390,7 +396,7 @@ class TestRootDiskCreation(DriverTestCase):
         self.create_first_root_disk()
         self.assertEqual(1, len(self.client.installs))
         self.assertEqual({}, self.client.entries)
-        self.assertEqual([], os.listdir(self.downloads))
+        self.assertEqual([], self.downloads_left())
         self.assertEqual('rejected', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
         # Refused once on this host: not downloaded again at every spawn.
@@ -431,7 +437,7 @@ class TestRootDiskCreation(DriverTestCase):
         self.publish_boot_image()
         self.client.install_error = ConnectionResetError('yolofs went away')
         self.create_first_root_disk()
-        self.assertEqual([], os.listdir(self.downloads))
+        self.assertEqual([], self.downloads_left())
         # A failed fetch holds no disk on _base.
         self.assertIsNone(self.drvr.yolo_boot_images.fetching(self.name))
         rescue = self.create_root_disk(name='disk.rescue')

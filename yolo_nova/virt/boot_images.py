@@ -44,6 +44,9 @@ DOWNLOAD_SECONDS = 600
 BOOT_IMAGE_PROPERTY = contract.BOOT_IMAGE_ID
 SOURCE_IMAGE_PROPERTY = contract.SOURCE_IMAGE_ID
 CONTAINER_FORMAT = contract.CONTAINER_FORMAT
+# In the download directory, beside the downloads: which boot image is installed for each
+# base file.
+INSTALLED_RECORD = 'installed.json'
 
 
 class ServiceGlance:
@@ -407,7 +410,7 @@ class BootImages:
 
     @property
     def _installed_file(self):
-        return os.path.join(self.download_dir, 'installed.json')
+        return os.path.join(self.download_dir, INSTALLED_RECORD)
 
     def _installed(self):
         """installed.json: base file name -> the Glance id of the boot image installed for it

@@ -218,8 +218,7 @@ class YoloLibvirtDriver(libvirt_driver.LibvirtDriver):
               accel_info=None):
         if self.yolo_boot_reporter is not None:
             # Which flavor the boots reported were (never in a spawn's way).
-            self.yolo_boot_reporter.spawning(
-                instance.image_ref, getattr(instance.get('flavor'), 'name', None))
+            self.yolo_boot_reporter.spawning(instance.image_ref, _flavor_name(instance))
         with self.yolo_report.spawning(instance, power_on):
             super().spawn(context, instance, image_meta, injected_files, admin_password,
                           allocations, network_info=network_info,
@@ -502,6 +501,15 @@ def yolo_serves_disks():
     the only disks YOLO serves: not rbd, lvm, flat/raw or ploop ones."""
     images_type = CONF.libvirt.images_type
     return images_type == 'qcow2' or (images_type == 'default' and CONF.use_cow_images)
+
+
+def _flavor_name(instance):
+    """The spawn's flavor name, or None where the instance was given none (the flavor
+    object loads nothing lazily, and a report never stands in a spawn's way)."""
+    flavor = instance.flavor if instance.obj_attr_is_set('flavor') else None
+    if flavor is None or not flavor.obj_attr_is_set('name'):
+        return None
+    return flavor.name
 
 
 class FirstBootFailed(exception.NovaException):
