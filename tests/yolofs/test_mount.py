@@ -550,7 +550,8 @@ def test_memory_budget_evicts_least_recently_used(mount_factory, base_dir, tmp_p
     store.mkdir()
     for i in range(3):
         name = 'img%d' % i
-        shutil.copy(base_dir / NAME, base_dir / name)
+        # Bytes of its own: boot images of equal files share their blocks (below).
+        (base_dir / name).write_bytes(random.Random(i).randbytes(SIZE))
         trace = tmp_path / ('t%d' % i)
         trace.write_text('0 %d\n' % (600 << 10))
         yolofs.run('build', '--trace', trace, '--source', base_dir / name,
@@ -562,6 +563,54 @@ def test_memory_budget_evicts_least_recently_used(mount_factory, base_dir, tmp_p
     assert loaded == ['img2'], loaded
 
 
+@pytest.mark.parametrize('sharing', [True, False], ids=['block pool', 'no block sharing'])
+def test_boot_images_of_related_files_share_their_blocks_and_serve_their_own_bytes(
+        mount_factory, base_dir, tmp_path, content, sharing):
+    # Three variants of one file, as an image, its snapshot and a rebuild are: each with blocks
+    # of its own where the others have theirs; boot images of the same 2 MiB of each.
+    store = tmp_path / 'store'
+    store.mkdir()
+    variants = {}
+    for i in range(3):
+        data = bytearray(content)
+        for block in range(i, 512, 8):
+            data[block * 4096:(block + 1) * 4096] = random.Random(block * 3 + i).randbytes(4096)
+        name = 'variant%d' % i
+        (base_dir / name).write_bytes(bytes(data))
+        variants[name] = bytes(data)
+        trace = tmp_path / ('t%d' % i)
+        trace.write_text('0 %d\n' % (2 << 20))
+        yolofs.run('build', '--trace', trace, '--source', base_dir / name,
+                   '--output', store / (name + '.yolo'))
+    mount = mount_factory(base_dir, boot_images=store, no_block_sharing=not sharing,
+                          metrics_address='127.0.0.1:0')
+    for name in variants:
+        assert mount.client.preload(name)['bytes'] == 2 << 20
+    status = mount.client.status().answer
+    # 512 blocks each, 1 in 8 of its own: 320 blocks the same in all three, and where one has
+    # 64 of its own, the other two share the original's.
+    distinct = (320 + 3 * (64 + 64)) * 4096
+    if sharing:
+        pool = status['block_pool']
+        assert (pool['bytes'], pool['charged_bytes']) == (distinct, distinct)
+        assert pool['charged_image_bytes'] == 3 * (2 << 20)
+        assert status['memory_used_bytes'] == distinct
+    else:
+        assert 'block_pool' not in status
+        assert status['memory_used_bytes'] == 3 * (2 << 20)
+    # Each reads its own bytes, the shared blocks and its own, from memory.
+    for name, data in variants.items():
+        assert (mount.mountpoint / name).read_bytes() == data
+        assert mount.client.stats(name)[name]['bytes_memory'] >= 2 << 20
+    metrics = scrape(mount)
+    assert metrics[('yolofs_memory_used_bytes', ())] == status['memory_used_bytes']
+    if sharing:
+        assert metrics[('yolofs_memory_unshared_bytes', ())] == 3 * (2 << 20)
+        assert metrics[('yolofs_block_pool_bytes', ())] == distinct
+    else:
+        assert ('yolofs_block_pool_bytes', ()) not in metrics
+
+
 def test_preload_at_start_loads_the_newest_base_files_within_the_budget(
         mount_factory, base_dir, tmp_path):
     # Three boot images of 600 KiB, a budget of 1 MiB: the newest base file's is preloaded, the
@@ -570,7 +619,7 @@ def test_preload_at_start_loads_the_newest_base_files_within_the_budget(
     store.mkdir()
     now = time.time()
     for age, name in enumerate(('new', 'middle', 'old')):
-        shutil.copy(base_dir / NAME, base_dir / name)
+        (base_dir / name).write_bytes(random.Random(age).randbytes(SIZE))
         os.utime(base_dir / name, (now - 60 * age, now - 60 * age))
         trace = tmp_path / ('t-' + name)
         trace.write_text('0 %d\n' % (600 << 10))

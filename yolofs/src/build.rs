@@ -128,12 +128,12 @@ pub fn plan_extents(reads: &[TraceRead], block_size: u64, source_size: u64) -> V
 pub fn shared_blocks(relative: &BootImage, source: &File) -> io::Result<Vec<TraceRead>> {
     let block = relative.block_size as u64;
     let size = source.metadata()?.len();
-    let mut extents: Vec<&Extent> = relative.extents.iter().collect();
-    extents.sort_by_key(|e| e.data_offset);
+    let mut extents: Vec<(usize, &Extent)> = relative.extents.iter().enumerate().collect();
+    extents.sort_by_key(|(_, e)| e.data_offset);
     let mut reads: Vec<TraceRead> = Vec::new();
     let mut ours = Vec::new();
-    for extent in extents {
-        let theirs = relative.extent_data(extent);
+    for (index, extent) in extents {
+        let theirs = relative.extent_data(index);
         let end = extent.source_end().min(size);
         let mut offset = extent.source_offset;
         while offset < end {
@@ -171,9 +171,9 @@ impl Sharing {
         let mut seen = std::collections::HashSet::new();
         let mut sharing = Sharing::default();
         for image in images {
-            for extent in &image.extents {
+            for index in 0..image.extents.len() {
                 // Extents start on a block of the source: so do their chunks.
-                for block in image.extent_data(extent).chunks(block_size) {
+                for block in image.extent_data(index).chunks(block_size) {
                     sharing.data_bytes += block.len() as u64;
                     sharing.blocks += 1;
                     if seen.insert(<[u8; 32]>::from(Sha256::digest(block))) {
@@ -296,9 +296,9 @@ mod tests {
         assert_eq!(summary.extents, 3);
         let image = format::BootImage::open(&out).unwrap();
         image.verify_against(&source).unwrap();
-        for extent in &image.extents {
+        for (index, extent) in image.extents.iter().enumerate() {
             let range = extent.source_offset as usize..extent.source_end() as usize;
-            assert_eq!(image.extent_data(extent), &content[range]);
+            assert_eq!(&image.extent_data(index)[..], &content[range]);
         }
         // The last extent is clipped to the end of the source file.
         assert_eq!(image.extents.last().unwrap().source_end(), content.len() as u64);

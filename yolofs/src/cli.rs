@@ -131,6 +131,10 @@ pub struct MountArgs {
     #[arg(long, default_value_t = yolofs::store::DEFAULT_LOADS_AT_ONCE as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub loads_at_once: u32,
+    /// Keep each loaded boot image's data apart: no block pool shared between boot images
+    /// (each distinct block of the loaded boot images is otherwise held once).
+    #[arg(long)]
+    pub no_block_sharing: bool,
     /// Lock loaded boot images in RAM (mlock).
     #[arg(long)]
     pub mlock: bool,

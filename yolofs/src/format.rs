@@ -19,14 +19,18 @@
 //! field and every CRC and names the field and the bad value when something is off, so a corrupt
 //! or truncated boot image is rejected as a whole and never served.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use thiserror::Error;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::pool::{BlockPool, PooledData};
 
 /// First bytes of every boot image.
 pub const MAGIC: [u8; 8] = *b"YOLOBOOT";
@@ -192,18 +196,21 @@ pub struct BootImage {
     data: ExtentData,
 }
 
-/// Storage of the extent data, optionally locked in RAM so memory pressure cannot evict it.
+/// Storage of the extent data: the boot image's own (optionally locked in RAM so memory pressure
+/// cannot evict it), or blocks of the pool it shares with other boot images.
 enum ExtentData {
     Heap(Vec<u8>),
     Locked(memmap2::Mmap),
+    Pooled(PooledData),
 }
 
-impl std::ops::Deref for ExtentData {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
+impl ExtentData {
+    /// The data as one slice, unless it is in the pool.
+    fn contiguous(&self) -> Option<&[u8]> {
         match self {
-            ExtentData::Heap(v) => v,
-            ExtentData::Locked(m) => m,
+            ExtentData::Heap(v) => Some(v),
+            ExtentData::Locked(m) => Some(m),
+            ExtentData::Pooled(_) => None,
         }
     }
 }
@@ -510,30 +517,85 @@ impl BootImage {
 
     /// Moves the extent data into memory locked with `mlock`, so it is never paged out.
     pub fn lock_in_memory(&mut self) -> io::Result<()> {
-        if matches!(self.data, ExtentData::Locked(_)) || self.data.is_empty() {
+        let Some(data) = self.data.contiguous().filter(|d| !d.is_empty()) else {
+            return Ok(());
+        };
+        if matches!(self.data, ExtentData::Locked(_)) {
             return Ok(());
         }
-        let mut map = memmap2::MmapMut::map_anon(self.data.len())?;
-        map.copy_from_slice(&self.data);
+        let mut map = memmap2::MmapMut::map_anon(data.len())?;
+        map.copy_from_slice(data);
         let map = map.make_read_only()?;
         map.lock()?;
         self.data = ExtentData::Locked(map);
         Ok(())
     }
 
+    /// Moves the extent data into `pool`, which holds each distinct block once for all the
+    /// boot images in it (locked in RAM if the pool locks).
+    pub fn share_blocks(&mut self, pool: &Arc<BlockPool>) -> io::Result<()> {
+        let Some(data) = self.data.contiguous() else {
+            return Ok(());
+        };
+        let extents = self
+            .extents
+            .iter()
+            .map(|e| &data[e.data_offset as usize..(e.data_offset + e.length) as usize]);
+        self.data = ExtentData::Pooled(pool.share(extents)?);
+        Ok(())
+    }
+
     /// Whether the extent data is locked in RAM.
     pub fn is_locked(&self) -> bool {
-        matches!(self.data, ExtentData::Locked(_))
+        match &self.data {
+            ExtentData::Locked(_) => true,
+            ExtentData::Pooled(pooled) => pooled.is_locked(),
+            ExtentData::Heap(_) => false,
+        }
     }
 
-    /// Bytes of extent data held in memory.
+    /// The data in the pool, if it is there.
+    pub fn pooled(&self) -> Option<&PooledData> {
+        match &self.data {
+            ExtentData::Pooled(pooled) => Some(pooled),
+            _ => None,
+        }
+    }
+
+    /// Bytes of extent data this boot image holds (in the pool: before sharing).
     pub fn data_len(&self) -> u64 {
-        self.data.len() as u64
+        match &self.data {
+            ExtentData::Pooled(pooled) => pooled.len(),
+            data => data.contiguous().map_or(0, |d| d.len() as u64),
+        }
     }
 
-    /// The data of one extent.
-    pub fn extent_data(&self, extent: &Extent) -> &[u8] {
-        &self.data[extent.data_offset as usize..(extent.data_offset + extent.length) as usize]
+    /// Appends bytes `from..to` (offsets within the extent) of extent `index`'s data to `out`.
+    pub fn copy_extent_data(&self, index: usize, from: u64, to: u64, out: &mut Vec<u8>) {
+        let extent = &self.extents[index];
+        debug_assert!(from <= to && to <= extent.length);
+        match &self.data {
+            ExtentData::Pooled(pooled) => pooled.copy_to(index, from, to, out),
+            data => {
+                let data = data.contiguous().expect("not pooled");
+                out.extend_from_slice(&data[(extent.data_offset + from) as usize..(extent.data_offset + to) as usize]);
+            }
+        }
+    }
+
+    /// The data of extent `index`.
+    pub fn extent_data(&self, index: usize) -> Cow<'_, [u8]> {
+        let extent = &self.extents[index];
+        match self.data.contiguous() {
+            Some(data) => {
+                Cow::Borrowed(&data[extent.data_offset as usize..(extent.data_offset + extent.length) as usize])
+            }
+            None => {
+                let mut out = Vec::with_capacity(extent.length as usize);
+                self.copy_extent_data(index, 0, extent.length, &mut out);
+                Cow::Owned(out)
+            }
+        }
     }
 
     /// The parts of `[offset, offset + length)`, within the source, that no extent covers.
@@ -579,7 +641,7 @@ impl BootImage {
         for (index, extent) in self.extents.iter().enumerate() {
             buf.resize(extent.length as usize, 0);
             source.read_exact_at(&mut buf, extent.source_offset)?;
-            if buf != self.extent_data(extent) {
+            if buf[..] != self.extent_data(index)[..] {
                 return Err(VerifyError::ExtentMismatch {
                     index,
                     offset: extent.source_offset,
@@ -721,8 +783,8 @@ mod tests {
         assert_eq!(offsets, vec![0, 8192, 65536]);
         // Data is in first-access order: the extent at 8192 was written first.
         assert_eq!(image.extents[1].data_offset, 0);
-        assert_eq!(image.extent_data(&image.extents[0]), &[1u8; 4096][..]);
-        assert_eq!(image.extent_data(&image.extents[2]), &[7u8; 100][..]);
+        assert_eq!(&image.extent_data(0)[..], &[1u8; 4096][..]);
+        assert_eq!(&image.extent_data(2)[..], &[7u8; 100][..]);
         assert_eq!(image.covered_bytes(), 8292);
         assert_eq!(image.first_extent_ending_after(4096), 1);
         assert_eq!(image.first_extent_ending_after(4095), 0);
@@ -825,7 +887,8 @@ mod tests {
             assert!(image
                 .extents
                 .iter()
-                .all(|e| image.extent_data(e) == expected.extent_data(e)));
+                .enumerate()
+                .all(|(i, _)| image.extent_data(i) == expected.extent_data(i)));
         }
     }
 
@@ -874,6 +937,6 @@ mod tests {
         let mut image = BootImage::parse(&sample()).unwrap();
         // mlock may be refused by RLIMIT_MEMLOCK for unprivileged users; the data must survive either way.
         let _ = image.lock_in_memory();
-        assert_eq!(image.extent_data(&image.extents[2]), &[7u8; 100][..]);
+        assert_eq!(&image.extent_data(2)[..], &[7u8; 100][..]);
     }
 }

@@ -878,9 +878,11 @@ pub fn read_mixed(image: &BootImage, source: &File, offset: u64, len: u64) -> Re
         match image.extents.get(index) {
             Some(extent) if extent.source_offset <= cursor => {
                 let stop = extent.source_end().min(end);
-                let data = image.extent_data(extent);
-                out.extend_from_slice(
-                    &data[(cursor - extent.source_offset) as usize..(stop - extent.source_offset) as usize],
+                image.copy_extent_data(
+                    index,
+                    cursor - extent.source_offset,
+                    stop - extent.source_offset,
+                    &mut out,
                 );
                 from_memory += stop - cursor;
                 cursor = stop;

@@ -20,6 +20,7 @@ pub mod keeper;
 pub mod lease;
 pub mod metrics;
 pub mod pin;
+pub mod pool;
 pub mod recorder;
 pub mod stats;
 pub mod store;

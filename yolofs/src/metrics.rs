@@ -271,6 +271,27 @@ impl Collector for DaemonMetrics {
             "Bytes of boot image data locked in RAM (--mlock).",
             ConstGauge::new(store.locked_bytes() as i64),
         )?;
+        if let Some(pool) = store.pool_stats() {
+            single(
+                e,
+                "yolofs_memory_unshared_bytes",
+                "Bytes of data of the boot images in memory, each its own: what they would take \
+                 without the block pool.",
+                ConstGauge::new(pool.charged_image_bytes as i64),
+            )?;
+            single(
+                e,
+                "yolofs_block_pool_bytes",
+                "Bytes of the distinct blocks in the block pool (those of open files too).",
+                ConstGauge::new(pool.bytes as i64),
+            )?;
+            single(
+                e,
+                "yolofs_block_pool_mapped_bytes",
+                "Bytes of memory the block pool's slabs take.",
+                ConstGauge::new(pool.mapped_bytes as i64),
+            )?;
+        }
         single(
             e,
             "yolofs_pinned_bytes",

@@ -157,6 +157,7 @@ fn open_store(args: &MountArgs) -> Result<Arc<BootImageStore>> {
         dir: args.boot_images.clone(),
         memory_budget: args.memory_budget_mib << 20,
         lock_in_memory: args.mlock,
+        share_blocks: !args.no_block_sharing,
         max_boot_image_bytes: args.max_boot_image_bytes,
     }));
     store.set_loads_at_once(args.loads_at_once as usize);

@@ -68,6 +68,7 @@ impl Fixture {
             dir: self.dir.path().join("images"),
             memory_budget: 64 << 20,
             lock_in_memory: false,
+            share_blocks: true,
             max_boot_image_bytes: 1 << 30,
         }))
     }

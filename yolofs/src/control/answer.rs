@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::Failure;
 use crate::hostload::HostLoad;
+use crate::pool::PoolStats;
 use crate::recorder::RecordingInfo;
 use crate::stats::FileStatsSnapshot;
 use crate::store::{BootImageInfo, Installed, LoadedInfo, PreloadProgress, TouchSafety};
@@ -52,6 +53,10 @@ pub struct StatusAnswer {
     pub memory_budget_bytes: u64,
     pub memory_used_bytes: u64,
     pub lock_in_memory: bool,
+    /// What the block pool the loaded boot images share holds; absent with
+    /// `--no-block-sharing`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_pool: Option<PoolStats>,
     pub loaded: Vec<LoadedInfo>,
     pub rejected: Vec<RejectedInfo>,
     pub boot_images: Vec<BootImageInfo>,

@@ -400,6 +400,7 @@ impl Daemon {
             memory_budget_bytes: self.store.config().memory_budget,
             memory_used_bytes: self.store.used_bytes(),
             lock_in_memory: self.store.config().lock_in_memory,
+            block_pool: self.store.pool_stats(),
             loaded: self.store.loaded(),
             rejected: self
                 .store
@@ -737,6 +738,7 @@ mod tests {
             dir: dir.join("store"),
             memory_budget: 1 << 20,
             lock_in_memory: false,
+            share_blocks: true,
             max_boot_image_bytes: 1 << 20,
         })
     }

@@ -34,6 +34,7 @@ impl Fixture {
             dir: dir.path().join("store"),
             memory_budget: 64 << 20,
             lock_in_memory: false,
+            share_blocks: true,
             max_boot_image_bytes,
         }));
         Fixture { dir, store }

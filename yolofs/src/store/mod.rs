@@ -56,6 +56,7 @@ pub use stamp::{stamp_path, verify_and_stamp, write_stamp, BootImageKey, SourceK
 
 use crate::format::{BootImage, FormatError, VerifyError};
 use crate::lease::{Lease, LeaseError};
+use crate::pool::{BlockPool, PoolStats};
 use changes::ReverifyQueue;
 use files::boot_image_file_key;
 use stamp::{read_stamp, save_stamp, stamp_matches};
@@ -228,6 +229,8 @@ pub struct StoreConfig {
     pub memory_budget: u64,
     /// Lock loaded boot images in RAM.
     pub lock_in_memory: bool,
+    /// Hold each distinct block of the loaded boot images once ([`crate::pool`]).
+    pub share_blocks: bool,
     /// Largest boot image file [`BootImageStore::install`] reads.
     pub max_boot_image_bytes: u64,
 }
@@ -253,6 +256,8 @@ pub struct LoadedInfo {
 
 pub struct BootImageStore {
     config: StoreConfig,
+    /// Where loaded boot images keep their data if they share blocks.
+    pool: Option<Arc<BlockPool>>,
     state: Mutex<StoreState>,
     /// Held by installs, prunes and builds ([`BootImageStore::exclusive`]): one at a time, so
     /// the staging directory holds only theirs and no two write a boot image at once.
@@ -286,6 +291,7 @@ struct StoreState {
 impl BootImageStore {
     pub fn new(config: StoreConfig) -> BootImageStore {
         BootImageStore {
+            pool: config.share_blocks.then(|| BlockPool::new(config.lock_in_memory)),
             config,
             state: Mutex::new(StoreState {
                 loaded: LruCache::unbounded(),
@@ -456,7 +462,12 @@ impl BootImageStore {
                 warn!("{name}: could not write the verification stamp: {e}");
             }
         }
-        if self.config.lock_in_memory {
+        if let Some(pool) = &self.pool {
+            if let Err(e) = image.share_blocks(pool) {
+                warn!("{name}: could not put the boot image in the block pool ({e}); it keeps its own memory");
+            }
+        }
+        if self.config.lock_in_memory && image.pooled().is_none() {
             if let Err(e) = image.lock_in_memory() {
                 warn!("{name}: could not lock the boot image in RAM ({e}); it stays in ordinary memory");
             }
@@ -478,14 +489,17 @@ impl BootImageStore {
             warn!("{name}: boot image ({bytes} bytes) exceeds the memory budget; used for open files only, not cached");
             return;
         }
+        charge(&verified, true);
         if let Some(old) = state.loaded.put(name.to_string(), verified) {
+            charge(&old, false);
             state.used_bytes -= old.image.data_len();
         }
         state.used_bytes += bytes;
-        while state.used_bytes > self.config.memory_budget {
+        while self.held_bytes(&state) > self.config.memory_budget {
             let Some((evicted, loaded)) = state.loaded.pop_lru() else {
                 break;
             };
+            charge(&loaded, false);
             state.used_bytes -= loaded.image.data_len();
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             info!(
@@ -545,6 +559,7 @@ impl BootImageStore {
         state.rejected.remove(name);
         match state.loaded.pop(name) {
             Some(loaded) => {
+                charge(&loaded, false);
                 state.used_bytes -= loaded.image.data_len();
                 true
             }
@@ -552,8 +567,11 @@ impl BootImageStore {
         }
     }
 
-    /// Bytes of loaded boot image data locked in RAM.
+    /// Bytes of loaded boot image data locked in RAM (in the pool: each block once).
     pub fn locked_bytes(&self) -> u64 {
+        if let Some(pool) = &self.pool {
+            return pool.stats().locked_bytes;
+        }
         let state = self.state.lock().unwrap();
         state
             .loaded
@@ -563,9 +581,23 @@ impl BootImageStore {
             .sum()
     }
 
-    /// Bytes of boot image data held in memory.
+    /// Bytes of boot image data held in memory: what the memory budget bounds.
     pub fn used_bytes(&self) -> u64 {
-        self.state.lock().unwrap().used_bytes
+        self.held_bytes(&self.state.lock().unwrap())
+    }
+
+    /// What the cache holds: with the block pool, each distinct block once; without it, each
+    /// boot image's data.
+    fn held_bytes(&self, state: &StoreState) -> u64 {
+        match &self.pool {
+            Some(pool) => pool.stats().charged_bytes,
+            None => state.used_bytes,
+        }
+    }
+
+    /// What the block pool holds, if boot images share blocks.
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        self.pool.as_ref().map(|pool| pool.stats())
     }
 
     pub fn loaded(&self) -> Vec<LoadedInfo> {
@@ -595,12 +627,88 @@ impl BootImageStore {
     }
 }
 
+/// Counts a boot image's blocks in the pool as held by the cache, or no longer.
+fn charge(verified: &Verified, held: bool) {
+    if let Some(pooled) = verified.image.pooled() {
+        pooled.charge(held);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
 
     use super::*;
     use crate::store::fixture::{content, Fixture, IMAGE};
+
+    #[test]
+    fn boot_images_of_related_files_hold_their_common_blocks_once_and_read_their_own_bytes() {
+        let f = Fixture::new(1 << 30);
+        // A second base file, the first with its first block changed.
+        let mut other = content(0);
+        other[..4096].fill(9);
+        fs::write(f.base_dir().join("disk2"), &other).unwrap();
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        let base2 = File::open(f.base_dir().join("disk2")).unwrap();
+        f.store
+            .install("disk2", &base2, &f.candidate(&other, IMAGE), IMAGE, None)
+            .unwrap();
+        let one = f.store.load("disk", &f.base()).unwrap();
+        let two = f.store.load("disk2", &base2).unwrap();
+        // Each holds 5 blocks (20 KiB); 4 of them are the same bytes.
+        assert_eq!(one.image.data_len(), 5 * 4096);
+        assert_eq!(f.store.used_bytes(), 6 * 4096);
+        let pool = f.store.pool_stats().unwrap();
+        assert_eq!((pool.blocks, pool.charged_image_bytes), (6, 10 * 4096));
+        // Byte for byte each file's own, across the blocks they share and the one they do not.
+        for (verified, source, bytes) in [(&one, f.base(), content(0)), (&two, base2, other)] {
+            let (data, from_memory, _) = crate::fs::read_mixed(&verified.image, &source, 0, 512_000).unwrap();
+            assert_eq!(data, bytes[..512_000]);
+            assert_eq!(from_memory, 5 * 4096);
+        }
+        // Evicted, the first's blocks no longer count; those the second refers to stay.
+        assert!(f.store.evict("disk"));
+        assert_eq!(f.store.used_bytes(), 5 * 4096);
+        drop(one);
+        assert_eq!(f.store.pool_stats().unwrap().blocks, 5);
+        assert!(f.store.evict("disk2"));
+        assert_eq!(f.store.used_bytes(), 0);
+        drop(two);
+        assert_eq!(f.store.pool_stats().unwrap().blocks, 0);
+    }
+
+    #[test]
+    fn the_budget_counts_shared_blocks_once() {
+        let f = Fixture::new(1 << 30);
+        let store = BootImageStore::new(StoreConfig {
+            memory_budget: 6 * 4096,
+            ..f.store.config().clone()
+        });
+        let mut other = content(0);
+        other[..4096].fill(9);
+        fs::write(f.base_dir().join("disk2"), &other).unwrap();
+        let base2 = File::open(f.base_dir().join("disk2")).unwrap();
+        store
+            .install("disk", &f.base(), &f.candidate(&content(0), IMAGE), IMAGE, None)
+            .unwrap();
+        store
+            .install("disk2", &base2, &f.candidate(&other, IMAGE), IMAGE, None)
+            .unwrap();
+        store.load("disk", &f.base()).unwrap();
+        store.load("disk2", &base2).unwrap();
+        // 10 blocks of data, 6 distinct: both fit a budget of 6.
+        assert_eq!(store.loaded().len(), 2);
+        assert_eq!(store.counters().evictions.load(Ordering::Relaxed), 0);
+        // Without sharing they would not.
+        let apart = BootImageStore::new(StoreConfig {
+            share_blocks: false,
+            ..store.config().clone()
+        });
+        apart.load("disk", &f.base()).unwrap();
+        apart.load("disk2", &base2).unwrap();
+        assert_eq!(apart.loaded().len(), 1);
+        assert!(apart.pool_stats().is_none());
+    }
 
     #[test]
     fn a_base_file_open_for_writing_is_not_served_from_its_boot_image() {

@@ -142,6 +142,7 @@ mod tests {
             dir: store_dir,
             memory_budget: budget,
             lock_in_memory: false,
+            share_blocks: true,
             max_boot_image_bytes: 1 << 30,
         }));
         (dir, store)
