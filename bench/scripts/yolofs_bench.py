@@ -6,13 +6,14 @@
    4 KiB reads at queue depth 1 and 16, with a cold and a warm page cache. Runs alternate between
    the targets and repeat; ratios of medians are reported (target / direct throughput).
 2. Reads served from a loaded boot image: the same fio jobs on a file entirely covered by a boot
-   image, against the same file read directly (cold and warm).
+   image, against the same file read directly (cold and warm), its data in the block pool
+   shared between boot images and, beside it, in memory of its own (``--no-block-sharing``).
 3. The test image: its sizes, the bytes one boot reads, the boot image, the time to learn it, and
    the block-size trade-off: boot images built at several block sizes from one boot's trace, and
    how much of a second boot's reads each covers.
 
 Usage: python3 bench/scripts/yolofs_bench.py [--workdir DIR] [--repeats N] [--runtime S]
-       [--skip-boots]
+       [--skip-passthrough] [--skip-boots]
 Prints a Markdown report (and writes it, with the raw figures as JSON, to --out).
 """
 
@@ -159,6 +160,22 @@ def test_image_section(work, log):
     return result
 
 
+def passthrough_section(work, source, store, report, args, log):
+    """Section 1: a file without a boot image, direct and through yolofs (kernel and daemon)."""
+    with yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt', boot_images=store,
+                      control_socket=work / 'ctl.sock', log_path=work / 'yolofs.log') as kernel, \
+            yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt-daemon', boot_images=store,
+                         control_socket=work / 'ctl-daemon.sock',
+                         log_path=work / 'yolofs-daemon.log', no_kernel_passthrough=True) as daemon:
+        assert kernel.client.status().answer['kernel_passthrough'], \
+            'the kernel offers no passthrough'
+        log('passthrough overhead (%d MiB file)' % args.file_mib)
+        report['passthrough'] = compare(
+            {'direct': (source, None), 'kernel': (kernel.mountpoint / 'file', None),
+             'daemon': (daemon.mountpoint / 'file', None)},
+            args.repeats, args.runtime, log)
+
+
 def fmt_rows(rows, base, others):
     """A table: throughput (median, min-max) and mean latency per target, ratios to ``base``."""
     names = [base, *others]
@@ -180,6 +197,7 @@ def main():
     parser.add_argument('--file-mib', type=int, default=1024)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--runtime', type=int, default=6, help='seconds per fio run')
+    parser.add_argument('--skip-passthrough', action='store_true')
     parser.add_argument('--skip-boots', action='store_true')
     parser.add_argument('--out', type=pathlib.Path, default=REPO / 'results' / 'yolofs-bench')
     args = parser.parse_args()
@@ -195,23 +213,13 @@ def main():
     (work / 'src').mkdir(parents=True)
     report = {'started': time.strftime('%Y-%m-%d %H:%M:%S'), 'args': vars(args) | {
         'workdir': str(work), 'out': str(args.out)}}
-    source = work / 'src' / 'file'
-    storage.write_random(source, args.file_mib)
     store = work / 'store'
     store.mkdir()
 
-    with yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt', boot_images=store,
-                      control_socket=work / 'ctl.sock', log_path=work / 'yolofs.log') as kernel, \
-            yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt-daemon', boot_images=store,
-                         control_socket=work / 'ctl-daemon.sock',
-                         log_path=work / 'yolofs-daemon.log', no_kernel_passthrough=True) as daemon:
-        assert kernel.client.status().answer['kernel_passthrough'], \
-            'the kernel offers no passthrough'
-        log('passthrough overhead (%d MiB file)' % args.file_mib)
-        report['passthrough'] = compare(
-            {'direct': (source, None), 'kernel': (kernel.mountpoint / 'file', None),
-             'daemon': (daemon.mountpoint / 'file', None)},
-            args.repeats, args.runtime, log)
+    if not args.skip_passthrough:
+        source = work / 'src' / 'file'
+        storage.write_random(source, args.file_mib)
+        passthrough_section(work, source, store, report, args, log)
 
     covered = work / 'src' / 'covered'
     storage.write_random(covered, 256)
@@ -219,27 +227,42 @@ def main():
     trace.write_text('0 %d\n' % (256 << 20))
     yolofs.run('build', '--trace', trace, '--source', covered, '--output',
                store / 'covered.yolo', '--mark')
+    # The same boot image in a store of its own for the mount whose boot images keep their
+    # memory apart.
+    unshared_store = work / 'store-unshared'
+    unshared_store.mkdir()
+    shutil.copy(store / 'covered.yolo', unshared_store / 'covered.yolo')
     with yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt2', boot_images=store,
                       control_socket=work / 'ctl2.sock', log_path=work / 'yolofs2.log',
-                      mlock=True) as mount:
-        log('reads from a loaded boot image (256 MiB, locked in RAM)')
+                      mlock=True) as mount, \
+            yolofs.Mount(source=work / 'src', mountpoint=work / 'mnt3', boot_images=unshared_store,
+                         control_socket=work / 'ctl3.sock', log_path=work / 'yolofs3.log',
+                         mlock=True, no_block_sharing=True) as unshared:
+        log('reads from a loaded boot image (256 MiB, locked in RAM; in the block pool and not)')
         mount.client.preload('covered')
+        unshared.client.preload('covered')
+        assert 'block_pool' in mount.client.status().answer
         report['boot_image'] = compare(
             {'direct': (covered, None),
              'boot_image': (mount.mountpoint / 'covered',
-                            lambda: mount.client.preload('covered'))},
+                            lambda: mount.client.preload('covered')),
+             'unshared': (unshared.mountpoint / 'covered',
+                          lambda: unshared.client.preload('covered'))},
             args.repeats, args.runtime, log)
-        stats = mount.client.stats('covered')['covered']
-        assert stats['bytes_passthrough'] == 0, stats
+        for m in (mount, unshared):
+            stats = m.client.stats('covered')['covered']
+            assert stats['bytes_passthrough'] == 0, stats
 
     if not args.skip_boots:
         log('test image: learning and block sizes')
         report['test_image'] = test_image_section(work, log)
 
-    lines = ['## Passthrough overhead (no boot image)', '',
-             fmt_rows(report['passthrough'], 'direct', ['kernel', 'daemon']), '',
-             '## Reads served from a loaded boot image', '',
-             fmt_rows(report['boot_image'], 'direct', ['boot_image']), '']
+    lines = []
+    if 'passthrough' in report:
+        lines += ['## Passthrough overhead (no boot image)', '',
+                  fmt_rows(report['passthrough'], 'direct', ['kernel', 'daemon']), '']
+    lines += ['## Reads served from a loaded boot image', '',
+              fmt_rows(report['boot_image'], 'direct', ['boot_image', 'unshared']), '']
     if 'test_image' in report:
         t = report['test_image']
         lines += ['## The test image', '',

@@ -88,19 +88,30 @@ def traced_runs(reads):
     return [tuple(run) for run in runs]
 
 
-def write_synthetic_base(path, runs, size, seed):
-    """A base file of ``size`` bytes holding bytes of its own (from ``seed``) where ``runs``
-    are, sparse elsewhere."""
-    generator = random.Random(seed)
+def write_synthetic_base(path, runs, size, seed, family=None, own_share=1.0):
+    """A base file of ``size`` bytes holding random bytes where ``runs`` are, sparse elsewhere:
+    its own (from ``seed``), or, for a member of ``family`` (a seed), the family's in all but
+    ``own_share`` of its 4 KiB blocks, drawn at random, as one release's variants are."""
+    family_bytes = random.Random(seed if family is None else family)
+    own_bytes = random.Random(seed)
+    choice = random.Random(-1 - seed)
     with open(path, 'wb') as f:
         f.truncate(size)
         for offset, end in runs:
             end = min(end, size)
             f.seek(offset)
             while offset < end:
-                chunk = min(end - offset, 1 << 20)
-                f.write(generator.randbytes(chunk))
-                offset += chunk
+                stop = min(end, (offset // SHARED_BLOCK + 1) * SHARED_BLOCK)
+                # The family's bytes drawn in every member, so each has them at the same place.
+                data = family_bytes.randbytes(stop - offset)
+                if family is not None and choice.random() < own_share:
+                    data = own_bytes.randbytes(stop - offset)
+                f.write(data)
+                offset = stop
+
+
+# The block of boot images' data yolofs shares between boot images (its block pool).
+SHARED_BLOCK = 4096
 
 
 def run_bytes(runs):
@@ -155,10 +166,11 @@ class Storm:
     """The HDD, its base files and boot images, and the yolofs mount serving them."""
 
     def __init__(self, work, traces, image_size, count, stressor_count, budget_share=None,
-                 mlock=True):
+                 mlock=True, families=None, own_share=1.0):
         # ``count`` base files, the i-th booting as traces[i % len(traces)]; the files of up to
         # ``stressor_count`` fio stressors; ``budget_share``: yolofs' memory budget as a share
-        # of the boot images' bytes (None: room for every one).
+        # of the boot images' bytes (None: room for every one). ``families``: the i-th base
+        # file is a variant of family i % families, with ``own_share`` of its blocks its own.
         self.work = pathlib.Path(work)
         self.traces = list(traces)
         # Each trace's byte ranges, by trace.
@@ -176,6 +188,9 @@ class Storm:
         self.budget_share = budget_share
         self.memory_budget_mib = None
         self.mlock = mlock
+        self.families = families
+        self.own_share = own_share
+        self.block_sharing = True
         self.metrics_port = ports.free_port()
         self.resident_before_loads_mib = None
 
@@ -198,7 +213,9 @@ class Storm:
         for index in range(self.count):
             trace = self.trace_for(index)
             base = base_dir / images.base_file_name(str(uuid.uuid4()))
-            write_synthetic_base(base, self.runs[trace], self.image_size, seed=index)
+            family = None if self.families is None else 1_000_000 + index % self.families
+            write_synthetic_base(base, self.runs[trace], self.image_size, seed=index,
+                                 family=family, own_share=self.own_share)
             yolofs.run('build', '--trace', trace, '--source', base,
                        '--output', store / (base.name + '.yolo'), '--mark')
             self.bases.append((base, trace))
@@ -221,10 +238,17 @@ class Storm:
             boot_images=self.disk.root / 'boot-images', control_socket=self.work / 'yolofs.sock',
             log_path=self.work / 'yolofs.log', preexec_fn=self.disk.join_cgroup,
             mlock=self.mlock, no_kernel_passthrough=True, preload=preload,
+            no_block_sharing=not self.block_sharing,
             loads_at_once=loads_at_once,
             memory_budget_mib=self.memory_budget_mib,
             metrics_address='127.0.0.1:%d' % self.metrics_port).start()
         self.resident_before_loads_mib = resident_mib(self.mount.process.pid)
+
+    def sharing(self):
+        """What the store's boot images hold, and hold in distinct 4 KiB blocks."""
+        store = self.disk.root / 'boot-images'
+        return json.loads(yolofs.run('shared', '--json', *sorted(store.glob('*.yolo'))).stdout)[
+            'sharing']
 
     def trace_for(self, index):
         """The trace the index-th distinct image boots as: each in turn."""
@@ -356,6 +380,7 @@ def catalogue(storm, arrivals, at_once, exponent, factor):
     return {'boots': boots, 'status_seconds': status_seconds,
             'images': len(storm.bases), 'at_once': at_once, 'zipf': exponent,
             'mlock': storm.mlock, 'memory_budget_mib': storm.memory_budget_mib,
+            'block_sharing': storm.block_sharing,
             'loads': after['yolofs_boot_image_loads'] - before['yolofs_boot_image_loads'],
             'evictions': after['yolofs_boot_image_evictions']
             - before['yolofs_boot_image_evictions'],
@@ -375,9 +400,10 @@ def catalogue_lines(result):
         return '%.3f s' % io_replay.percentile(values, 50) if values else '-'
     return [
         '%d images, a budget of %d MiB, %d boots %d at a time (Zipf %g), mlock %s, '
-        '%d stressors:' % (
+        'block sharing %s, %d stressors:' % (
             result['images'], result['memory_budget_mib'], len(boots), result['at_once'],
-            result['zipf'], 'on' if result['mlock'] else 'off', result.get('stressors', 0)),
+            result['zipf'], 'on' if result['mlock'] else 'off',
+            'on' if result.get('block_sharing', True) else 'off', result.get('stressors', 0)),
         '  boots whose boot images were in memory: %d of %d (%.0f %%)' % (
             len(hits), len(boots), 100 * len(hits) / max(len(boots), 1)),
         '  first read, p50: %s in memory, %s loaded from the store' % (p50(hits), p50(misses)),
@@ -453,14 +479,25 @@ def run_catalogue(args, work, traces, size):
     results = []
     try:
         with Storm(work / 'catalogue', traces, size, args.catalogue, max(args.stressors),
-                   budget_share=0.25, mlock=args.mlock) as storm:
-            for number, count in enumerate(args.stressors):
-                if number:      # the first count's mount has just started
-                    storm.start_mount()
-                with stressors.io_stressors(storm.disk, count):
-                    results.append(dict(catalogue(storm, args.arrivals, args.at_once, args.zipf,
-                                                  args.factor), stressors=count))
-                print('\n'.join(catalogue_lines(results[-1])), flush=True)
+                   budget_share=0.25, mlock=args.mlock, families=args.families,
+                   own_share=args.own_share) as storm:
+            sharing = storm.sharing()
+            runner.log('the boot images: %d MiB of data, %d MiB in distinct blocks (%.2fx)' % (
+                sharing['data_bytes'] >> 20, sharing['distinct_bytes'] >> 20,
+                sharing['data_bytes'] / max(sharing['distinct_bytes'], 1)))
+            first = True
+            for count in args.stressors:
+                for block_sharing in args.block_sharing:
+                    storm.block_sharing = block_sharing
+                    if not first:   # the first point's mount has just started
+                        storm.start_mount()
+                    first = False
+                    with stressors.io_stressors(storm.disk, count):
+                        results.append(dict(
+                            catalogue(storm, args.arrivals, args.at_once, args.zipf, args.factor),
+                            stressors=count, families=args.families, own_share=args.own_share,
+                            store_sharing=sharing))
+                    print('\n'.join(catalogue_lines(results[-1])), flush=True)
     finally:
         if args.json:
             args.json.write_text(json.dumps(results, indent=1) + '\n')
@@ -510,6 +547,16 @@ def parse_args(argv):
     parser.add_argument('--at-once', type=one_positive, default=4, help='(default: %(default)s)')
     parser.add_argument('--zipf', type=float, default=1.0,
                         help='the Zipf exponent of the images\' popularity (default: 1.0)')
+    parser.add_argument('--families', type=one_positive,
+                        help='with --catalogue: the images are variants of this many families '
+                             '(one release\'s variants), image i of family i %% FAMILIES')
+    parser.add_argument('--own-share', type=float, default=0.5,
+                        help='with --families: the share of a variant\'s 4 KiB blocks that are '
+                             'its own (default: %(default)s)')
+    parser.add_argument('--block-sharing', type=cloud.comma_separated(('on', 'off'), 'sharing'),
+                        default=['on'],
+                        help='with --catalogue: yolofs\' block pool on, off, or both in turn '
+                             '(on,off), the same draws (default: on)')
     parser.add_argument('--no-mlock', dest='mlock', action='store_false',
                         help='boot images in memory not locked')
     parser.add_argument('--work', type=pathlib.Path, help='default: a temporary directory')
@@ -519,6 +566,9 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.plot and (args.catalogue or args.reboot):
         parser.error('--plot plots storms, not --catalogue or --reboot')
+    if args.families and args.families % len(args.trace or args.image):
+        parser.error('--families: each family boots as one trace (a multiple of the traces)')
+    args.block_sharing = [value == 'on' for value in args.block_sharing]
     return args
 
 

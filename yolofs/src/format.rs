@@ -30,7 +30,7 @@ use thiserror::Error;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::pool::{BlockPool, PooledData};
+use crate::pool::{self, BlockPool, PooledData};
 
 /// First bytes of every boot image.
 pub const MAGIC: [u8; 8] = *b"YOLOBOOT";
@@ -532,11 +532,16 @@ impl BootImage {
     }
 
     /// Moves the extent data into `pool`, which holds each distinct block once for all the
-    /// boot images in it (locked in RAM if the pool locks).
+    /// boot images in it (locked in RAM if the pool locks). A boot image whose extents may
+    /// start within a block of the pool (a smaller block size) keeps its own memory: its blocks
+    /// would take whole slots and seldom be shared.
     pub fn share_blocks(&mut self, pool: &Arc<BlockPool>) -> io::Result<()> {
         let Some(data) = self.data.contiguous() else {
             return Ok(());
         };
+        if self.block_size as usize % pool::BLOCK_SIZE != 0 {
+            return Ok(());
+        }
         let extents = self
             .extents
             .iter()
@@ -573,7 +578,7 @@ impl BootImage {
     /// Appends bytes `from..to` (offsets within the extent) of extent `index`'s data to `out`.
     pub fn copy_extent_data(&self, index: usize, from: u64, to: u64, out: &mut Vec<u8>) {
         let extent = &self.extents[index];
-        debug_assert!(from <= to && to <= extent.length);
+        assert!(from <= to && to <= extent.length, "a read outside extent {index}");
         match &self.data {
             ExtentData::Pooled(pooled) => pooled.copy_to(index, from, to, out),
             data => {
@@ -930,6 +935,37 @@ mod tests {
         assert!(read_header(&path).is_err());
         std::fs::write(&path, &sample()[..100]).unwrap();
         assert!(matches!(read_header(&path), Err(FormatError::Truncated { .. })));
+    }
+
+    #[test]
+    fn shared_blocks_serve_the_same_bytes_and_small_blocks_keep_their_own_memory() {
+        let pool = BlockPool::new(false);
+        let mut image = BootImage::parse(&sample()).unwrap();
+        let before: Vec<Vec<u8>> = (0..3).map(|i| image.extent_data(i).into_owned()).collect();
+        image.share_blocks(&pool).unwrap();
+        assert!(image.pooled().is_some());
+        assert_eq!(image.data_len(), 8292);
+        for (index, data) in before.iter().enumerate() {
+            assert_eq!(image.extent_data(index)[..], data[..]);
+            let mut part = Vec::new();
+            image.copy_extent_data(index, 10, 60, &mut part);
+            assert_eq!(part, data[10..60]);
+        }
+        let mut out = Vec::new();
+        write_boot_image(&mut out, &identity(1 << 20), 512, 0, &[(512, vec![1u8; 512])]).unwrap();
+        let mut small = BootImage::parse(&out).unwrap();
+        small.share_blocks(&pool).unwrap();
+        assert!(small.pooled().is_none());
+        assert_eq!(small.extent_data(0)[..], [1u8; 512][..]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a read outside extent 2")]
+    fn a_read_past_an_extent_is_refused_not_served_from_the_next() {
+        let pool = BlockPool::new(false);
+        let mut image = BootImage::parse(&sample()).unwrap();
+        image.share_blocks(&pool).unwrap();
+        image.copy_extent_data(2, 0, 4096, &mut Vec::new());
     }
 
     #[test]

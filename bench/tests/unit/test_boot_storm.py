@@ -118,7 +118,7 @@ def test_the_catalogue_report_says_hits_misses_and_memory_per_image():
         'memory_budget_mib': 4000, 'loads': 1, 'evictions': 0,
         'rss_beyond_data_per_image_bytes': 3 << 19, 'stressors': 8,
         'status_seconds': [0.2, 0.01, 0.03]})
-    assert lines[0].endswith('mlock on, 8 stressors:')
+    assert lines[0].endswith('mlock on, block sharing on, 8 stressors:')
     assert '3 of 4 (75 %)' in lines[1]
     assert '0.001 s in memory, 0.500 s loaded from the store' in lines[2]
     assert lines[3].endswith('1.5 MiB per boot image')
@@ -223,3 +223,38 @@ def test_a_factor_is_a_number_of_0_or_more_or_kvm(text):
 def test_the_plot_is_of_storms_only():
     with pytest.raises(SystemExit):
         boot_storm.parse_args(['--trace', 'a', '--catalogue', '200', '--plot', 'x.png'])
+
+
+def test_variants_of_a_family_hold_its_blocks_but_a_share_of_their_own(tmp_path):
+    runs = [(0, 1 << 20), ((3 << 20) + 100, (4 << 20) + 100)]
+    variants = []
+    for seed in range(3):
+        path = tmp_path / ('variant%d' % seed)
+        boot_storm.write_synthetic_base(path, runs, 8 << 20, seed=seed, family=7,
+                                        own_share=0.25)
+        data = path.read_bytes()
+        variants.append([data[offset:offset + 4096] for offset in range(0, 8 << 20, 4096)])
+    blocks = len(variants[0])
+    for one, other in [(variants[0], variants[1]), (variants[1], variants[2])]:
+        same = sum(a == b for a, b in zip(one, other))
+        # Where neither drew its own bytes (9/16 of the 512 blocks written), the family's.
+        assert 0.4 < (same - (blocks - 513)) / 513 < 0.75
+    # Another family shares nothing but the holes.
+    path = tmp_path / 'stranger'
+    boot_storm.write_synthetic_base(path, runs, 8 << 20, seed=5, family=8, own_share=0.25)
+    data = path.read_bytes()
+    assert not any(data[offset:offset + 4096] in (variants[0][offset // 4096],
+                                                  variants[1][offset // 4096])
+                   for offset in range(0, 1 << 20, 4096))
+
+
+def test_families_boot_as_one_trace_each_and_sharing_is_on_off_or_both():
+    args = boot_storm.parse_args(['--trace', 'a', '--catalogue', '200', '--families', '20',
+                                  '--block-sharing', 'on,off'])
+    assert (args.families, args.own_share, args.block_sharing) == (20, 0.5, [True, False])
+    assert boot_storm.parse_args(['--trace', 'a', '--catalogue', '9']).block_sharing == [True]
+    with pytest.raises(SystemExit):
+        boot_storm.parse_args(['--trace', 'a', '--trace', 'b', '--catalogue', '200',
+                               '--families', '5'])
+    with pytest.raises(SystemExit):
+        boot_storm.parse_args(['--trace', 'a', '--catalogue', '9', '--block-sharing', 'maybe'])

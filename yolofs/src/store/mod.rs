@@ -482,6 +482,9 @@ impl BootImageStore {
     }
 
     fn insert(&self, name: &str, verified: Verified) {
+        // What leaves the cache is dropped past the store's lock (giving blocks back to the
+        // pool takes a while): declared before the guard, so dropped after it.
+        let mut dropped = Vec::new();
         let mut state = self.state.lock().unwrap();
         state.rejected.remove(name);
         let bytes = verified.image.data_len();
@@ -493,6 +496,7 @@ impl BootImageStore {
         if let Some(old) = state.loaded.put(name.to_string(), verified) {
             charge(&old, false);
             state.used_bytes -= old.image.data_len();
+            dropped.push(old);
         }
         state.used_bytes += bytes;
         while self.held_bytes(&state) > self.config.memory_budget {
@@ -501,6 +505,7 @@ impl BootImageStore {
             };
             charge(&loaded, false);
             state.used_bytes -= loaded.image.data_len();
+            dropped.push(loaded);
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             info!(
                 "{evicted}: boot image evicted from memory (budget {} bytes)",
@@ -555,16 +560,18 @@ impl BootImageStore {
 
     /// Drops the boot image of `name` from memory. Open files keep theirs until closed.
     pub fn evict(&self, name: &str) -> bool {
-        let mut state = self.state.lock().unwrap();
-        state.rejected.remove(name);
-        match state.loaded.pop(name) {
-            Some(loaded) => {
-                charge(&loaded, false);
+        let evicted = {
+            let mut state = self.state.lock().unwrap();
+            state.rejected.remove(name);
+            let evicted = state.loaded.pop(name);
+            if let Some(loaded) = &evicted {
+                charge(loaded, false);
                 state.used_bytes -= loaded.image.data_len();
-                true
             }
-            None => false,
-        }
+            evicted
+        };
+        // Dropped past the store's lock.
+        evicted.is_some()
     }
 
     /// Bytes of loaded boot image data locked in RAM (in the pool: each block once).
