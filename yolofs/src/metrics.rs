@@ -268,7 +268,7 @@ impl Collector for DaemonMetrics {
         single(
             e,
             "yolofs_memory_locked_bytes",
-            "Bytes of boot image data locked in RAM (--mlock).",
+            "Bytes locked in RAM for boot images (--mlock; with the block pool, its slabs).",
             ConstGauge::new(store.locked_bytes() as i64),
         )?;
         if let Some(pool) = store.pool_stats() {
