@@ -176,6 +176,20 @@ def passthrough_section(work, source, store, report, args, log):
             args.repeats, args.runtime, log)
 
 
+def compare_loads(mounts, repeats):
+    """The median seconds a preload of the boot image ``covered`` takes on each of ``mounts``
+    (name -> mount), evicted first and the page cache dropped, the mounts in turn."""
+    seconds = {name: [] for name in mounts}
+    for _ in range(repeats):
+        for name, mount in mounts.items():
+            mount.client.evict('covered')
+            qemu.drop_caches()
+            started = time.monotonic()
+            mount.client.preload('covered')
+            seconds[name].append(time.monotonic() - started)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
 def fmt_rows(rows, base, others):
     """A table: throughput (median, min-max) and mean latency per target, ratios to ``base``."""
     names = [base, *others]
@@ -252,6 +266,10 @@ def main():
         for m in (mount, unshared):
             stats = m.client.stats('covered')['covered']
             assert stats['bytes_passthrough'] == 0, stats
+        log('loading the boot image (evicted, the page cache dropped), in the pool and not')
+        report['load'] = compare_loads({'boot_image': mount, 'unshared': unshared},
+                                       max(args.repeats, 5))
+        log('  '.join('%s %.3f s' % (name, seconds) for name, seconds in report['load'].items()))
 
     if not args.skip_boots:
         log('test image: learning and block sizes')
@@ -262,7 +280,9 @@ def main():
         lines += ['## Passthrough overhead (no boot image)', '',
                   fmt_rows(report['passthrough'], 'direct', ['kernel', 'daemon']), '']
     lines += ['## Reads served from a loaded boot image', '',
-              fmt_rows(report['boot_image'], 'direct', ['boot_image', 'unshared']), '']
+              fmt_rows(report['boot_image'], 'direct', ['boot_image', 'unshared']), '',
+              'Loading it (256 MiB, median): %s' % ', '.join(
+                  '%s %.3f s' % item for item in report['load'].items()), '']
     if 'test_image' in report:
         t = report['test_image']
         lines += ['## The test image', '',

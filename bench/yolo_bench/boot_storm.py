@@ -377,6 +377,8 @@ def catalogue(storm, arrivals, at_once, exponent, factor):
                           'first_read': result.first_read, 'io_seconds': result.io_seconds})
     after = scrape(storm.metrics_port)
     loaded = max(after['yolofs_boot_images_loaded'], 1)
+    # The memory holding boot images' data: the block pool's slabs, or their own.
+    data_memory = after.get('yolofs_block_pool_mapped_bytes', after['yolofs_memory_used_bytes'])
     return {'boots': boots, 'status_seconds': status_seconds,
             'images': len(storm.bases), 'at_once': at_once, 'zipf': exponent,
             'mlock': storm.mlock, 'memory_budget_mib': storm.memory_budget_mib,
@@ -385,10 +387,12 @@ def catalogue(storm, arrivals, at_once, exponent, factor):
             'evictions': after['yolofs_boot_image_evictions']
             - before['yolofs_boot_image_evictions'],
             'memory_used_bytes': after['yolofs_memory_used_bytes'],
+            'memory_unshared_bytes': after.get('yolofs_memory_unshared_bytes'),
+            'block_pool_mapped_bytes': after.get('yolofs_block_pool_mapped_bytes'),
             # Beyond what it held before any load: index and bookkeeping per boot image.
             'rss_beyond_data_per_image_bytes':
                 ((resident_mib(storm.mount.process.pid) - storm.resident_before_loads_mib)
-                 * (1 << 20) - after['yolofs_memory_used_bytes']) / loaded}
+                 * (1 << 20) - data_memory) / loaded}
 
 
 def catalogue_lines(result):
@@ -410,6 +414,11 @@ def catalogue_lines(result):
         '  loads %d, evictions %d; memory beyond boot image data: %.1f MiB per boot image' % (
             result['loads'], result['evictions'],
             result['rss_beyond_data_per_image_bytes'] / (1 << 20)),
+        '  boot image data in memory at the end: %d MiB%s' % (
+            result['memory_used_bytes'] >> 20,
+            ' (%d MiB without sharing, %d MiB of slabs mapped)' % (
+                result['memory_unshared_bytes'] >> 20, result['block_pool_mapped_bytes'] >> 20)
+            if result.get('memory_unshared_bytes') is not None else ''),
         '  status of the whole store, caches dropped: %s p50, %.3f s max' % (
             p50(result['status_seconds']), max(result['status_seconds'], default=0.0))]
 
@@ -479,7 +488,7 @@ def run_catalogue(args, work, traces, size):
     results = []
     try:
         with Storm(work / 'catalogue', traces, size, args.catalogue, max(args.stressors),
-                   budget_share=0.25, mlock=args.mlock, families=args.families,
+                   budget_share=args.budget_share, mlock=args.mlock, families=args.families,
                    own_share=args.own_share) as storm:
             sharing = storm.sharing()
             runner.log('the boot images: %d MiB of data, %d MiB in distinct blocks (%.2fx)' % (
@@ -536,8 +545,8 @@ def parse_args(argv):
                              'makes a boot\'s think time %g s, as an idle KVM boot\'s'
                              % io_replay.KVM_BOOT_THINK_SECONDS)
     parser.add_argument('--catalogue', type=one_positive,
-                        help='this many images, a memory budget for a quarter of them, boots of '
-                             'a Zipf mix (instead of the storms)')
+                        help='this many images, a memory budget for a share of them '
+                             '(--budget-share), boots of a Zipf mix (instead of the storms)')
     parser.add_argument('--reboot', type=one_positive,
                         help='a host back from a reboot: this many guests of distinct images '
                              'start as yolofs starts, without and with --preload (instead of '
@@ -547,6 +556,9 @@ def parse_args(argv):
     parser.add_argument('--at-once', type=one_positive, default=4, help='(default: %(default)s)')
     parser.add_argument('--zipf', type=float, default=1.0,
                         help='the Zipf exponent of the images\' popularity (default: 1.0)')
+    parser.add_argument('--budget-share', type=float, default=0.25,
+                        help='with --catalogue: yolofs\' memory budget as a share of the boot '
+                             'images\' bytes (default: %(default)s)')
     parser.add_argument('--families', type=one_positive,
                         help='with --catalogue: the images are variants of this many families '
                              '(one release\'s variants), image i of family i %% FAMILIES')

@@ -117,12 +117,15 @@ def test_the_catalogue_report_says_hits_misses_and_memory_per_image():
         'boots': boots, 'images': 200, 'at_once': 4, 'zipf': 1.0, 'mlock': True,
         'memory_budget_mib': 4000, 'loads': 1, 'evictions': 0,
         'rss_beyond_data_per_image_bytes': 3 << 19, 'stressors': 8,
-        'status_seconds': [0.2, 0.01, 0.03]})
+        'memory_used_bytes': 100 << 20, 'memory_unshared_bytes': 170 << 20,
+        'block_pool_mapped_bytes': 104 << 20, 'status_seconds': [0.2, 0.01, 0.03]})
     assert lines[0].endswith('mlock on, block sharing on, 8 stressors:')
     assert '3 of 4 (75 %)' in lines[1]
     assert '0.001 s in memory, 0.500 s loaded from the store' in lines[2]
     assert lines[3].endswith('1.5 MiB per boot image')
-    assert lines[4].endswith('0.030 s p50, 0.200 s max')
+    assert lines[4].endswith(
+        '100 MiB (170 MiB without sharing, 104 MiB of slabs mapped)')
+    assert lines[5].endswith('0.030 s p50, 0.200 s max')
 
 
 def test_metrics_are_summed_per_family(monkeypatch):
