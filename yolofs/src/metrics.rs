@@ -275,8 +275,7 @@ impl Collector for DaemonMetrics {
             single(
                 e,
                 "yolofs_memory_unshared_bytes",
-                "Bytes of data of the boot images in memory, each its own: what they would take \
-                 without the block pool.",
+                "Bytes of the boot images in memory, each its own: what they take without the pool.",
                 ConstGauge::new(pool.charged_image_bytes as i64),
             )?;
             single(
