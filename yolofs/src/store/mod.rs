@@ -284,7 +284,8 @@ pub struct BootImageStore {
 
 struct StoreState {
     loaded: LruCache<String, Verified>,
-    used_bytes: u64,
+    /// Bytes of data of the cached boot images that keep their own memory (not in the pool).
+    own_bytes: u64,
     rejected: HashMap<String, Rejection>,
 }
 
@@ -295,7 +296,7 @@ impl BootImageStore {
             config,
             state: Mutex::new(StoreState {
                 loaded: LruCache::unbounded(),
-                used_bytes: 0,
+                own_bytes: 0,
                 rejected: HashMap::new(),
             }),
             install_lock: Mutex::new(()),
@@ -493,18 +494,19 @@ impl BootImageStore {
             return;
         }
         charge(&verified, true);
+        let own = own_memory(&verified);
         if let Some(old) = state.loaded.put(name.to_string(), verified) {
             charge(&old, false);
-            state.used_bytes -= old.image.data_len();
+            state.own_bytes -= own_memory(&old);
             dropped.push(old);
         }
-        state.used_bytes += bytes;
+        state.own_bytes += own;
         while self.held_bytes(&state) > self.config.memory_budget {
             let Some((evicted, loaded)) = state.loaded.pop_lru() else {
                 break;
             };
             charge(&loaded, false);
-            state.used_bytes -= loaded.image.data_len();
+            state.own_bytes -= own_memory(&loaded);
             dropped.push(loaded);
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             info!(
@@ -566,7 +568,7 @@ impl BootImageStore {
             let evicted = state.loaded.pop(name);
             if let Some(loaded) = &evicted {
                 charge(loaded, false);
-                state.used_bytes -= loaded.image.data_len();
+                state.own_bytes -= own_memory(loaded);
             }
             evicted
         };
@@ -574,18 +576,18 @@ impl BootImageStore {
         evicted.is_some()
     }
 
-    /// Bytes of loaded boot image data locked in RAM (in the pool: each block once).
+    /// Bytes locked in RAM for boot images: the pool's slabs, whole, and the cached boot
+    /// images locked in memory of their own.
     pub fn locked_bytes(&self) -> u64 {
-        if let Some(pool) = &self.pool {
-            return pool.stats().locked_bytes;
-        }
+        let pooled = self.pool.as_ref().map_or(0, |pool| pool.stats().locked_bytes);
         let state = self.state.lock().unwrap();
-        state
+        let own: u64 = state
             .loaded
             .iter()
-            .filter(|(_, l)| l.image.is_locked())
+            .filter(|(_, l)| l.image.pooled().is_none() && l.image.is_locked())
             .map(|(_, l)| l.image.data_len())
-            .sum()
+            .sum();
+        pooled + own
     }
 
     /// Bytes of boot image data held in memory: what the memory budget bounds.
@@ -593,13 +595,10 @@ impl BootImageStore {
         self.held_bytes(&self.state.lock().unwrap())
     }
 
-    /// What the cache holds: with the block pool, each distinct block once; without it, each
-    /// boot image's data.
+    /// What the cache holds: the pool's blocks of its boot images, each distinct block once,
+    /// and the data of those that keep their own memory.
     fn held_bytes(&self, state: &StoreState) -> u64 {
-        match &self.pool {
-            Some(pool) => pool.stats().charged_bytes,
-            None => state.used_bytes,
-        }
+        self.pool.as_ref().map_or(0, |pool| pool.stats().charged_bytes) + state.own_bytes
     }
 
     /// What the block pool holds, if boot images share blocks.
@@ -631,6 +630,14 @@ impl BootImageStore {
             .iter()
             .map(|(n, r)| (n.clone(), r.reason.clone()))
             .collect()
+    }
+}
+
+/// Bytes of data a boot image keeps in memory of its own (0 if it is in the pool).
+fn own_memory(verified: &Verified) -> u64 {
+    match verified.image.pooled() {
+        Some(_) => 0,
+        None => verified.image.data_len(),
     }
 }
 
@@ -682,6 +689,30 @@ mod tests {
         assert_eq!(f.store.used_bytes(), 0);
         drop(two);
         assert_eq!(f.store.pool_stats().unwrap().blocks, 0);
+    }
+
+    #[test]
+    fn a_boot_image_of_its_own_memory_counts_beside_the_pool() {
+        let f = Fixture::new(1 << 30);
+        // Built with 512-byte blocks: kept out of the pool, counted all the same.
+        let reads = [crate::build::TraceRead {
+            offset: 512,
+            length: 1024,
+        }];
+        let identity = crate::format::SourceIdentity {
+            image_id: IMAGE.into(),
+            source_size: crate::store::fixture::SIZE as u64,
+            rendition: "raw".into(),
+            ..Default::default()
+        };
+        let candidate = f.dir.path().join("nova/small.yolo");
+        crate::build::build_boot_image(&reads, &f.base(), &identity, 512, &candidate).unwrap();
+        f.install(&candidate, IMAGE).unwrap();
+        let loaded = f.store.load("disk", &f.base()).unwrap();
+        assert!(loaded.image.pooled().is_none());
+        assert_eq!(f.store.used_bytes(), 1024);
+        assert!(f.store.evict("disk"));
+        assert_eq!(f.store.used_bytes(), 0);
     }
 
     #[test]
