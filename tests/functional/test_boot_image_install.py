@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 
+from tests.functional.test_nova_driver_fakelibvirt import downloads_left
 from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
 from yolo_common import contract
 from yolo_common import images
@@ -46,12 +47,6 @@ def build(tmp_path, source, output, image_id=IMAGE_ID, reads=READS):
         args += ['--image-id', image_id]
     yolofs.run(*args)
     return output
-
-
-def downloads_left(tmp_path):
-    """Boot image downloads left in nova's download directory (beside its record of what is
-    installed)."""
-    return [p for p in (tmp_path / 'downloads').iterdir() if p.name != boot_images.INSTALLED_RECORD]
 
 
 @pytest.fixture
@@ -92,7 +87,7 @@ def test_a_published_boot_image_is_installed_by_yolofs_and_served(host, tmp_path
     # Installed and stamped by yolofs; nova's download is gone.
     assert sorted(p.name for p in store.iterdir() if not p.name.startswith('.')) == [
         NAME + '.image-id', NAME + '.yolo', NAME + '.yolo.verified']
-    assert downloads_left(tmp_path) == []
+    assert downloads_left(tmp_path / 'downloads') == []
     status = mount.client.status()
     assert status.boot_images[NAME] == yolofs.BootImage(
         file=NAME, image_id=IMAGE_ID, verified=True, rejected=None, learned=False)
@@ -154,7 +149,7 @@ def test_a_boot_image_of_other_bytes_is_refused_by_yolofs(host, tmp_path, caplog
     assert driver_side.ensure(None, IMAGE_ID, str(base_dir / NAME)) == 'rejected'
     assert 'does not match base file %s' % NAME in caplog.text
     assert not (store / (NAME + '.yolo')).exists()
-    assert downloads_left(tmp_path) == []
+    assert downloads_left(tmp_path / 'downloads') == []
     assert NAME not in mount.client.status().boot_images
 
 

@@ -23,6 +23,7 @@ from oslo_concurrency import lockutils
 import pytest
 import tenacity
 
+from tests.functional.test_nova_driver_fakelibvirt import downloads_left
 from tests.functional.test_nova_driver_fakelibvirt import FakeImageAPI
 from tests.yolofs.test_mount import boot_image_extents
 from tests.yolofs.test_mount import holes_between
@@ -37,12 +38,6 @@ from yolo_testing.wait import wait as wait_until
 SIZE = 24 << 20
 NAME = '3f786850e387550fdab836ed7e6dc881de23001b'
 IMAGE_ID = 'b8b7d7bd-5c39-4b5e-9d0b-5d9f0e2b1a37'
-
-
-def downloads_left(dirs):
-    """What is in nova's download directory beside its record of what is installed."""
-    return [name for name in os.listdir(dirs / 'incoming')
-            if name != boot_images.INSTALLED_RECORD]
 
 
 @pytest.fixture
@@ -166,7 +161,7 @@ def test_a_raw_image_is_read_before_its_download_and_ends_as_an_ordinary_base_fi
     # The boot image is now the base file's, installed and verified as any other.
     assert host.boot_images.has_boot_image(NAME, host.backing.status())
     assert host.served().read_bytes() == content
-    assert downloads_left(dirs) == []
+    assert downloads_left(dirs / 'incoming') == []
     assert host.first_boots.running(NAME) is None
     assert failed_fills == []
 
@@ -239,7 +234,7 @@ def test_glance_unreachable_mid_fill_fails_it_and_leaves_nothing(
     # The driver fails the guests over it (tests/functional/test_nova_driver_fakelibvirt.py).
     wait_until('the failed fill reported', 10, lambda: failed_fills == [fill])
     assert os.listdir(host.base_dir) == []
-    assert downloads_left(dirs) == []
+    assert downloads_left(dirs / 'incoming') == []
     assert not host.served().exists()
 
 
@@ -328,7 +323,7 @@ def test_an_error_before_the_fill_runs_ends_it(host, dirs, content):
                                   str(build_boot_image(dirs, content)), run)
     assert fill is None or fill.wait(10)
     assert host.first_boots.running(NAME) is None
-    assert os.listdir(host.base_dir) == [] and downloads_left(dirs) == []
+    assert os.listdir(host.base_dir) == [] and downloads_left(dirs / 'incoming') == []
 
 
 def test_a_base_file_nova_is_downloading_takes_novas_path_alone(

@@ -53,6 +53,12 @@ OTHER_IMAGE_ID = '0b5d7c1e-8d5e-4a55-9a57-2f5cbd1c3d3e'
 MiB = 1024 * 1024
 
 
+def downloads_left(directory):
+    """What is in nova's download directory ``directory`` beside its record of what is
+    installed."""
+    return [name for name in os.listdir(directory) if name != boot_images.INSTALLED_RECORD]
+
+
 class FakeImageAPI:
     """Glance as the driver sees it, with the user's and with the service identity: image
     properties and downloads. Images belong to the boot image publisher's project unless their
@@ -253,11 +259,6 @@ class DriverTestCase(nova_base.NoDBTestCase):
     def backing_of(self, disk_path):
         return backing.backing_info(str(disk_path))[0]
 
-    def downloads_left(self):
-        """What is in nova's download directory beside its record of what is installed."""
-        return [name for name in os.listdir(self.downloads)
-                if name != boot_images.INSTALLED_RECORD]
-
     def publish_boot_image(self, source=None):
         """Publishes a boot image of ``source`` (default: this image's own bytes) in Glance."""
         published = self.root / 'published.yolo'
@@ -332,7 +333,7 @@ class TestRootDiskCreation(DriverTestCase):
         self.assertEqual(str(self.downloads), os.path.dirname(install['path']))
         self.assertEqual(0o644, install['mode'])
         self.assertEqual(120.0, install['timeout'])
-        self.assertEqual([], self.downloads_left())
+        self.assertEqual([], downloads_left(self.downloads))
         self.assertEqual({self.name: IMAGE_ID}, self.client.remembered)
         self.assertEqual({IMAGE_ID}, self.drvr.yolo_boot_images.verified_image_ids())
         # Already there: a second disk of the same image does not download it again.
@@ -381,7 +382,7 @@ class TestRootDiskCreation(DriverTestCase):
         (self.downloads / (self.name + '.a1b2.yolo')).write_bytes(b'half a boot image')
         (self.downloads / 'not-ours').write_bytes(b'')
         self.drvr.yolo_boot_images.remove_leftover_downloads()
-        self.assertEqual(['not-ours'], self.downloads_left())
+        self.assertEqual(['not-ours'], downloads_left(self.downloads))
 
     def test_download_dir_defaults_to_the_instances_path(self):
         self.flags(download_dir=None, group='yolo')
@@ -396,7 +397,7 @@ class TestRootDiskCreation(DriverTestCase):
         self.create_first_root_disk()
         self.assertEqual(1, len(self.client.installs))
         self.assertEqual({}, self.client.entries)
-        self.assertEqual([], self.downloads_left())
+        self.assertEqual([], downloads_left(self.downloads))
         self.assertEqual('rejected', self.drvr.yolo_boot_images.ensure(
             self.context, IMAGE_ID, str(self.base)))
         # Refused once on this host: not downloaded again at every spawn.
@@ -437,7 +438,7 @@ class TestRootDiskCreation(DriverTestCase):
         self.publish_boot_image()
         self.client.install_error = ConnectionResetError('yolofs went away')
         self.create_first_root_disk()
-        self.assertEqual([], self.downloads_left())
+        self.assertEqual([], downloads_left(self.downloads))
         # A failed fetch holds no disk on _base.
         self.assertIsNone(self.drvr.yolo_boot_images.fetching(self.name))
         rescue = self.create_root_disk(name='disk.rescue')
