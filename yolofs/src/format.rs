@@ -517,10 +517,12 @@ impl BootImage {
 
     /// Moves the extent data into memory locked with `mlock`, so it is never paged out.
     pub fn lock_in_memory(&mut self) -> io::Result<()> {
-        let Some(data) = self.data.contiguous().filter(|d| !d.is_empty()) else {
+        // Only data of its own on the heap moves: locked data is locked already, pooled data is
+        // locked with its pool's slabs.
+        let ExtentData::Heap(data) = &self.data else {
             return Ok(());
         };
-        if matches!(self.data, ExtentData::Locked(_)) {
+        if data.is_empty() {
             return Ok(());
         }
         let mut map = memmap2::MmapMut::map_anon(data.len())?;
