@@ -31,10 +31,12 @@
 #   sysvinit      sysvinit instead of systemd, the ready line printed by /etc/rc.local
 #   services      PostgreSQL and nginx started at boot, as an application image would
 #   cloud-init    cloud-init (Python) run at boot with no datasource, as cloud images do
-# each in debian12-yolo-VARIANT.qcow2.
+# each in debian12-yolo-VARIANT.qcow2. YOLO_DEBIAN_RELEASE=bullseye builds them from Debian 11
+# instead (debian11-yolo[-VARIANT].qcow2): a second release, for the catalogue of variants.
 #
 # Usage: tools/build-test-image.sh [OUTPUT.qcow2]
 #   YOLO_IMAGE_VARIANT  which image (default standard)
+#   YOLO_DEBIAN_RELEASE bookworm (default) or bullseye
 #   YOLO_CACHE_DIR   where images are cached (default /var/cache/yolo)
 #   DEBIAN_MIRROR    debootstrap mirror (default: the first deb.debian.org-style URI apt uses)
 #   IMAGE_SIZE       virtual disk size (default 2G)
@@ -43,6 +45,12 @@ set -euo pipefail
 YOLO_READY_MARKER="YOLO-GUEST-READY sshd-started"
 cache_dir=${YOLO_CACHE_DIR:-/var/cache/yolo}
 variant=${YOLO_IMAGE_VARIANT:-standard}
+release=${YOLO_DEBIAN_RELEASE:-bookworm}
+case $release in
+    bookworm) release_number=12 ;;
+    bullseye) release_number=11 ;;
+    *) echo "build-test-image.sh: no release $release" >&2; exit 2 ;;
+esac
 kernel_package=linux-image-amd64 init_package=systemd-sysv extra_packages=""
 case $variant in
     standard) ;;
@@ -52,14 +60,14 @@ case $variant in
     cloud-init) extra_packages=cloud-init ;;
     *) echo "build-test-image.sh: no variant $variant" >&2; exit 2 ;;
 esac
-default_output=$cache_dir/images/debian12-yolo.qcow2
-[[ $variant == standard ]] || default_output=$cache_dir/images/debian12-yolo-$variant.qcow2
+default_output=$cache_dir/images/debian$release_number-yolo.qcow2
+[[ $variant == standard ]] || default_output=$cache_dir/images/debian$release_number-yolo-$variant.qcow2
 output=${1:-$default_output}
 image_size=${IMAGE_SIZE:-2G}
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/disk-image.sh
 source "$here/disk-image.sh"
-image_cached "$here/build-test-image.sh" "$variant"
+image_cached "$here/build-test-image.sh" "$variant${release#bookworm}"
 image_requirements debootstrap
 
 mirror=${DEBIAN_MIRROR:-}
@@ -90,13 +98,13 @@ root_uuid=$(blkid -s UUID -o value "$loopdev")
 mkdir -p "$root"
 mount "$loopdev" "$root"
 
-echo "==> debootstrap bookworm from $mirror" >&2
+echo "==> debootstrap $release from $mirror" >&2
 # apt in the image (the variants' packages) needs the CA certificates for an https mirror.
 certificates=""
 [[ -z $extra_packages || $mirror != https:* ]] || certificates=,ca-certificates
 debootstrap --variant=minbase \
     --include=$kernel_package,$init_package,udev,openssh-server,acpid,iproute2,kmod,qemu-guest-agent,fio$certificates \
-    bookworm "$root" "$mirror" >&2
+    "$release" "$root" "$mirror" >&2
 
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
 if [[ -n $extra_packages ]]; then
@@ -132,7 +140,8 @@ if [[ $init_package == systemd-sysv ]]; then
     # What the ready line waits for beyond sshd: the variant's own services (PostgreSQL's
     # cluster unit, whose generator is masked below, is started by this).
     ready_after=ssh.service
-    [[ $variant == services ]] && ready_after+=" postgresql@15-main.service nginx.service"
+    [[ $variant == services ]] &&
+        ready_after+=" postgresql@$(ls "$root/etc/postgresql")-main.service nginx.service"
     cat >"$root/etc/systemd/system/yolo-ready.service" <<EOF
 [Unit]
 Description=Report on the serial console that sshd has started

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Derive an image from a test image as users customise theirs (virt-customize, a Dockerfile's
+# RUN lines): install packages into a copy of its file system with apt, and optionally run a
+# command in it, leaving every block the change does not touch where it was. For the catalogue
+# of image variants (docs/evaluation/benchmarks.md, "Cross-image sharing"), whose derived images
+# share most of their bytes, at the same offsets, with the image they came from.
+#
+# The image's services are enabled by their packages and start at its boot, not here.
+#
+# Usage: tools/derive-image.sh BASE.qcow2 OUTPUT.qcow2 [PACKAGE...]
+#   YOLO_DERIVE_COMMAND  a shell command run in the image's root after the packages (optional)
+set -euo pipefail
+
+[[ $# -ge 2 ]] || { sed -n 's/^# Usage: //p' "$0" >&2; exit 2; }
+base=$1 output=$2
+shift 2
+[[ $EUID -eq 0 ]] || { echo "derive-image.sh: must run as root (loop devices)" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/yolo-derive.XXXXXX")
+raw="$work/disk.raw"
+root="$work/root"
+loopdev=""
+cleanup() {
+    set +e
+    for m in dev/pts dev proc sys; do mountpoint -q "$root/$m" && umount -l "$root/$m"; done
+    mountpoint -q "$root" && umount "$root"
+    [[ -n $loopdev ]] && losetup -d "$loopdev"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+qemu-img convert -O raw "$base" "$raw"
+# The test images' one partition starts at 1 MiB (tools/disk-image.sh).
+start=$((1024 * 1024))
+loopdev=$(losetup --find --show --offset "$start" --sizelimit "$(($(stat -c %s "$raw") - start))" "$raw")
+mkdir -p "$root"
+mount "$loopdev" "$root"
+for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
+
+if [[ $# -gt 0 ]]; then
+    echo "==> installing $*" >&2
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+    chmod +x "$root/usr/sbin/policy-rc.d"
+    chroot "$root" apt-get update >&2
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y --no-install-recommends "$@" >&2
+    rm "$root/usr/sbin/policy-rc.d"
+    chroot "$root" apt-get clean
+    rm -rf "$root"/var/lib/apt/lists/*
+fi
+if [[ -n ${YOLO_DERIVE_COMMAND:-} ]]; then
+    echo "==> running $YOLO_DERIVE_COMMAND" >&2
+    chroot "$root" /bin/sh -ec "$YOLO_DERIVE_COMMAND" >&2
+fi
+
+for m in dev/pts dev proc sys; do umount -l "$root/$m"; done
+umount "$root"
+losetup -d "$loopdev"
+loopdev=""
+mkdir -p "$(dirname "$output")"
+qemu-img convert -c -O qcow2 "$raw" "$output.tmp"
+mv "$output.tmp" "$output"
+echo "$output"
