@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 
@@ -567,9 +568,11 @@ def test_memory_budget_evicts_least_recently_used(mount_factory, base_dir, tmp_p
 def test_boot_images_of_related_files_share_their_blocks_and_serve_their_own_bytes(
         mount_factory, base_dir, tmp_path, content, sharing):
     # Three variants of one file, as an image, its snapshot and a rebuild are: each with blocks
-    # of its own where the others have theirs; boot images of the same 2 MiB of each.
-    store = tmp_path / 'store'
+    # of its own where the others have theirs; boot images of the same 2 MiB of each, installed
+    # as Nova installs them.
+    store, published = tmp_path / 'store', tmp_path / 'published'
     store.mkdir()
+    published.mkdir()
     variants = {}
     for i in range(3):
         data = bytearray(content)
@@ -581,23 +584,32 @@ def test_boot_images_of_related_files_share_their_blocks_and_serve_their_own_byt
         trace = tmp_path / ('t%d' % i)
         trace.write_text('0 %d\n' % (2 << 20))
         yolofs.run('build', '--trace', trace, '--source', base_dir / name,
-                   '--output', store / (name + '.yolo'))
+                   '--output', published / (name + '.yolo'))
     mount = mount_factory(base_dir, boot_images=store, no_block_sharing=not sharing,
                           metrics_address='127.0.0.1:0')
     for name in variants:
+        mount.client.install(name, published / (name + '.yolo'), str(uuid.uuid4()))
         assert mount.client.preload(name)['bytes'] == 2 << 20
     status = mount.client.status().answer
     # 512 blocks each, 1 in 8 of its own: 320 blocks the same in all three, and where one has
     # 64 of its own, the other two share the original's.
     distinct = (320 + 3 * (64 + 64)) * 4096
+    block_file = store / 'blocks.pack'
     if sharing:
         pool = status['block_pool']
         assert (pool['bytes'], pool['charged_bytes']) == (distinct, distinct)
         assert pool['charged_image_bytes'] == 3 * (2 << 20)
         assert status['memory_used_bytes'] == distinct
+        # On disk too: each distinct block once in the block file, the boot images packed.
+        on_disk = status['block_file']
+        assert (on_disk['boot_images'], on_disk['image_bytes']) == (3, 3 * (2 << 20))
+        assert on_disk['bytes'] == block_file.stat().st_blocks * 512 == distinct
+        assert all(json.loads(yolofs.run('inspect', '--json', store / (name + '.yolo')).stdout)[
+            'packed'] for name in variants)
     else:
-        assert 'block_pool' not in status
+        assert 'block_pool' not in status and 'block_file' not in status
         assert status['memory_used_bytes'] == 3 * (2 << 20)
+        assert not block_file.exists()
     # Each reads its own bytes, the shared blocks and its own, from memory.
     for name, data in variants.items():
         assert (mount.mountpoint / name).read_bytes() == data
@@ -607,8 +619,47 @@ def test_boot_images_of_related_files_share_their_blocks_and_serve_their_own_byt
     if sharing:
         assert metrics[('yolofs_memory_unshared_bytes', ())] == 3 * (2 << 20)
         assert metrics[('yolofs_block_pool_bytes', ())] == distinct
+        assert metrics[('yolofs_block_file_bytes', ())] == distinct
+        assert metrics[('yolofs_block_file_image_bytes', ())] == 3 * (2 << 20)
     else:
         assert ('yolofs_block_pool_bytes', ()) not in metrics
+    # Started again, yolofs reads them from the store as they were installed.
+    mount.stop()
+    mount = mount_factory(base_dir, boot_images=store, no_block_sharing=not sharing)
+    wait_for(lambda: mount.client.status().answer.get('block_file') == status.get('block_file'))
+    for name, data in variants.items():
+        assert (mount.mountpoint / name).read_bytes() == data
+        assert mount.client.stats(name)[name]['bytes_memory'] >= 2 << 20
+
+
+def test_a_store_without_room_for_a_boot_images_blocks_keeps_what_it_had(
+        mount_factory, base_dir, tmp_path):
+    # A store on a 3 MiB file system: one boot image's 2 MiB of blocks fit, two do not.
+    store, published = tmp_path / 'store', tmp_path / 'published'
+    store.mkdir()
+    published.mkdir()
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3m', 'tmpfs', store], check=True)
+    try:
+        for name in ('first', 'second'):
+            (base_dir / name).write_bytes(random.Random(name).randbytes(SIZE))
+            trace = tmp_path / ('t-' + name)
+            trace.write_text('0 %d\n' % (2 << 20))
+            yolofs.run('build', '--trace', trace, '--source', base_dir / name,
+                       '--output', published / (name + '.yolo'))
+        mount = mount_factory(base_dir, boot_images=store)
+        mount.client.install('first', published / 'first.yolo', str(uuid.uuid4()))
+        held = mount.client.status().answer['block_file']
+        with pytest.raises(yolofs.YolofsError, match='No space left on device'):
+            mount.client.install('second', published / 'second.yolo', str(uuid.uuid4()))
+        # The blocks it wrote are given back; the first reads as it did; nothing is half there.
+        assert mount.client.status().answer['block_file'] == held
+        assert (store / 'blocks.pack').stat().st_blocks * 512 == 2 << 20
+        assert not (store / 'second.yolo').exists()
+        assert (mount.mountpoint / 'first').read_bytes() == (base_dir / 'first').read_bytes()
+        assert mount.client.stats('first')['first']['bytes_memory'] >= 2 << 20
+        mount.stop()
+    finally:
+        subprocess.run(['umount', '-l', store], check=True)
 
 
 def test_preload_at_start_loads_the_newest_base_files_within_the_budget(

@@ -82,9 +82,12 @@ fn open_boot_image(path: &Path) -> Result<BootImage> {
 
 pub fn inspect(path: &Path, as_json: bool, list_extents: bool) -> Result<()> {
     let image = open_boot_image(path)?;
+    let packed = yolofs::packed::file_is_packed(path);
     let summary = json!({
         "path": path,
         "format_version": yolofs::format::VERSION,
+        // Kept packed in a store, its data in the store's block file.
+        "packed": packed,
         "identity": image.identity,
         "block_size": image.block_size,
         "created_unix": image.created_unix,
@@ -103,7 +106,11 @@ pub fn inspect(path: &Path, as_json: bool, list_extents: bool) -> Result<()> {
         return Ok(());
     }
     println!("boot image    {}", path.display());
-    println!("format        version {}", yolofs::format::VERSION);
+    println!(
+        "format        version {}{}",
+        yolofs::format::VERSION,
+        if packed { ", packed in a store" } else { "" }
+    );
     println!(
         "image id      {}",
         if image.identity.image_id.is_empty() {

@@ -262,10 +262,16 @@ pub struct HeaderSummary {
 /// Reads and checks only the header of the boot image at `path` (magic, version, header CRC).
 pub fn read_header(path: &Path) -> Result<HeaderSummary, FormatError> {
     let mut bytes = [0u8; HEADER_SIZE];
-    let mut file = File::open(path)?;
+    let file = File::open(path)?;
+    // A packed boot image (in a store) holds the header after its own.
+    let mut magic = [0u8; 8];
+    let at = match file.read_exact_at(&mut magic, 0) {
+        Ok(()) if crate::packed::is_packed(&magic) => crate::packed::HEADER_SIZE as u64,
+        _ => 0,
+    };
     let mut filled = 0;
     while filled < HEADER_SIZE {
-        match file.read(&mut bytes[filled..])? {
+        match file.read_at(&mut bytes[filled..], at + filled as u64)? {
             0 => {
                 return Err(FormatError::Truncated {
                     what: "header",
@@ -285,6 +291,72 @@ pub fn read_header(path: &Path) -> Result<HeaderSummary, FormatError> {
         header_crc32c: stored,
         index_crc32c: header.index_crc32c.get(),
     })
+}
+
+/// The boot image's data cut into pieces of at most `piece` bytes from the start of each extent,
+/// in data order, as (offset in the data section, length), from its header and extent index
+/// (`head`, checked: magic, version, CRCs; the extents' data must tile the data section).
+pub fn data_pieces(head: &[u8], piece: u64) -> Result<Vec<(u64, u64)>, FormatError> {
+    let (header, _) = Header::read_from_prefix(head).map_err(|_| invalid("header", "truncated"))?;
+    check_header(&header)?;
+    let extent_count = header.extent_count.get();
+    if Some(header.data_offset.get())
+        != extent_count
+            .checked_mul(EXTENT_ENTRY_SIZE as u64)
+            .map(|n| n + HEADER_SIZE as u64)
+        || header.data_offset.get() != head.len() as u64
+    {
+        return Err(invalid("data_offset", header.data_offset.get()));
+    }
+    let index_bytes = &head[HEADER_SIZE..];
+    let computed = crc32c::crc32c(index_bytes);
+    if computed != header.index_crc32c.get() {
+        return Err(FormatError::ChecksumMismatch {
+            what: "extent index".into(),
+            stored: header.index_crc32c.get(),
+            computed,
+        });
+    }
+    let entries = <[ExtentEntry]>::ref_from_bytes(index_bytes).map_err(|_| invalid("extent_count", extent_count))?;
+    let mut ranges: Vec<(u64, u64)> = entries
+        .iter()
+        .map(|e| (e.data_offset.get(), e.length.get() as u64))
+        .collect();
+    ranges.sort_unstable();
+    let mut pieces = Vec::new();
+    let mut end = 0u64;
+    for (index, (offset, length)) in ranges.into_iter().enumerate() {
+        if offset != end || length == 0 {
+            return Err(FormatError::InvalidExtent {
+                index,
+                reason: format!("data at {offset}+{length} does not follow the data before it at {end}"),
+            });
+        }
+        let mut at = 0;
+        while at < length {
+            let len = piece.min(length - at);
+            pieces.push((offset + at, len));
+            at += len;
+        }
+        end = offset + length;
+    }
+    if end != header.data_length.get() {
+        return Err(invalid("data_length", header.data_length.get()));
+    }
+    Ok(pieces)
+}
+
+/// The footer of a boot image of `file_length` bytes.
+pub fn footer_bytes(file_length: u64) -> [u8; FOOTER_SIZE] {
+    let mut out = [0u8; FOOTER_SIZE];
+    out.copy_from_slice(
+        Footer {
+            magic: FOOTER_MAGIC,
+            file_length: U64::new(file_length),
+        }
+        .as_bytes(),
+    );
+    out
 }
 
 /// How much of a boot image one direct read asks for.
@@ -364,12 +436,16 @@ impl BootImage {
 
     /// [`open`](Self::open), reading the file with `direct` first.
     fn open_with(path: &Path, direct: fn(&Path) -> io::Result<Option<DirectRead>>) -> Result<BootImage, FormatError> {
+        let parse = |bytes: &[u8]| match crate::packed::is_packed(bytes) {
+            true => BootImage::parse(&crate::packed::read(path)?),
+            false => BootImage::parse(bytes),
+        };
         match direct(path)? {
-            Some((bytes, len)) => BootImage::parse(&bytes[..len]),
+            Some((bytes, len)) => parse(&bytes[..len]),
             None => {
                 let mut bytes = Vec::new();
                 File::open(path)?.read_to_end(&mut bytes)?;
-                BootImage::parse(&bytes)
+                parse(&bytes)
             }
         }
     }

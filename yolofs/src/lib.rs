@@ -19,6 +19,7 @@ pub mod hostload;
 pub mod keeper;
 pub mod lease;
 pub mod metrics;
+pub mod packed;
 pub mod pin;
 pub mod pool;
 pub mod recorder;

@@ -291,6 +291,20 @@ impl Collector for DaemonMetrics {
                 ConstGauge::new(pool.mapped_bytes as i64),
             )?;
         }
+        if let Some(blocks) = store.block_file_stats() {
+            single(
+                e,
+                "yolofs_block_file_bytes",
+                "Bytes of the distinct blocks of the boot images installed, in the store's block file.",
+                ConstGauge::new(blocks.bytes as i64),
+            )?;
+            single(
+                e,
+                "yolofs_block_file_image_bytes",
+                "Bytes of data of the boot images packed in the store, each its own: what they take unpacked.",
+                ConstGauge::new(blocks.image_bytes as i64),
+            )?;
+        }
         single(
             e,
             "yolofs_pinned_bytes",

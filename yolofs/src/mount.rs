@@ -165,6 +165,11 @@ fn open_store(args: &MountArgs) -> Result<Arc<BootImageStore>> {
         warn!("could not empty the store's staging directory: {e}");
     }
     probe_touch_safety(&store, &args.source);
+    // What the boot images installed hold of the block file, read while the mount comes up.
+    let opening = store.clone();
+    std::thread::Builder::new()
+        .name("block-file".into())
+        .spawn(move || opening.open_block_file())?;
     Ok(store)
 }
 

@@ -57,6 +57,10 @@ pub struct StatusAnswer {
     /// `--no-block-sharing`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_pool: Option<PoolStats>,
+    /// What the store's block file holds of the boot images installed; absent with
+    /// `--no-block-sharing`, and while the store has none (nothing installed yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_file: Option<crate::packed::BlockFileStats>,
     pub loaded: Vec<LoadedInfo>,
     pub rejected: Vec<RejectedInfo>,
     pub boot_images: Vec<BootImageInfo>,

@@ -401,6 +401,7 @@ impl Daemon {
             memory_used_bytes: self.store.used_bytes(),
             lock_in_memory: self.store.config().lock_in_memory,
             block_pool: self.store.pool_stats(),
+            block_file: self.store.block_file_stats(),
             loaded: self.store.loaded(),
             rejected: self
                 .store

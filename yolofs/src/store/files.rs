@@ -284,6 +284,9 @@ impl BootImageStore {
                 _ => continue,
             }
             fs::remove_file(self.config.dir.join(&file_name))?;
+            if file_name.ends_with(BOOT_IMAGE_SUFFIX) {
+                self.unpacked(name);
+            }
             self.evict(name);
             removed.push(file_name);
         }

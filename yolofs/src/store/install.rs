@@ -16,6 +16,7 @@ use super::files::{check_image_id, open_regular_file, BOOT_IMAGE_SUFFIX};
 use super::stamp::{stamp_path, verify_and_stamp, StampError};
 use super::BootImageStore;
 use crate::format::{BootImage, FormatError, VerifyError};
+use crate::packed;
 
 /// Why a boot image was not installed.
 #[derive(Debug, Error)]
@@ -144,12 +145,10 @@ impl BootImageStore {
         ));
         let staged_stamp = stamp_path(&staged);
         let staged_id = staged.with_extension("image-id");
+        // Verified first: a boot image of other bytes writes nothing to the block file.
+        let block_file = self.block_file().filter(|_| packed::packable(&image));
+        let mut pending = None;
         let result = (|| {
-            let mut file = File::create(&staged).map_err(store_error)?;
-            file.write_all(&bytes)
-                .and_then(|()| file.sync_all())
-                .map_err(store_error)?;
-            drop(file);
             verify_and_stamp(&staged, &image, base).map_err(|e| match e {
                 StampError::Mismatch(source) => InstallError::Mismatch {
                     path: candidate.into(),
@@ -162,6 +161,23 @@ impl BootImageStore {
                     source: std::io::Error::other("it keeps changing"),
                 },
             })?;
+            // Its blocks into the block file, those it does not hold yet (`packed.rs`).
+            let packed = match &block_file {
+                Some(block_file) => {
+                    let (packed, packing) = block_file.pack(&bytes, &image).map_err(|e| match e {
+                        FormatError::Io(e) => store_error(e),
+                        e => store_error(std::io::Error::other(e)),
+                    })?;
+                    pending = Some(packing);
+                    Some(packed)
+                }
+                None => None,
+            };
+            let mut file = File::create(&staged).map_err(store_error)?;
+            file.write_all(packed.as_deref().unwrap_or(&bytes))
+                .and_then(|()| file.sync_all())
+                .map_err(store_error)?;
+            drop(file);
             fs::write(&staged_id, image_id).map_err(store_error)?;
             fs::rename(&staged_stamp, stamp_path(&self.path_for(name))).map_err(store_error)?;
             fs::rename(&staged_id, self.image_id_path(name)).map_err(store_error)?;
@@ -172,6 +188,19 @@ impl BootImageStore {
             for leftover in [&staged, &staged_stamp, &staged_id] {
                 let _ = fs::remove_file(leftover);
             }
+        }
+        match (block_file, pending) {
+            // The blocks of the boot image replaced are freed once the rename is durable.
+            (Some(block_file), Some(pending)) if result.is_ok() => match self.sync_dir() {
+                Ok(()) => block_file.commit(name, pending, image.data_len()),
+                Err(e) => {
+                    warn!("{name}: the blocks of the boot image replaced stay until the next start ({e})");
+                    std::mem::forget(pending);
+                }
+            },
+            (Some(block_file), Some(pending)) => block_file.abandon(pending),
+            _ if result.is_ok() => self.unpacked(name),
+            _ => {}
         }
         result?;
         // A learned boot image's trace describes it, not the one installed over it.
@@ -268,6 +297,9 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     use super::*;
+    use crate::build::{build_boot_image, TraceRead};
+    use crate::format::{BootImage, SourceIdentity};
+    use crate::store::fixture;
     use crate::store::fixture::{content, Fixture, IMAGE};
     use crate::store::BootImageInfo;
 
@@ -280,12 +312,22 @@ mod tests {
         assert_eq!(installed.extents, 2);
         assert_eq!(
             f.store_files(),
-            [".incoming", "disk.image-id", "disk.yolo", "disk.yolo.verified"]
+            [
+                ".blocks.lock",
+                ".incoming",
+                "blocks.pack",
+                "disk.image-id",
+                "disk.yolo",
+                "disk.yolo.verified"
+            ]
         );
         assert!(f.incoming_is_empty());
+        // Kept packed, its blocks in the block file: read back, the boot image installed.
+        let stored = fs::read(f.store.path_for("disk")).unwrap();
+        assert!(packed::is_packed(&stored));
         assert_eq!(
             fs::read(&candidate).unwrap(),
-            fs::read(f.store.path_for("disk")).unwrap()
+            packed::read(&f.store.path_for("disk")).unwrap()
         );
         assert_eq!(
             f.store.boot_images(&f.base_dir()),
@@ -333,13 +375,160 @@ mod tests {
     }
 
     #[test]
+    fn related_boot_images_share_their_blocks_on_disk() {
+        let f = Fixture::new(1 << 30);
+        // A second base file: the first with one 4 KiB block of its boot's bytes changed.
+        let mut related = content(0);
+        related[4096..8192].fill(7);
+        fs::write(f.base_dir().join("disk2"), &related).unwrap();
+        let base2 = || File::open(f.base_dir().join("disk2")).unwrap();
+        let first = fs::read(f.candidate(&content(0), IMAGE)).unwrap();
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        let second = fs::read(f.candidate(&related, IMAGE)).unwrap();
+        f.store
+            .install("disk2", &base2(), &f.candidate(&related, IMAGE), IMAGE, None)
+            .unwrap();
+        // Five 4 KiB blocks each (0-8 KiB; 500,000-510,000 rounded out to 4 KiB), four alike.
+        let stats = f.store.block_file_stats().unwrap();
+        assert_eq!((stats.boot_images, stats.image_bytes), (2, 2 * 5 * 4096));
+        assert_eq!((stats.blocks, stats.slots), (6, 6));
+        let block_file = f.dir.path().join("store/blocks.pack");
+        assert_eq!(fs::metadata(&block_file).unwrap().len(), 6 * 4096);
+        // Each reads back as installed, and loads (its stamp holds) with its own bytes.
+        assert_eq!(packed::read(&f.store.path_for("disk")).unwrap(), first);
+        assert_eq!(packed::read(&f.store.path_for("disk2")).unwrap(), second);
+        let image = f.store.load("disk2", &base2()).unwrap().image;
+        assert_eq!(&*image.extent_data(0), &related[..8192]);
+        // Installed again, it holds what it held: nothing more is written.
+        f.store
+            .install("disk2", &base2(), &f.candidate(&related, IMAGE), IMAGE, None)
+            .unwrap();
+        assert_eq!(f.store.block_file_stats().unwrap().blocks, 6);
+        // Its base file gone, its block goes with it; the other's stay and read as before.
+        fs::remove_file(f.base_dir().join("disk2")).unwrap();
+        f.store.prune(&f.base_dir(), |_| false).unwrap();
+        assert_eq!(f.store.block_file_stats().unwrap().blocks, 5);
+        assert_eq!(fs::metadata(&block_file).unwrap().len(), 5 * 4096);
+        assert_eq!(packed::read(&f.store.path_for("disk")).unwrap(), first);
+        // One writer of a block file at a time.
+        let second = BootImageStore::new(f.store.config().clone());
+        second.open_block_file();
+        assert_eq!(second.block_file_stats(), None);
+        // A store opened afresh (yolofs restarted) finds what its packed boot images hold.
+        let base = f.base();
+        let Fixture { dir, store } = f;
+        drop(store);
+        let restarted = BootImageStore::new(second.config().clone());
+        restarted.open_block_file();
+        let stats = restarted.block_file_stats().unwrap();
+        assert_eq!((stats.boot_images, stats.blocks, stats.slots), (1, 5, 5));
+        assert!(restarted.load("disk", &base).is_ok());
+        drop(dir);
+    }
+
+    #[test]
+    fn a_block_file_slot_that_changed_is_not_shared() {
+        let f = Fixture::new(1 << 30);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        // A slot whose bytes are no longer its block's (the disk changed them): a boot image
+        // with that block gets a slot of its own, and reads its own bytes.
+        let block_file = f.dir.path().join("store/blocks.pack");
+        let mut blocks = fs::read(&block_file).unwrap();
+        blocks[..4096].fill(0xee);
+        fs::write(&block_file, blocks).unwrap();
+        fs::write(f.base_dir().join("disk2"), content(0)).unwrap();
+        let candidate = f.candidate(&content(0), IMAGE);
+        f.store
+            .install(
+                "disk2",
+                &File::open(f.base_dir().join("disk2")).unwrap(),
+                &candidate,
+                IMAGE,
+                None,
+            )
+            .unwrap();
+        assert_eq!(
+            packed::read(&f.store.path_for("disk2")).unwrap(),
+            fs::read(&candidate).unwrap()
+        );
+        assert_eq!(f.store.block_file_stats().unwrap().blocks, 6);
+        assert!(BootImage::open(&f.store.path_for("disk")).is_err());
+    }
+
+    #[test]
+    fn a_boot_image_of_many_small_extents_is_kept_whole() {
+        // Extents of 512 bytes in a boot image of 4 KiB blocks' header: packed, each would
+        // take a 4 KiB slot. It is kept whole.
+        let f = Fixture::new(1 << 30);
+        let source = f.dir.path().join("nova/source");
+        fs::write(&source, content(0)).unwrap();
+        let reads: Vec<TraceRead> = (0..64)
+            .map(|i| TraceRead {
+                offset: i * 8192,
+                length: 512,
+            })
+            .collect();
+        let identity = SourceIdentity {
+            source_size: fixture::SIZE as u64,
+            rendition: "raw".into(),
+            ..Default::default()
+        };
+        let candidate = f.dir.path().join("nova/small.yolo");
+        build_boot_image(&reads, &File::open(&source).unwrap(), &identity, 512, &candidate).unwrap();
+        let mut bytes = fs::read(&candidate).unwrap();
+        let mut image = BootImage::parse(&bytes).unwrap();
+        image.block_size = 4096;
+        assert!(!packed::packable(&image));
+        bytes.clear();
+        f.install(&candidate, IMAGE).unwrap();
+        assert!(!packed::file_is_packed(&f.store.path_for("disk")));
+    }
+
+    #[test]
+    fn a_packed_boot_image_whose_blocks_or_table_changed_is_refused() {
+        let f = Fixture::new(1 << 30);
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        let path = f.store.path_for("disk");
+        let block_file = f.dir.path().join("store/blocks.pack");
+        let flip = |file: &Path, at: u64| {
+            let mut bytes = fs::read(file).unwrap();
+            bytes[at as usize] ^= 1;
+            fs::write(file, bytes).unwrap();
+        };
+        // A byte of a block: the extent's CRC says so.
+        flip(&block_file, 4096 + 17);
+        let err = BootImage::open(&path).err().unwrap();
+        assert!(err.to_string().contains("checksum mismatch"), "{err}");
+        flip(&block_file, 4096 + 17);
+        assert!(BootImage::open(&path).is_ok());
+        // A byte of the block table: its CRC says so.
+        let len = fs::metadata(&path).unwrap().len();
+        flip(&path, len - 3);
+        let err = BootImage::open(&path).err().unwrap();
+        assert!(err.to_string().contains("packed header and block table"), "{err}");
+        flip(&path, len - 3);
+        // Blocks the file no longer has.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&block_file)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        let err = BootImage::open(&path).err().unwrap();
+        assert!(err.to_string().contains("past the block file"), "{err}");
+    }
+
+    #[test]
     fn a_boot_image_of_other_bytes_is_not_installed() {
         let f = Fixture::new(1 << 30);
         let err = f.install(&f.candidate(&content(1), IMAGE), IMAGE).unwrap_err();
         assert!(matches!(err, InstallError::Mismatch { .. }), "{err}");
         assert!(err.to_string().contains("does not match base file disk"), "{err}");
-        assert_eq!(f.store_files(), [".incoming"]);
+        assert_eq!(f.store_files(), [".blocks.lock", ".incoming", "blocks.pack"]);
         assert!(f.incoming_is_empty());
+        // Its blocks, written before it was found wrong, are freed and their space given back.
+        assert_eq!(f.store.block_file_stats().unwrap().blocks, 0);
+        assert_eq!(fs::metadata(f.dir.path().join("store/blocks.pack")).unwrap().len(), 0);
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub use stamp::{stamp_path, verify_and_stamp, write_stamp, BootImageKey, SourceK
 
 use crate::format::{BootImage, FormatError, VerifyError};
 use crate::lease::{Lease, LeaseError};
+use crate::packed::{BlockFile, BlockFileStats};
 use crate::pool::{BlockPool, PoolStats};
 use changes::ReverifyQueue;
 use files::boot_image_file_key;
@@ -229,7 +230,8 @@ pub struct StoreConfig {
     pub memory_budget: u64,
     /// Lock loaded boot images in RAM.
     pub lock_in_memory: bool,
-    /// Hold each distinct block of the loaded boot images once ([`crate::pool`]).
+    /// Hold each distinct block of the loaded boot images once ([`crate::pool`]), and of the
+    /// boot images installed, once on disk ([`crate::packed`]).
     pub share_blocks: bool,
     /// Largest boot image file [`BootImageStore::install`] reads.
     pub max_boot_image_bytes: u64,
@@ -258,6 +260,9 @@ pub struct BootImageStore {
     config: StoreConfig,
     /// Where loaded boot images keep their data if they share blocks.
     pool: Option<Arc<BlockPool>>,
+    /// Where installed boot images keep their blocks on disk if they share them: opened at the
+    /// first install (it reads the store's packed boot images), None if it could not be.
+    block_file: Mutex<Option<Arc<BlockFile>>>,
     state: Mutex<StoreState>,
     /// Held by installs, prunes and builds ([`BootImageStore::exclusive`]): one at a time, so
     /// the staging directory holds only theirs and no two write a boot image at once.
@@ -293,6 +298,7 @@ impl BootImageStore {
     pub fn new(config: StoreConfig) -> BootImageStore {
         BootImageStore {
             pool: config.share_blocks.then(|| BlockPool::new(config.lock_in_memory)),
+            block_file: Mutex::new(None),
             config,
             state: Mutex::new(StoreState {
                 loaded: LruCache::unbounded(),
@@ -604,6 +610,60 @@ impl BootImageStore {
     /// What the block pool holds, if boot images share blocks.
     pub fn pool_stats(&self) -> Option<PoolStats> {
         self.pool.as_ref().map(|pool| pool.stats())
+    }
+
+    /// The store's block file, if installed boot images share blocks on disk: opened (and made
+    /// if missing) at the first call, tried again at the next if it could not be.
+    pub(super) fn block_file(&self) -> Option<Arc<BlockFile>> {
+        if !self.config.share_blocks {
+            return None;
+        }
+        let mut block_file = self.block_file.lock().unwrap();
+        if block_file.is_none() {
+            match BlockFile::open(&self.config.dir) {
+                Ok(opened) => *block_file = Some(Arc::new(opened)),
+                Err(e) => warn!(
+                    "the block file of {} cannot be used ({e}): boot images installed are kept whole",
+                    self.config.dir.display()
+                ),
+            }
+        }
+        block_file.clone()
+    }
+
+    /// Opens the store's block file if it has one (at start: what it holds is read then, not at
+    /// the first `status` or install).
+    pub fn open_block_file(&self) {
+        if self.config.dir.join(crate::packed::BLOCK_FILE).exists() {
+            self.block_file();
+        }
+    }
+
+    /// What the store's block file holds, once open.
+    pub fn block_file_stats(&self) -> Option<BlockFileStats> {
+        // Not while it is being opened: `status` does not wait for the store to be read.
+        let block_file = self.block_file.try_lock().ok()?.clone()?;
+        Some(block_file.stats())
+    }
+
+    /// The store's boot image of `name` was removed, or replaced by one kept whole: its blocks
+    /// are let go, once that is durable.
+    pub fn unpacked(&self, name: &str) {
+        if !self.config.dir.join(crate::packed::BLOCK_FILE).exists() {
+            return; // nothing was ever packed
+        }
+        if let Some(block_file) = self.block_file() {
+            match self.sync_dir() {
+                Ok(()) => block_file.forget(name),
+                Err(e) => warn!("{name}: its blocks stay until the next start ({e})"),
+            }
+        }
+    }
+
+    /// Makes the renames and removals in the store durable (before the blocks of the boot
+    /// images they replaced or removed are freed, and maybe reused).
+    pub(super) fn sync_dir(&self) -> std::io::Result<()> {
+        File::open(&self.config.dir)?.sync_all()
     }
 
     pub fn loaded(&self) -> Vec<LoadedInfo> {
