@@ -11,8 +11,9 @@
 //!
 //! [`read`] is the readers' side (any process); [`BlockFile`] is the store's writer, the one
 //! process that adds and frees slots. Readers hold a shared `flock` on the block file while they
-//! read a packed boot image and its blocks, and the writer an exclusive one while it writes
-//! blocks or frees slots: no reader sees a slot change under it.
+//! read a packed boot image and its blocks, and the writer an exclusive one while it frees slots
+//! (a slot it writes is one no boot image in the store names): no reader sees a slot it reads
+//! change under it.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -48,6 +49,8 @@ const READ_GAP_SLOTS: u64 = 16;
 /// The writer waits this long for readers to let go before it frees slots (else they stay held
 /// until the next start).
 const FREE_WAIT: Duration = Duration::from_secs(30);
+/// A reader waits this long for the writer to free its slots.
+const READ_WAIT: Duration = Duration::from_secs(60);
 /// The writer's lock file: one process at a time adds and frees slots.
 const WRITER_LOCK: &str = ".blocks.lock";
 /// Most slots a block file may have (16 TiB).
@@ -111,7 +114,7 @@ pub fn packable(image: &BootImage) -> bool {
         end = offset + length;
         follows
     });
-    image.block_size as u64 % BLOCK == 0 && aligned && tiled
+    image.block_size as u64 % BLOCK == 0 && aligned && tiled && end == image.data_len()
 }
 
 fn block_hash(bytes: &[u8]) -> BlockHash {
@@ -186,26 +189,23 @@ fn parts(packed: &[u8]) -> Result<Parts<'_>, FormatError> {
 struct Flock<'a>(&'a File);
 
 impl<'a> Flock<'a> {
-    /// A shared hold (readers): waits while the writer frees slots (a short while).
+    /// A shared hold (readers), once the writer has freed its slots (a short while), or an
+    /// error after [`READ_WAIT`].
     fn shared(file: &'a File) -> io::Result<Flock<'a>> {
-        loop {
-            // SAFETY: flock on the descriptor of an open file.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } == 0 {
-                return Ok(Flock(file));
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        Flock::take(file, libc::LOCK_SH, READ_WAIT)?
+            .ok_or_else(|| io::Error::other("the block file stayed held by its writer"))
     }
 
     /// An exclusive hold, once readers have let go, or None after `wait`.
     fn exclusive(file: &'a File, wait: Duration) -> io::Result<Option<Flock<'a>>> {
+        Flock::take(file, libc::LOCK_EX, wait)
+    }
+
+    fn take(file: &'a File, operation: i32, wait: Duration) -> io::Result<Option<Flock<'a>>> {
         let deadline = Instant::now() + wait;
         loop {
-            // SAFETY: as above.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            // SAFETY: flock on the descriptor of an open file.
+            if unsafe { libc::flock(file.as_raw_fd(), operation | libc::LOCK_NB) } == 0 {
                 return Ok(Some(Flock(file)));
             }
             let e = io::Error::last_os_error();
@@ -257,7 +257,8 @@ pub fn read(path: &Path) -> Result<Vec<u8>, FormatError> {
         let mut j = i + 1;
         while j < order.len() {
             let slot = table[order[j]].slot.get();
-            if slot - first >= READ_CHUNK_SLOTS || slot > table[order[j - 1]].slot.get() + READ_GAP_SLOTS {
+            if slot - first >= READ_CHUNK_SLOTS || slot > table[order[j - 1]].slot.get().saturating_add(READ_GAP_SLOTS)
+            {
                 break;
             }
             j += 1;
@@ -342,6 +343,11 @@ struct Slots {
     owners: HashMap<String, (Vec<u64>, u64)>,
     held: u64,
     image_bytes: u64,
+    /// Slots nothing holds, to free once readers have let go ([`BlockFile::free_unfreed`]).
+    unfreed: Vec<u64>,
+    /// Whether slots may be freed: not after a start that could not read every boot image of
+    /// the store (one of those may hold any slot).
+    frees: bool,
 }
 
 /// The store's block file and what its packed boot images hold of it: the writer's side.
@@ -393,6 +399,7 @@ impl BlockFile {
         let mut slots = Slots {
             refs: vec![0; slot_count as usize],
             hashes: vec![[0; 16]; slot_count as usize],
+            frees: true,
             ..Slots::default()
         };
         let mut all_read = true;
@@ -405,9 +412,6 @@ impl BlockFile {
             else {
                 continue;
             };
-            if name.starts_with('.') {
-                continue;
-            }
             match read_packed(&entry.path()) {
                 // Kept whole, or gone meanwhile: it holds no slot.
                 Ok(None) => {}
@@ -432,11 +436,11 @@ impl BlockFile {
             }
         }
         if all_read {
-            let unheld: Vec<u64> = (0..slot_count).filter(|&s| slots.refs[s as usize] == 0).collect();
-            slots.free = unheld.iter().rev().copied().collect();
-            punch(&file, &unheld);
-            slots.trim(&file)?;
+            // Freed once readers of boot images replaced meanwhile have let go.
+            slots.unfreed = (0..slot_count).filter(|&s| slots.refs[s as usize] == 0).collect();
+            slots.free_unfreed(&file, &path);
         } else {
+            slots.frees = false;
             warn!(
                 "{}: not every boot image of the store could be read: no slot is freed until the next start",
                 path.display()
@@ -508,9 +512,11 @@ impl BlockFile {
             if !differ.is_empty() {
                 let mut slots = self.slots.lock().unwrap();
                 for k in differ {
-                    // Another block under the same hash: a slot of its own, found by no hash.
-                    slots.unhold(&[pending.slots[k]], &self.file);
+                    // Another block under the same hash (the slot's bytes changed on disk): a
+                    // slot of its own, found by the hash from now on.
+                    slots.release(&[pending.slots[k]]);
                     pending.slots[k] = slots.take_free(&hashes[k]);
+                    slots.by_hash.insert(hashes[k], pending.slots[k]);
                     new_blocks.push(k);
                 }
             }
@@ -566,7 +572,7 @@ impl BlockFile {
             let mut j = i + 1;
             while j < order.len()
                 && slots[order[j]] - first < READ_CHUNK_SLOTS
-                && slots[order[j]] <= slots[order[j - 1]] + READ_GAP_SLOTS
+                && slots[order[j]] <= slots[order[j - 1]].saturating_add(READ_GAP_SLOTS)
             {
                 j += 1;
             }
@@ -584,68 +590,58 @@ impl BlockFile {
         Ok(differ)
     }
 
-    /// The packed boot image of `pending` is now the store's `name` (`data_bytes` of data),
-    /// its rename into place durable: what an earlier one of `name` held is let go.
-    pub fn commit(&self, name: &str, pending: Pending, data_bytes: u64) {
-        let old = {
-            let mut slots = self.slots.lock().unwrap();
-            slots.image_bytes += data_bytes;
-            let old = slots.owners.insert(name.to_owned(), (pending.slots, data_bytes));
-            old.map(|(held, bytes)| {
-                slots.image_bytes -= bytes;
-                held
-            })
-        };
-        if let Some(old) = old {
-            self.let_go(name, &old);
-        }
-    }
-
-    /// A packing whose boot image never took its place (none names its new slots).
-    pub fn abandon(&self, pending: Pending) {
+    /// The packed boot image of `pending` is now the store's `name` (`data_bytes` of data).
+    /// What an earlier one of `name` held is let go if the rename is `durable` (else it stays
+    /// held until the next start: the old file may come back after a crash).
+    pub fn commit(&self, name: &str, pending: Pending, data_bytes: u64, durable: bool) {
         let mut slots = self.slots.lock().unwrap();
-        slots.unhold(&pending.slots, &self.file);
-        if let Err(e) = slots.trim(&self.file) {
-            warn!("{}: {e}", self.path.display());
-        }
-    }
-
-    /// The store's `name` is no longer a packed boot image (removed, or replaced by one kept
-    /// whole), durably: what it held is let go.
-    pub fn forget(&self, name: &str) {
-        let old = {
-            let mut slots = self.slots.lock().unwrap();
-            let old = slots.owners.remove(name);
-            old.map(|(held, bytes)| {
-                slots.image_bytes -= bytes;
-                held
-            })
-        };
-        if let Some(old) = old {
-            self.let_go(name, &old);
-        }
-    }
-
-    /// Lets go of the slots a boot image of the store held, once readers that may still read
-    /// it have let go of the file.
-    fn let_go(&self, name: &str, held: &[u64]) {
-        let exclusive = match Flock::exclusive(&self.file, FREE_WAIT) {
-            Ok(Some(exclusive)) => exclusive,
-            outcome => {
-                let why = outcome.err().map_or("readers held it".to_string(), |e| e.to_string());
-                warn!(
-                    "{}: the blocks of {name} stay until the next start ({why})",
-                    self.path.display()
-                );
-                return;
+        slots.image_bytes += data_bytes;
+        if let Some((old, bytes)) = slots.owners.insert(name.to_owned(), (pending.slots, data_bytes)) {
+            slots.image_bytes -= bytes;
+            if durable {
+                slots.release(&old);
             }
-        };
-        let mut slots = self.slots.lock().unwrap();
-        slots.unhold(held, &self.file);
-        if let Err(e) = slots.trim(&self.file) {
-            warn!("{}: {e}", self.path.display());
         }
-        drop(exclusive);
+        drop(slots);
+        self.free_unfreed();
+    }
+
+    /// A packing whose boot image never took its place.
+    pub fn abandon(&self, pending: Pending) {
+        self.slots.lock().unwrap().release(&pending.slots);
+        self.free_unfreed();
+    }
+
+    /// The store's boot images `names` are no longer packed (removed, or replaced by ones kept
+    /// whole), durably: what they held is let go.
+    pub fn forget(&self, names: &[&str]) {
+        let mut slots = self.slots.lock().unwrap();
+        for name in names {
+            if let Some((old, bytes)) = slots.owners.remove(*name) {
+                slots.image_bytes -= bytes;
+                slots.release(&old);
+            }
+        }
+        drop(slots);
+        self.free_unfreed();
+    }
+
+    /// Frees the slots nothing holds any more, once readers that may still read the boot
+    /// images that held them have let go of the file; if they do not in time, at a later call.
+    fn free_unfreed(&self) {
+        if self.slots.lock().unwrap().unfreed.is_empty() {
+            return;
+        }
+        match Flock::exclusive(&self.file, FREE_WAIT) {
+            Ok(Some(_exclusive)) => self.slots.lock().unwrap().free_unfreed(&self.file, &self.path),
+            outcome => warn!(
+                "{}: slots to free wait for the next change ({})",
+                self.path.display(),
+                outcome
+                    .err()
+                    .map_or("readers held the file".to_string(), |e| e.to_string())
+            ),
+        }
     }
 
     pub fn stats(&self) -> BlockFileStats {
@@ -757,8 +753,11 @@ impl Slots {
         true
     }
 
-    /// One more hold of a held slot.
+    /// One more hold of a slot found by its hash (held, or waiting to be freed).
     fn take(&mut self, slot: u64) -> u64 {
+        if self.refs[slot as usize] == 0 {
+            self.held += 1;
+        }
         self.refs[slot as usize] += 1;
         slot
     }
@@ -780,28 +779,50 @@ impl Slots {
         slot
     }
 
-    /// Lets go of `held`; slots nothing holds any more are freed, their space given back.
-    fn unhold(&mut self, held: &[u64], file: &File) {
-        let mut freed = Vec::new();
+    /// Lets go of `held`: slots nothing holds any more are to be freed.
+    fn release(&mut self, held: &[u64]) {
         for &slot in held {
             let refs = &mut self.refs[slot as usize];
+            if *refs == 0 {
+                warn!("slot {slot} let go of more often than it was held");
+                continue;
+            }
             *refs -= 1;
             if *refs == 0 {
                 self.held -= 1;
-                let hash = self.hashes[slot as usize];
-                if self.by_hash.get(&hash) == Some(&slot) {
-                    self.by_hash.remove(&hash);
+                if self.frees {
+                    self.unfreed.push(slot);
                 }
-                let at = self.free.partition_point(|&s| s > slot);
-                self.free.insert(at, slot);
-                freed.push(slot);
+            }
+        }
+    }
+
+    /// Frees the slots to free that nothing took again meanwhile, their space given back (the
+    /// caller holds the file exclusively).
+    fn free_unfreed(&mut self, file: &File, path: &Path) {
+        let mut freed = std::mem::take(&mut self.unfreed);
+        freed.retain(|&slot| self.refs[slot as usize] == 0);
+        freed.sort_unstable();
+        freed.dedup();
+        for &slot in &freed {
+            let hash = self.hashes[slot as usize];
+            if self.by_hash.get(&hash) == Some(&slot) {
+                self.by_hash.remove(&hash);
             }
         }
         punch(file, &freed);
+        self.free.extend(freed);
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+        if let Err(e) = self.trim(file) {
+            warn!("{}: {e}", path.display());
+        }
     }
 
     /// Cuts free slots off the file's end.
     fn trim(&mut self, file: &File) -> io::Result<()> {
+        if !self.frees {
+            return Ok(());
+        }
         let mut len = self.refs.len();
         while len > 0 && self.refs[len - 1] == 0 {
             len -= 1;

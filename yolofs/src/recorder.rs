@@ -399,7 +399,7 @@ impl Recorder {
         let source_key = store::SourceKey::settled(source, Duration::from_secs(10))?.ok_or(LearnError::Changing)?;
         let summary = build::build_boot_image(reads, source, identity, self.config.block_size, &output)?;
         // Kept whole: it is learned here, and extended or replaced soon.
-        self.store.unpacked(name);
+        self.store.unpacked(&[name]);
         let image = BootImage::open(&output)?;
         store::write_stamp(&output, &image, source_key)?;
         // Whatever was known of an earlier boot image of this file (refused, or in memory).

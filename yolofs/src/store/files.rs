@@ -284,9 +284,6 @@ impl BootImageStore {
                 _ => continue,
             }
             fs::remove_file(self.config.dir.join(&file_name))?;
-            if file_name.ends_with(BOOT_IMAGE_SUFFIX) {
-                self.unpacked(name);
-            }
             self.evict(name);
             removed.push(file_name);
         }
@@ -295,6 +292,12 @@ impl BootImageStore {
             _ => {}
         }
         removed.sort();
+        // Their blocks, once the removals are durable, at once.
+        let boot_images: Vec<&str> = removed
+            .iter()
+            .filter_map(|f| f.strip_suffix(BOOT_IMAGE_SUFFIX))
+            .collect();
+        self.unpacked(&boot_images);
         if !removed.is_empty() {
             info!(
                 "removed the boot image files of deleted base files: {}",

@@ -191,15 +191,14 @@ impl BootImageStore {
         }
         match (block_file, pending) {
             // The blocks of the boot image replaced are freed once the rename is durable.
-            (Some(block_file), Some(pending)) if result.is_ok() => match self.sync_dir() {
-                Ok(()) => block_file.commit(name, pending, image.data_len()),
-                Err(e) => {
-                    warn!("{name}: the blocks of the boot image replaced stay until the next start ({e})");
-                    std::mem::forget(pending);
-                }
-            },
+            (Some(block_file), Some(pending)) if result.is_ok() => {
+                let durable = self.sync_dir().inspect_err(|e| {
+                    warn!("{name}: the blocks of the boot image replaced stay until the next start ({e})")
+                });
+                block_file.commit(name, pending, image.data_len(), durable.is_ok());
+            }
             (Some(block_file), Some(pending)) => block_file.abandon(pending),
-            _ if result.is_ok() => self.unpacked(name),
+            _ if result.is_ok() => self.unpacked(&[name]),
             _ => {}
         }
         result?;
@@ -424,6 +423,48 @@ mod tests {
         assert_eq!((stats.boot_images, stats.blocks, stats.slots), (1, 5, 5));
         assert!(restarted.load("disk", &base).is_ok());
         drop(dir);
+    }
+
+    #[test]
+    fn a_start_that_cannot_read_every_packed_boot_image_frees_no_slot() {
+        let f = Fixture::new(1 << 30);
+        let mut related = content(0);
+        related[4096..8192].fill(7);
+        fs::write(f.base_dir().join(".disk2"), &related).unwrap();
+        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
+        let candidate = f.candidate(&related, IMAGE);
+        let base2 = File::open(f.base_dir().join(".disk2")).unwrap();
+        f.store.install(".disk2", &base2, &candidate, IMAGE, None).unwrap();
+        let block_file = f.dir.path().join("store/blocks.pack");
+        let Fixture { dir, store } = f;
+        let config = store.config().clone();
+        drop(store);
+        // Started again, a boot image named with a dot counts like any.
+        let restarted = BootImageStore::new(config.clone());
+        restarted.open_block_file();
+        assert_eq!(restarted.block_file_stats().unwrap().blocks, 6);
+        drop(restarted);
+        // One it cannot read (its table cut short) may hold any slot: none is freed, even once
+        // the other is gone.
+        let disk2 = dir.path().join("store/.disk2.yolo");
+        let len = fs::metadata(&disk2).unwrap().len();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&disk2)
+            .unwrap()
+            .set_len(len - 24)
+            .unwrap();
+        let restarted = BootImageStore::new(config);
+        restarted.open_block_file();
+        assert_eq!(restarted.block_file_stats().unwrap().blocks, 5);
+        fs::remove_file(dir.path().join("base/disk")).unwrap();
+        restarted.prune(&dir.path().join("base"), |_| false).unwrap();
+        assert_eq!(restarted.block_file_stats().unwrap().blocks, 0);
+        assert_eq!(fs::metadata(&block_file).unwrap().len(), 6 * 4096);
+        let mut blocks = fs::File::open(&block_file).unwrap();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut blocks, &mut bytes).unwrap();
+        assert_eq!(&bytes[4096 * 5..4096 * 6], &related[4096..8192]);
     }
 
     #[test]

@@ -260,8 +260,9 @@ pub struct BootImageStore {
     config: StoreConfig,
     /// Where loaded boot images keep their data if they share blocks.
     pool: Option<Arc<BlockPool>>,
-    /// Where installed boot images keep their blocks on disk if they share them: opened at the
-    /// first install (it reads the store's packed boot images), None if it could not be.
+    /// Where installed boot images keep their blocks on disk if they share them: opened at start
+    /// if the store has one (it reads the store's packed boot images), else at the first
+    /// install; None until then, or while it cannot be.
     block_file: Mutex<Option<Arc<BlockFile>>>,
     state: Mutex<StoreState>,
     /// Held by installs, prunes and builds ([`BootImageStore::exclusive`]): one at a time, so
@@ -646,16 +647,16 @@ impl BootImageStore {
         Some(block_file.stats())
     }
 
-    /// The store's boot image of `name` was removed, or replaced by one kept whole: its blocks
-    /// are let go, once that is durable.
-    pub fn unpacked(&self, name: &str) {
-        if !self.config.dir.join(crate::packed::BLOCK_FILE).exists() {
+    /// The store's boot images `names` were removed, or replaced by ones kept whole: their
+    /// blocks are let go, once that is durable.
+    pub fn unpacked(&self, names: &[&str]) {
+        if names.is_empty() || !self.config.dir.join(crate::packed::BLOCK_FILE).exists() {
             return; // nothing was ever packed
         }
         if let Some(block_file) = self.block_file() {
             match self.sync_dir() {
-                Ok(()) => block_file.forget(name),
-                Err(e) => warn!("{name}: its blocks stay until the next start ({e})"),
+                Ok(()) => block_file.forget(names),
+                Err(e) => warn!("{}: their blocks stay until the next start ({e})", names.join(", ")),
             }
         }
     }
