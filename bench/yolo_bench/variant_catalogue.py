@@ -12,10 +12,10 @@ boot image from one real boot (yolofs record mode, as the worker's profiling boo
 for each group of images (one release's, the derivatives of one image, ...):
 
 - their boot images' data and what it takes in distinct 4 KiB blocks (``yolofs shared``);
-- on disk: the store's files;
-- in memory: a yolofs mount holding the group's boot images loaded, with its block pool and with
-  ``--no-block-sharing``, started afresh for each: the bytes it holds (``status``) and its
-  resident memory.
+- a yolofs store the group's boot images are installed in (as Nova installs them) and a mount
+  that has them all loaded, with sharing (the store's block file, the block pool) and with
+  ``--no-block-sharing``, each afresh: the store's disk space (its files' blocks), and the bytes
+  the mount holds in memory (``status``) and its resident memory.
 
 The images and their boot images stay in ``--work``: a second run builds and learns only what
 is missing there.
@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 
@@ -168,18 +169,20 @@ def shared(boot_images):
     return json.loads(yolofs.run('shared', '--json', *boot_images).stdout)['sharing']
 
 
-def in_memory(base_dir, store, names, work, block_sharing):
-    """Loads the boot images of ``names`` in a fresh yolofs mount: what it holds then."""
+def in_store(base_dir, store, names, work, block_sharing):
+    """Installs the boot images of ``names`` in a fresh yolofs store, as Nova installs them,
+    and loads them all: what they take on disk and in memory then."""
     group_store = work / 'group-store'
     shutil.rmtree(group_store, ignore_errors=True)
-    group_store.mkdir(parents=True)
-    for name in names:
-        for suffix in ('.yolo', '.yolo.verified'):
-            os.link(store / (name + suffix), group_store / (name + suffix))
     mount = yolofs.Mount(source=base_dir, mountpoint=work / 'mnt', boot_images=group_store,
                          control_socket=work / 'yolofs.sock', log_path=work / 'yolofs.log',
                          memory_budget_mib=64 * 1024, no_block_sharing=not block_sharing)
     with mount:
+        for name in names:
+            mount.client.install(name, store / (name + '.yolo'),
+                                 str(uuid.uuid5(uuid.NAMESPACE_URL, name)))
+        files = [path for path in group_store.iterdir() if path.is_file()]
+        disk = sum(path.stat().st_blocks * 512 for path in files)
         resident_before = psutil.Process(mount.process.pid).memory_info().rss
         for name in names:
             with open(mount.mountpoint / name, 'rb') as f:
@@ -190,7 +193,8 @@ def in_memory(base_dir, store, names, work, block_sharing):
     if loaded != set(names):
         raise RuntimeError('yolofs loaded %s of %s (rejected: %s)'
                            % (sorted(loaded), names, status['rejected']))
-    return {'memory_used_bytes': status['memory_used_bytes'],
+    return {'disk_bytes': disk, 'block_file': status.get('block_file'),
+            'memory_used_bytes': status['memory_used_bytes'],
             'block_pool': status.get('block_pool'), 'resident_bytes': resident}
 
 
@@ -202,9 +206,9 @@ def measure(base_dir, store, work, catalogue=CATALOGUE):
         row = {'group': label, 'images': names,
                'data_bytes': sharing['data_bytes'],
                'distinct_block_bytes': sharing['distinct_bytes'],
-               'disk_bytes': sum(f.stat().st_size for f in files),
-               'pool': in_memory(base_dir, store, names, work, True),
-               'apart': in_memory(base_dir, store, names, work, False)}
+               'boot_image_bytes': sum(f.stat().st_size for f in files),
+               'pool': in_store(base_dir, store, names, work, True),
+               'apart': in_store(base_dir, store, names, work, False)}
         rows.append(row)
         runner.log(line(row))
     return rows
@@ -214,11 +218,13 @@ def line(row):
     pool, apart = row['pool'], row['apart']
     mib = 1 << 20
     return ('%s, %d images: boot image data %d MiB, distinct 4 KiB blocks %d MiB (%.2fx); '
-            'on disk %d MiB; in memory %d MiB with the pool (%d MiB resident) against %d MiB '
-            'apart (%d MiB resident): %.2fx' % (
+            'on disk %d MiB packed against %d MiB whole (%.2fx); in memory %d MiB with the '
+            'pool (%d MiB resident) against %d MiB apart (%d MiB resident): %.2fx' % (
                 row['group'], len(row['images']), row['data_bytes'] // mib,
                 row['distinct_block_bytes'] // mib,
-                row['data_bytes'] / row['distinct_block_bytes'], row['disk_bytes'] // mib,
+                row['data_bytes'] / row['distinct_block_bytes'],
+                pool['disk_bytes'] // mib, apart['disk_bytes'] // mib,
+                apart['disk_bytes'] / pool['disk_bytes'],
                 pool['block_pool']['bytes'] // mib, pool['resident_bytes'] // mib,
                 apart['memory_used_bytes'] // mib, apart['resident_bytes'] // mib,
                 apart['memory_used_bytes'] / pool['block_pool']['bytes']))
