@@ -14,8 +14,10 @@ for each group of images (one release's, the derivatives of one image, ...):
 - their boot images' data and what it takes in distinct 4 KiB blocks (``yolofs shared``);
 - a yolofs store the group's boot images are installed in (as Nova installs them) and a mount
   that has them all loaded, with sharing (the store's block file, the block pool) and with
-  ``--no-block-sharing``, each afresh: the store's disk space (its files' blocks), and the bytes
-  the mount holds in memory (``status``) and its resident memory.
+  ``--no-block-sharing``, each afresh: the store's disk space (its files' blocks), the time to
+  load them all, one after another, the page cache dropped, from this machine's disk or the
+  emulated HDD (``--disk hdd``), and the bytes the mount holds in memory (``status``) and its
+  resident memory.
 
 The images and their boot images stay in ``--work``: a second run builds and learns only what
 is missing there.
@@ -169,14 +171,15 @@ def shared(boot_images):
     return json.loads(yolofs.run('shared', '--json', *boot_images).stdout)['sharing']
 
 
-def in_store(base_dir, store, names, work, block_sharing):
-    """Installs the boot images of ``names`` in a fresh yolofs store, as Nova installs them,
-    and loads them all: what they take on disk and in memory then."""
-    group_store = work / 'group-store'
+def in_store(base_dir, store, names, work, disk, block_sharing):
+    """Installs the boot images of ``names`` in a fresh yolofs store on ``disk``, as Nova
+    installs them, and loads them all: what they take on disk and in memory then."""
+    group_store = disk.root / 'group-store'
     shutil.rmtree(group_store, ignore_errors=True)
     mount = yolofs.Mount(source=base_dir, mountpoint=work / 'mnt', boot_images=group_store,
                          control_socket=work / 'yolofs.sock', log_path=work / 'yolofs.log',
-                         memory_budget_mib=64 * 1024, no_block_sharing=not block_sharing)
+                         preexec_fn=disk.join_cgroup, memory_budget_mib=64 * 1024,
+                         no_block_sharing=not block_sharing)
     with mount:
         for name in names:
             mount.client.install(name, store / (name + '.yolo'),
@@ -184,9 +187,14 @@ def in_store(base_dir, store, names, work, block_sharing):
         files = [path for path in group_store.iterdir() if path.is_file()]
         disk = sum(path.stat().st_blocks * 512 for path in files)
         resident_before = psutil.Process(mount.process.pid).memory_info().rss
+        # Loaded from the disk, one after another (the stamps written at install hold: no
+        # base file is read).
+        qemu.drop_caches()
+        started = time.monotonic()
         for name in names:
             with open(mount.mountpoint / name, 'rb') as f:
                 f.read(4096)
+        load_seconds = time.monotonic() - started
         status = mount.client.request('status')
         resident = psutil.Process(mount.process.pid).memory_info().rss - resident_before
     loaded = {entry['name'] for entry in status['loaded']}
@@ -194,11 +202,12 @@ def in_store(base_dir, store, names, work, block_sharing):
         raise RuntimeError('yolofs loaded %s of %s (rejected: %s)'
                            % (sorted(loaded), names, status['rejected']))
     return {'disk_bytes': disk, 'block_file': status.get('block_file'),
+            'load_seconds': round(load_seconds, 3),
             'memory_used_bytes': status['memory_used_bytes'],
             'block_pool': status.get('block_pool'), 'resident_bytes': resident}
 
 
-def measure(base_dir, store, work, catalogue=CATALOGUE):
+def measure(base_dir, store, work, disk, catalogue=CATALOGUE):
     rows = []
     for label, names in groups(catalogue):
         files = [store / (name + '.yolo') for name in names]
@@ -207,8 +216,8 @@ def measure(base_dir, store, work, catalogue=CATALOGUE):
                'data_bytes': sharing['data_bytes'],
                'distinct_block_bytes': sharing['distinct_bytes'],
                'boot_image_bytes': sum(f.stat().st_size for f in files),
-               'pool': in_store(base_dir, store, names, work, True),
-               'apart': in_store(base_dir, store, names, work, False)}
+               'pool': in_store(base_dir, store, names, work, disk, True),
+               'apart': in_store(base_dir, store, names, work, disk, False)}
         rows.append(row)
         runner.log(line(row))
     return rows
@@ -218,13 +227,15 @@ def line(row):
     pool, apart = row['pool'], row['apart']
     mib = 1 << 20
     return ('%s, %d images: boot image data %d MiB, distinct 4 KiB blocks %d MiB (%.2fx); '
-            'on disk %d MiB packed against %d MiB whole (%.2fx); in memory %d MiB with the '
-            'pool (%d MiB resident) against %d MiB apart (%d MiB resident): %.2fx' % (
+            'on disk %d MiB packed against %d MiB whole (%.2fx); loaded in %.2f s against '
+            '%.2f s; in memory %d MiB with the pool (%d MiB resident) against %d MiB apart '
+            '(%d MiB resident): %.2fx' % (
                 row['group'], len(row['images']), row['data_bytes'] // mib,
                 row['distinct_block_bytes'] // mib,
                 row['data_bytes'] / row['distinct_block_bytes'],
                 pool['disk_bytes'] // mib, apart['disk_bytes'] // mib,
                 apart['disk_bytes'] / pool['disk_bytes'],
+                pool['load_seconds'], apart['load_seconds'],
                 pool['block_pool']['bytes'] // mib, pool['resident_bytes'] // mib,
                 apart['memory_used_bytes'] // mib, apart['resident_bytes'] // mib,
                 apart['memory_used_bytes'] / pool['block_pool']['bytes']))
@@ -300,6 +311,8 @@ def parse_args(argv):
                         help='where the images and boot images are kept between runs')
     parser.add_argument('--only', action='append',
                         help='build and learn only these variants (and their parents)')
+    parser.add_argument('--disk', choices=('local', 'hdd'), default='local',
+                        help="the stores' disk: this machine's, or the emulated HDD")
     parser.add_argument('--json', type=pathlib.Path, help='write the measurements here')
     return parser.parse_args(argv)
 
@@ -322,9 +335,14 @@ def main(argv=None):
     for variant in catalogue:
         learn(base_dir / variant.name, args.work / 'learn', store)
     starts = relative_starts(base_dir, store, args.work, catalogue)
-    rows = measure(base_dir, store, args.work, catalogue)
+    disk = runner.make_disk(args.disk, args.work).setup()
+    try:
+        rows = measure(base_dir, store, args.work, disk, catalogue)
+    finally:
+        disk.teardown()
     if args.json:
         args.json.write_text(json.dumps({'date': time.strftime('%Y-%m-%d'),
+                                         'disk': disk.describe(),
                                          'catalogue': [v._asdict() for v in catalogue],
                                          'relative_starts': starts,
                                          'groups': rows}, indent=1) + '\n')

@@ -278,16 +278,6 @@ pub fn read(path: &Path) -> Result<Vec<u8>, FormatError> {
             }
             data[offset as usize..(offset + len) as usize].copy_from_slice(&buffer[from..from + len as usize]);
         }
-        // The blocks are the caller's now: a copy in the page cache would only push out others.
-        // SAFETY: advice on the descriptor of an open file; it changes no byte.
-        unsafe {
-            libc::posix_fadvise(
-                block_file.as_raw_fd(),
-                at as libc::off_t,
-                filled as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
         i = j;
     }
     let footer_at = out.len() - format::FOOTER_SIZE;
