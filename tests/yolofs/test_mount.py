@@ -603,7 +603,9 @@ def test_boot_images_of_related_files_share_their_blocks_and_serve_their_own_byt
         # On disk too: each distinct block once in the block file, the boot images packed.
         on_disk = status['block_file']
         assert (on_disk['boot_images'], on_disk['image_bytes']) == (3, 3 * (2 << 20))
-        assert on_disk['bytes'] == block_file.stat().st_blocks * 512 == distinct
+        assert on_disk['bytes'] == distinct
+        # The file's blocks: its slots', and maybe a block or two of the file system's extent map.
+        assert distinct <= block_file.stat().st_blocks * 512 <= distinct + (16 << 10)
         assert all(json.loads(yolofs.run('inspect', '--json', store / (name + '.yolo')).stdout)[
             'packed'] for name in variants)
     else:
