@@ -110,7 +110,7 @@ struct PoolState {
 impl PoolState {
     /// Adds a slab mapped by [`BlockPool::map_slab`]: in the place of the first one unmapped,
     /// or after the last.
-    fn add_slab(&mut self, slab: Slab) {
+    fn add_slab(&mut self, slab: Slab) -> usize {
         let index = self.slabs.iter().position(Option::is_none).unwrap_or(self.slabs.len());
         if index == self.slabs.len() {
             self.slabs.push(None);
@@ -125,6 +125,7 @@ impl PoolState {
         self.free.extend(first..first + SLAB_BLOCKS as u32);
         self.stats.slabs += 1;
         self.stats.mapped_bytes += SLAB_BYTES;
+        index
     }
 
     fn unmap_slab(&mut self, index: usize) {
@@ -241,6 +242,7 @@ impl BlockPool {
     /// Takes a block for each of `pending` in one turn of the lock, mapping the slabs they may
     /// need before it.
     fn take_all(&self, pending: &mut Vec<(&[u8], u64)>, pooled: &mut PooledData) -> io::Result<()> {
+        let mut added = Vec::new();
         let mut state = loop {
             let state = self.lock();
             let new = pending
@@ -257,13 +259,20 @@ impl BlockPool {
                 .collect::<io::Result<Vec<_>>>()?;
             let mut state = self.lock();
             for slab in slabs {
-                state.add_slab(slab);
+                added.push(state.add_slab(slab));
             }
         };
         for (data, digest) in pending.drain(..) {
             let block = take(self, &mut state, data, digest)?;
             pooled.locked &= block.slab.locked;
             pooled.blocks.push(block);
+        }
+        // A slab mapped for this turn that no block took (loads at once took the same blocks
+        // first) would stay mapped, empty: nothing frees a block of it.
+        for index in added {
+            if state.slabs.get(index).is_some_and(Option::is_some) && state.used_in_slab[index] == 0 {
+                state.unmap_slab(index);
+            }
         }
         Ok(())
     }
