@@ -12,6 +12,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -154,10 +155,18 @@ def instance_disk(server_id, instances=INSTANCES):
     return instances / server_id / 'disk'
 
 
-def backing_file(server_id, instances=INSTANCES):
-    info = json.loads(subprocess.run(
-        ['qemu-img', 'info', '-U', '--output=json', str(instance_disk(server_id, instances))],
-        capture_output=True, text=True, check=True).stdout)
+def backing_file(server_id, instances=INSTANCES, attempts=5):
+    # Read without the image's lock (-U) while libvirt may be rewriting its header (the pivot
+    # off the mount): a read in the middle of that fails, the next one does not.
+    for attempt in range(attempts):
+        done = subprocess.run(
+            ['qemu-img', 'info', '-U', '--output=json', str(instance_disk(server_id, instances))],
+            capture_output=True, text=True)
+        if done.returncode == 0 or attempt == attempts - 1:
+            break
+        time.sleep(0.5)
+    done.check_returncode()
+    info = json.loads(done.stdout)
     return info.get('full-backing-filename') or info.get('backing-filename')
 
 
