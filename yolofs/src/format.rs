@@ -303,20 +303,13 @@ pub fn data_pieces(head: &[u8], piece: u64) -> Result<Vec<(u64, u64)>, FormatErr
     if Some(header.data_offset.get())
         != extent_count
             .checked_mul(EXTENT_ENTRY_SIZE as u64)
-            .map(|n| n + HEADER_SIZE as u64)
+            .and_then(|n| n.checked_add(HEADER_SIZE as u64))
         || header.data_offset.get() != head.len() as u64
     {
         return Err(invalid("data_offset", header.data_offset.get()));
     }
     let index_bytes = &head[HEADER_SIZE..];
-    let computed = crc32c::crc32c(index_bytes);
-    if computed != header.index_crc32c.get() {
-        return Err(FormatError::ChecksumMismatch {
-            what: "extent index".into(),
-            stored: header.index_crc32c.get(),
-            computed,
-        });
-    }
+    check_index(&header, index_bytes)?;
     let entries = <[ExtentEntry]>::ref_from_bytes(index_bytes).map_err(|_| invalid("extent_count", extent_count))?;
     let mut ranges: Vec<(u64, u64)> = entries
         .iter()
@@ -406,6 +399,19 @@ fn read_direct(path: &Path) -> io::Result<Option<DirectRead>> {
         }
     }
     Ok((filled == len).then_some((buf, len)))
+}
+
+/// Checks the extent index's bytes against the header's CRC of them.
+fn check_index(header: &Header, index_bytes: &[u8]) -> Result<(), FormatError> {
+    let computed = crc32c::crc32c(index_bytes);
+    if computed != header.index_crc32c.get() {
+        return Err(FormatError::ChecksumMismatch {
+            what: "extent index".into(),
+            stored: header.index_crc32c.get(),
+            computed,
+        });
+    }
+    Ok(())
 }
 
 /// Checks a header's magic, version and checksum; returns its stored checksum.
@@ -506,14 +512,7 @@ impl BootImage {
         }
 
         let index_bytes = &bytes[index_offset as usize..data_offset as usize];
-        let computed = crc32c::crc32c(index_bytes);
-        if computed != header.index_crc32c.get() {
-            return Err(FormatError::ChecksumMismatch {
-                what: "extent index".into(),
-                stored: header.index_crc32c.get(),
-                computed,
-            });
-        }
+        check_index(&header, index_bytes)?;
         let data = &bytes[data_offset as usize..(data_offset + data_length) as usize];
         let source_size = header.source_size.get();
         let mut extents = Vec::with_capacity(extent_count as usize);
