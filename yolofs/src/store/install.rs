@@ -381,12 +381,13 @@ mod tests {
         related[4096..8192].fill(7);
         fs::write(f.base_dir().join("disk2"), &related).unwrap();
         let base2 = || File::open(f.base_dir().join("disk2")).unwrap();
-        let first = fs::read(f.candidate(&content(0), IMAGE)).unwrap();
-        f.install(&f.candidate(&content(0), IMAGE), IMAGE).unwrap();
-        let second = fs::read(f.candidate(&related, IMAGE)).unwrap();
-        f.store
-            .install("disk2", &base2(), &f.candidate(&related, IMAGE), IMAGE, None)
-            .unwrap();
+        // Each candidate is built once: a boot image's header records when it was built.
+        let candidate = f.candidate(&content(0), IMAGE);
+        let first = fs::read(&candidate).unwrap();
+        f.install(&candidate, IMAGE).unwrap();
+        let candidate = f.candidate(&related, IMAGE);
+        let second = fs::read(&candidate).unwrap();
+        f.store.install("disk2", &base2(), &candidate, IMAGE, None).unwrap();
         // Five 4 KiB blocks each (0-8 KiB; 500,000-510,000 rounded out to 4 KiB), four alike.
         let stats = f.store.block_file_stats().unwrap();
         assert_eq!((stats.boot_images, stats.image_bytes), (2, 2 * 5 * 4096));
