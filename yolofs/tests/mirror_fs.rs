@@ -20,6 +20,9 @@ use yolofs::store::{self, BootImageStore, StoreConfig};
 
 const SIZE: usize = 3 << 20;
 const IMAGE_ID: &str = "c0ffee00-0000-4000-8000-000000000001";
+/// When a test's boot window closes without reads: long beside the gaps between its reads, even
+/// in a slow guest, so that none falls outside the window.
+const BOOT_IDLE: Duration = Duration::from_secs(1);
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -329,7 +332,7 @@ fn a_mixed_read_past_the_end_of_a_shorter_source_gives_eio_not_zeros() {
 #[test]
 fn the_recorder_learns_a_boot_image_after_an_idle_gap() {
     let fixture = Fixture::new();
-    let (fs, recorder) = fixture.learning_mirror(Duration::from_millis(300));
+    let (fs, recorder) = fixture.learning_mirror(BOOT_IDLE);
     // Nova says which image the base file is before the boot: the boot image carries it.
     fixture.store().remember_image_id("disk", IMAGE_ID).unwrap();
     let (_, opened) = open_disk(&fs);
@@ -384,7 +387,7 @@ const OUTSIDE: (u64, u32) = (3_000_000, 65_536);
 fn boots_from_a_boot_image_report_their_coverage() {
     let fixture = Fixture::new();
     let before = fixture.build_boot_image();
-    let (fs, recorder, stats) = fixture.watching_mirror(Duration::from_millis(300), false);
+    let (fs, recorder, stats) = fixture.watching_mirror(BOOT_IDLE, false);
     let (_, opened) = open_disk(&fs);
     assert!(opened.from_boot_image && !opened.direct_io);
     let first = before.extents[0];
@@ -410,7 +413,7 @@ fn boots_from_a_boot_image_report_their_coverage() {
 fn what_a_boot_reads_outside_its_boot_image_extends_it_when_learning() {
     let fixture = Fixture::new();
     let before = fixture.build_boot_image();
-    let (fs, recorder, stats) = fixture.watching_mirror(Duration::from_millis(300), true);
+    let (fs, recorder, stats) = fixture.watching_mirror(BOOT_IDLE, true);
     let (_, opened) = open_disk(&fs);
     fs.read(opened.ino, opened.fh, OUTSIDE.0, OUTSIDE.1).unwrap();
     check_random_reads(&fs, &opened, &fixture.content, 8);
