@@ -77,25 +77,12 @@ if [[ -z $mirror ]]; then
 fi
 
 mkdir -p "$(dirname "$output")"
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/yolo-image.XXXXXX")
-raw="$work/disk.raw"
-root="$work/root"
-loopdev=""
-
-cleanup() {
-    set +e
-    for m in dev/pts dev proc sys; do mountpoint -q "$root/$m" && umount -l "$root/$m"; done
-    mountpoint -q "$root" && umount "$root"
-    [[ -n $loopdev ]] && losetup -d "$loopdev"
-    rm -rf "$work"
-}
-trap cleanup EXIT
+image_workdir yolo-image
 
 echo "==> partitioning a $image_size raw disk" >&2
 loopdev=$(partitioned_disk "$raw" "$image_size")
 mkfs.ext4 -q -L yoloroot "$loopdev"
 root_uuid=$(blkid -s UUID -o value "$loopdev")
-mkdir -p "$root"
 mount "$loopdev" "$root"
 
 echo "==> debootstrap $release from $mirror" >&2
@@ -220,9 +207,5 @@ LABEL debian
 EOF
 extlinux --install "$root/boot/extlinux" >&2
 
-for m in dev/pts dev proc sys; do umount -l "$root/$m"; done
-umount "$root"
-losetup -d "$loopdev"
-loopdev=""
-
+release_disk
 finish_image "$raw"

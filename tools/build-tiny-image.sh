@@ -30,18 +30,7 @@ image_cached "$here/build-tiny-image.sh"
 image_requirements apt-get dpkg-deb depmod modprobe
 
 mkdir -p "$(dirname "$output")"
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/yolo-tiny-image.XXXXXX")
-raw="$work/disk.raw"
-root="$work/root"
-loopdev=""
-
-cleanup() {
-    set +e
-    mountpoint -q "$root" && umount "$root"
-    [[ -n $loopdev ]] && losetup -d "$loopdev"
-    rm -rf "$work"
-}
-trap cleanup EXIT
+image_workdir yolo-tiny-image
 
 echo "==> Debian's kernel and busybox" >&2
 # A machine whose package lists were never fetched (a fresh container) knows no package yet.
@@ -111,7 +100,6 @@ loopdev=$(partitioned_disk "$raw" "$image_size")
 # Inode tables and journal written now: the guest's kernel would otherwise zero them in the
 # background after each boot, writes no boot of a cloud image makes.
 mkfs.ext4 -q -L yolotiny -E lazy_itable_init=0,lazy_journal_init=0 "$loopdev"
-mkdir -p "$root"
 mount "$loopdev" "$root"
 mkdir -p "$root"/{bin,sbin,dev,proc,sys,tmp,run,root,boot/extlinux,etc/init.d,etc/acpi/PWRF}
 install -m 755 "$work/busybox/bin/busybox" "$root/bin/busybox"
@@ -157,8 +145,5 @@ LABEL tiny
     APPEND console=ttyS0,115200 quiet mitigations=off
 EOF
 extlinux --install "$root/boot/extlinux" >&2
-umount "$root"
-losetup -d "$loopdev"
-loopdev=""
-
+release_disk
 finish_image "$raw"

@@ -16,24 +16,12 @@ base=$1 output=$2
 shift 2
 [[ $EUID -eq 0 ]] || { echo "derive-image.sh: must run as root (loop devices)" >&2; exit 1; }
 
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/yolo-derive.XXXXXX")
-raw="$work/disk.raw"
-root="$work/root"
-loopdev=""
-cleanup() {
-    set +e
-    for m in dev/pts dev proc sys; do mountpoint -q "$root/$m" && umount -l "$root/$m"; done
-    mountpoint -q "$root" && umount "$root"
-    [[ -n $loopdev ]] && losetup -d "$loopdev"
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=tools/disk-image.sh
+source "$(dirname "$0")/disk-image.sh"
+image_workdir yolo-derive
 
 qemu-img convert -O raw "$base" "$raw"
-# The test images' one partition starts at 1 MiB (tools/disk-image.sh).
-start=$((1024 * 1024))
-loopdev=$(losetup --find --show --offset "$start" --sizelimit "$(($(stat -c %s "$raw") - start))" "$raw")
-mkdir -p "$root"
+loopdev=$(partition_loop "$raw")
 mount "$loopdev" "$root"
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
 
@@ -52,10 +40,7 @@ if [[ -n ${YOLO_DERIVE_COMMAND:-} ]]; then
     chroot "$root" /bin/sh -ec "$YOLO_DERIVE_COMMAND" >&2
 fi
 
-for m in dev/pts dev proc sys; do umount -l "$root/$m"; done
-umount "$root"
-losetup -d "$loopdev"
-loopdev=""
+release_disk
 mkdir -p "$(dirname "$output")"
 qemu-img convert -c -O qcow2 "$raw" "$output.tmp"
 mv "$output.tmp" "$output"

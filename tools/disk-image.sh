@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# What the test images' builders share (tools/build-test-image.sh, tools/build-tiny-image.sh):
-# their cache, their tools, and a BIOS-bootable disk of one partition. Sourced by them; each sets
-# `output`, the qcow2 it makes.
+# What the test images' builders share (tools/build-test-image.sh, tools/build-tiny-image.sh,
+# tools/derive-image.sh): their cache, their tools, their work directory and a BIOS-bootable disk
+# of one partition. Sourced by them; each sets `output`, the qcow2 it makes.
 
 MBR_CODE=/usr/lib/syslinux/mbr/mbr.bin
 
@@ -24,13 +24,37 @@ image_requirements() {  # TOOL...: root, these tools, the disk tools and syslinu
     [[ -f $MBR_CODE ]] || { echo "$builder: missing $MBR_CODE (syslinux-common)" >&2; exit 1; }
 }
 
-partitioned_disk() {  # RAW SIZE: an MBR disk, one bootable partition; prints its loop device
+image_workdir() {  # NAME: $work, a new directory, with the paths of the raw disk ($raw) and of
+    # its mounted partition ($root) in it; at exit, whatever is still mounted or attached there
+    # is let go and the directory removed
+    work=$(mktemp -d "${TMPDIR:-/var/tmp}/$1.XXXXXX")
+    raw="$work/disk.raw" root="$work/root" loopdev=""
+    mkdir -p "$root"
+    trap 'set +e; release_disk; rm -rf "$work"' EXIT
+}
+
+partition_loop() {  # RAW: attaches the partition of a disk made by partitioned_disk; prints its
+    # loop device
     local start=$((1024 * 1024))
+    # Loop devices here get no partition nodes: attach the partition by its offset.
+    losetup --find --show --offset "$start" --sizelimit "$(($(stat -c %s "$1") - start))" "$1"
+}
+
+partitioned_disk() {  # RAW SIZE: an MBR disk, one bootable partition; prints its loop device
     truncate -s "$2" "$1"
     parted -s "$1" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on
     dd if="$MBR_CODE" of="$1" bs=440 count=1 conv=notrunc status=none
-    # Loop devices here get no partition nodes: attach the partition by its offset.
-    losetup --find --show --offset "$start" --sizelimit "$(($(stat -c %s "$1") - start))" "$1"
+    partition_loop "$1"
+}
+
+release_disk() {  # unmounts $root and what is bound in it, and detaches $loopdev
+    local m
+    for m in dev/pts dev proc sys; do
+        if mountpoint -q "$root/$m"; then umount -l "$root/$m"; fi
+    done
+    if mountpoint -q "$root"; then umount "$root"; fi
+    if [[ -n $loopdev ]]; then losetup -d "$loopdev"; fi
+    loopdev=""
 }
 
 finish_image() {  # RAW: $output, a compressed qcow2 of RAW, with its build id; prints its path
