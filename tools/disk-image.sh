@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# What the test images' builders share (tools/build-test-image.sh, tools/build-tiny-image.sh,
-# tools/derive-image.sh): their cache, their tools, their work directory and a BIOS-bootable disk
-# of one partition. Sourced by them; each sets `output`, the qcow2 it makes.
+# What the test images' builders share (tools/build-test-image.sh, tools/build-tiny-image.sh):
+# their cache, their tools, their work directory and a BIOS-bootable disk of one partition; each
+# sets `output`, the qcow2 it makes. tools/derive-image.sh, which changes such a disk, takes the
+# work directory and the partition's loop device.
 
 MBR_CODE=/usr/lib/syslinux/mbr/mbr.bin
 
@@ -30,7 +31,8 @@ image_workdir() {  # NAME: $work, a new directory, with the paths of the raw dis
     work=$(mktemp -d "${TMPDIR:-/var/tmp}/$1.XXXXXX")
     raw="$work/disk.raw" root="$work/root" loopdev=""
     mkdir -p "$root"
-    trap 'set +e; release_disk; rm -rf "$work"' EXIT
+    # Never through a mount that could not be let go (the image's files, or the host's /dev).
+    trap 'set +e; release_disk; rm -rf --one-file-system "$work"' EXIT
 }
 
 partition_loop() {  # RAW: attaches the partition of a disk made by partitioned_disk; prints its
@@ -41,10 +43,11 @@ partition_loop() {  # RAW: attaches the partition of a disk made by partitioned_
 }
 
 partitioned_disk() {  # RAW SIZE: an MBR disk, one bootable partition; prints its loop device
-    truncate -s "$2" "$1"
-    parted -s "$1" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on
-    dd if="$MBR_CODE" of="$1" bs=440 count=1 conv=notrunc status=none
-    partition_loop "$1"
+    # Chained: called in $(...), where set -e does not hold.
+    truncate -s "$2" "$1" &&
+        parted -s "$1" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on &&
+        dd if="$MBR_CODE" of="$1" bs=440 count=1 conv=notrunc status=none &&
+        partition_loop "$1"
 }
 
 release_disk() {  # unmounts $root and what is bound in it, and detaches $loopdev

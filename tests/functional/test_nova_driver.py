@@ -210,7 +210,8 @@ def test_libvirt_boots_the_driver_disk_from_the_boot_image_then_leaves_the_mount
             assert time.monotonic() < deadline, 'the guest never left the mount'
             time.sleep(0.5)
         [(dev, first_pivot, second_pivot)] = drvr.yolo_detacher.detached[instance.uuid]
-        assert dev == 'vda' and first_pivot > 0 and second_pivot > 0
+        # Timed in seconds, within the 300 s waited.
+        assert dev == 'vda' and 0 < first_pivot < 300 and 0 < second_pivot < 300
         assert images.info(disk)['backing-filename'] == str(base)
         live = ET.fromstring(guest.get_xml_desc())
         assert live.find('./devices/disk/source').get('file') == str(disk)

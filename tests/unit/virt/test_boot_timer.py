@@ -91,7 +91,7 @@ def test_boots_under_way_are_those_started_recently(tmp_path, monkeypatch):
     times = timer(tmp_path, consoles)
     assert not times.booting(ended_within=1000.0)
     times.watch(types.SimpleNamespace(uuid='old'), dict(CONDITIONS))
-    # Ages a second apart: the asserts take well under that, even on a loaded machine.
+    # 1.5 s apart: the asserts have a second to run, even on a loaded machine.
     time.sleep(1.5)
     times.watch(types.SimpleNamespace(uuid='new'), dict(CONDITIONS))
     assert times.in_progress() == 2
