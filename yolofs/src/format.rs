@@ -442,6 +442,11 @@ impl BootImage {
 
     /// [`open`](Self::open), reading the file with `direct` first.
     fn open_with(path: &Path, direct: fn(&Path) -> io::Result<Option<DirectRead>>) -> Result<BootImage, FormatError> {
+        // A packed one is read under the block file's lock, and once: not first with O_DIRECT.
+        if crate::packed::file_is_packed(path) {
+            return BootImage::parse(&crate::packed::read(path)?);
+        }
+        // Or it was packed since (an install replaced it).
         let parse = |bytes: &[u8]| match crate::packed::is_packed(bytes) {
             true => BootImage::parse(&crate::packed::read(path)?),
             false => BootImage::parse(bytes),
