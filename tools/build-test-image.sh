@@ -93,18 +93,11 @@ debootstrap --variant=minbase \
     --include=$kernel_package,$init_package,udev,openssh-server,acpid,iproute2,kmod,qemu-guest-agent,fio$certificates \
     "$release" "$root" "$mirror" >&2
 
-for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
+bind_host_dirs
 if [[ -n $extra_packages ]]; then
-    # With apt rather than debootstrap, which cannot order their dependencies; started at the
-    # guest's boot, not here (policy-rc.d).
-    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
-    chmod +x "$root/usr/sbin/policy-rc.d"
-    chroot "$root" apt-get update >&2
+    # With apt rather than debootstrap, which cannot order their dependencies.
     # shellcheck disable=SC2086 # a list of packages
-    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y --no-install-recommends \
-        $extra_packages >&2
-    rm "$root/usr/sbin/policy-rc.d"
-    rm -rf "$root"/var/lib/apt/lists/*
+    install_packages $extra_packages
 fi
 
 cat >"$root/etc/fstab" <<EOF

@@ -23,17 +23,12 @@ image_workdir yolo-derive
 qemu-img convert -O raw "$base" "$raw"
 loopdev=$(partition_loop "$raw")
 mount "$loopdev" "$root"
-for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
+bind_host_dirs
 
 if [[ $# -gt 0 ]]; then
     echo "==> installing $*" >&2
-    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
-    chmod +x "$root/usr/sbin/policy-rc.d"
-    chroot "$root" apt-get update >&2
-    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y --no-install-recommends "$@" >&2
-    rm "$root/usr/sbin/policy-rc.d"
+    install_packages "$@"
     chroot "$root" apt-get clean
-    rm -rf "$root"/var/lib/apt/lists/*
 fi
 if [[ -n ${YOLO_DERIVE_COMMAND:-} ]]; then
     echo "==> running $YOLO_DERIVE_COMMAND" >&2

@@ -2,7 +2,7 @@
 # What the test images' builders share (tools/build-test-image.sh, tools/build-tiny-image.sh):
 # their cache, their tools, their work directory and a BIOS-bootable disk of one partition; each
 # sets `output`, the qcow2 it makes. tools/derive-image.sh, which changes such a disk, takes the
-# work directory and the partition's loop device.
+# work directory, the partition's loop device and the package installs.
 
 MBR_CODE=/usr/lib/syslinux/mbr/mbr.bin
 
@@ -48,6 +48,22 @@ partitioned_disk() {  # RAW SIZE: an MBR disk, one bootable partition; prints it
         parted -s "$1" mklabel msdos mkpart primary ext4 1MiB 100% set 1 boot on &&
         dd if="$MBR_CODE" of="$1" bs=440 count=1 conv=notrunc status=none &&
         partition_loop "$1"
+}
+
+bind_host_dirs() {  # binds the host's /proc, /sys and /dev in $root, for chroot (release_disk
+    # lets them go)
+    local m
+    for m in proc sys dev dev/pts; do mount --bind "/$m" "$root/$m"; done
+}
+
+install_packages() {  # PACKAGE...: installs them in $root with apt; the services they enable
+    # start at the guest's boot, not here (policy-rc.d)
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+    chmod +x "$root/usr/sbin/policy-rc.d"
+    chroot "$root" apt-get update >&2
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y --no-install-recommends "$@" >&2
+    rm "$root/usr/sbin/policy-rc.d"
+    rm -rf "$root"/var/lib/apt/lists/*
 }
 
 release_disk() {  # unmounts $root and what is bound in it, and detaches $loopdev
